@@ -1,0 +1,3 @@
+#pragma once
+// gear: everything that compiles with a plain C++20 compiler (host storage, host selection).
+#include <gear/version.hpp>
