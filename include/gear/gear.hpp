@@ -1,3 +1,25 @@
 #pragma once
-// gear: everything that compiles with a plain C++20 compiler (host storage, host selection).
+// gear: everything that compiles with a plain C++20 compiler. Enough for storage::host buffers,
+// which select and gather on the CPU and run on machines without a GPU. For GPU storage include
+// <gear/gear.cuh> instead (compiled by nvcc).
+
+#include <gear/batch.hpp>
+#include <gear/dtype.hpp>
+#include <gear/error.hpp>
+#include <gear/insert.hpp>
+#include <gear/key.hpp>
+#include <gear/layout.hpp>
+#include <gear/ref.hpp>
+#include <gear/replay_buffer.hpp>
+#include <gear/rng.hpp>
+#include <gear/select/concept.hpp>
+#include <gear/select/uniform.hpp>
+#include <gear/spec.hpp>
+#include <gear/storage/device.hpp>
+#include <gear/storage/host.hpp>
+#include <gear/storage/mixed.hpp>
+#include <gear/storage/pinned_host.hpp>
+#include <gear/strong_types.hpp>
+#include <gear/transport/local.hpp>
 #include <gear/version.hpp>
+#include <gear/window.hpp>

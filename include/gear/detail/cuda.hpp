@@ -1,0 +1,80 @@
+#pragma once
+// Checked CUDA runtime calls. Every runtime call and every kernel launch in gear goes through
+// GEAR_CUDA_TRY / GEAR_CHECK_LAUNCH, which turn a failure into gear::error(errc::cuda_error).
+
+#include <string>
+
+#include <cuda_runtime_api.h>
+
+#include <gear/error.hpp>
+
+/// Evaluates a cudaError_t expression and throws gear::error if it is not cudaSuccess.
+#define GEAR_CUDA_TRY(expr)                                                               \
+  do {                                                                                    \
+    const cudaError_t gear_status_ = (expr);                                              \
+    if (gear_status_ != cudaSuccess) {                                                    \
+      (void)cudaGetLastError();                                                           \
+      ::gear::detail::throw_cuda(gear_status_, #expr, __FILE__, __LINE__);                \
+    }                                                                                     \
+  } while (0)
+
+/// Checks the kernel launch just made (configuration and launch errors).
+#define GEAR_CHECK_LAUNCH(name) GEAR_CUDA_TRY((static_cast<void>(name), cudaGetLastError()))
+
+namespace gear::detail {
+
+[[noreturn]] inline void throw_cuda(cudaError_t status, const char* what, const char* file,
+                                    int line) {
+  const errc code = status == cudaErrorMemoryAllocation ? errc::out_of_memory
+                    : (status == cudaErrorNoDevice || status == cudaErrorInsufficientDriver)
+                        ? errc::no_device
+                        : errc::cuda_error;
+  throw error(code, std::string(what) + " failed: " + cudaGetErrorName(status) + " (" +
+                        cudaGetErrorString(status) + ") at " + file + ":" + std::to_string(line));
+}
+
+/// True when a CUDA device is present and usable. Never throws.
+inline bool gpu_available() noexcept {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return count > 0;
+}
+
+/// An owned CUDA event (timing disabled), created on demand.
+class event {
+ public:
+  event() = default;
+  static event make() {
+    event e;
+    GEAR_CUDA_TRY(cudaEventCreateWithFlags(&e.handle_, cudaEventDisableTiming));
+    return e;
+  }
+  event(event&& o) noexcept : handle_(o.handle_) { o.handle_ = nullptr; }
+  event& operator=(event&& o) noexcept {
+    if (this != &o) {
+      reset();
+      handle_ = o.handle_;
+      o.handle_ = nullptr;
+    }
+    return *this;
+  }
+  event(const event&) = delete;
+  event& operator=(const event&) = delete;
+  ~event() { reset(); }
+
+  [[nodiscard]] cudaEvent_t get() const noexcept { return handle_; }
+
+ private:
+  void reset() noexcept {
+    if (handle_ != nullptr) (void)cudaEventDestroy(handle_);
+    handle_ = nullptr;
+  }
+  cudaEvent_t handle_ = nullptr;
+};
+
+}  // namespace gear::detail
+

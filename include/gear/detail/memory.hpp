@@ -1,0 +1,101 @@
+#pragma once
+// Owning allocations in the three kinds of memory gear places data in.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <new>
+#include <string>
+#include <utility>
+
+#include <gear/detail/cuda.hpp>
+#include <gear/error.hpp>
+
+namespace gear {
+
+/// Where bytes live.
+enum class memory_kind : std::uint8_t {
+  host,         ///< pageable host memory; only the CPU reads it
+  pinned_host,  ///< page-locked, mapped host memory; the CPU and (zero-copy) the GPU read it
+  device,       ///< GPU memory
+};
+
+/// True when the CPU can dereference memory of this kind.
+constexpr bool host_accessible(memory_kind k) noexcept { return k != memory_kind::device; }
+/// True when GPU kernels can dereference memory of this kind.
+constexpr bool device_accessible(memory_kind k) noexcept { return k != memory_kind::host; }
+
+namespace detail {
+
+inline constexpr std::size_t allocation_alignment = 256;
+
+/// A move-only allocation of `bytes` bytes of one memory kind, 256-byte aligned.
+class allocation {
+ public:
+  allocation() = default;
+  allocation(memory_kind kind, std::size_t bytes) : bytes_(bytes), kind_(kind) {
+    if (bytes == 0) return;
+    switch (kind) {
+      case memory_kind::host:
+        ptr_ = ::operator new(bytes, std::align_val_t{allocation_alignment}, std::nothrow);
+        if (ptr_ == nullptr)
+          throw error(errc::out_of_memory, "host allocation of " + std::to_string(bytes) + " bytes");
+        break;
+      case memory_kind::pinned_host:
+        GEAR_CUDA_TRY(cudaHostAlloc(&ptr_, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
+        GEAR_CUDA_TRY(cudaHostGetDevicePointer(&device_ptr_, ptr_, 0));
+        return;
+      case memory_kind::device:
+        GEAR_CUDA_TRY(cudaMalloc(&ptr_, bytes));
+        break;
+    }
+    device_ptr_ = ptr_;
+  }
+  allocation(allocation&& o) noexcept { swap(o); }
+  allocation& operator=(allocation&& o) noexcept {
+    allocation(std::move(o)).swap(*this);
+    return *this;
+  }
+  allocation(const allocation&) = delete;
+  allocation& operator=(const allocation&) = delete;
+  ~allocation() { release(); }
+
+  /// The address the CPU uses (for device memory: the device address, not dereferenceable).
+  [[nodiscard]] std::byte* data() const noexcept { return static_cast<std::byte*>(ptr_); }
+  /// The address kernels use (differs from data() only for mapped memory without unified addressing).
+  [[nodiscard]] std::byte* device_data() const noexcept { return static_cast<std::byte*>(device_ptr_); }
+  [[nodiscard]] std::size_t size() const noexcept { return bytes_; }
+  [[nodiscard]] memory_kind kind() const noexcept { return kind_; }
+
+  template <class T>
+  [[nodiscard]] T* as() const noexcept { return reinterpret_cast<T*>(ptr_); }
+  template <class T>
+  [[nodiscard]] T* device_as() const noexcept { return reinterpret_cast<T*>(device_ptr_); }
+
+  void swap(allocation& o) noexcept {
+    std::swap(ptr_, o.ptr_);
+    std::swap(device_ptr_, o.device_ptr_);
+    std::swap(bytes_, o.bytes_);
+    std::swap(kind_, o.kind_);
+  }
+
+ private:
+  void release() noexcept {
+    if (ptr_ == nullptr) return;
+    // Errors while freeing cannot be reported from a destructor; the memory is gone either way.
+    switch (kind_) {
+      case memory_kind::host: ::operator delete(ptr_, std::align_val_t{allocation_alignment}); break;
+      case memory_kind::pinned_host: (void)cudaFreeHost(ptr_); break;
+      case memory_kind::device: (void)cudaFree(ptr_); break;
+    }
+    ptr_ = device_ptr_ = nullptr;
+  }
+
+  void* ptr_ = nullptr;
+  void* device_ptr_ = nullptr;
+  std::size_t bytes_ = 0;
+  memory_kind kind_ = memory_kind::host;
+};
+
+}  // namespace detail
+}  // namespace gear

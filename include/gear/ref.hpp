@@ -1,0 +1,101 @@
+#pragma once
+// gear::buffer_ref: a trivially copyable view of a buffer for use inside user kernels (a GPU
+// simulator writing steps of reserved slots, a custom sampler reading metadata). It carries only
+// the operations asked for in replay_buffer::ref(ops...):
+//
+//   gear::op::write_steps    step<I>(slot, t): pointer to step t of column I of a slot
+//   gear::op::read_metadata  length(slot), generation(slot), ticket(slot)
+//
+// Addresses are those of the side that selects: device addresses for pinned_host, device and
+// mixed storage, host addresses for host storage. The view does not own anything and is valid
+// while its buffer lives.
+
+#include <array>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include <gear/config.hpp>
+#include <gear/layout.hpp>
+#include <gear/spec.hpp>
+
+namespace gear {
+
+/// Operations a buffer_ref can carry.
+namespace op {
+struct write_steps {};
+struct read_metadata {};
+}  // namespace op
+
+/// A range of slots reserved for writing, committed later with replay_buffer::commit.
+/// Slot i of the reservation is (first_ticket + i) % capacity.
+struct reservation {
+  std::uint64_t first_ticket = 0;
+  std::int64_t count = 0;
+  std::int64_t capacity = 1;
+
+  GEAR_HD constexpr std::int64_t slot(std::int64_t i) const noexcept {
+    return static_cast<std::int64_t>((first_ticket + static_cast<std::uint64_t>(i)) %
+                                     static_cast<std::uint64_t>(capacity));
+  }
+};
+
+template <trajectory_spec Spec, class... Ops>
+class buffer_ref {
+  static constexpr bool can_write = (std::same_as<Ops, op::write_steps> || ...);
+  static constexpr bool can_read = (std::same_as<Ops, op::read_metadata> || ...);
+
+ public:
+  static constexpr std::size_t num_columns = Spec::num_columns;
+
+  buffer_ref(const std::array<detail::column_geometry, num_columns>& columns,
+             const std::int64_t* lengths, const std::uint32_t* generations,
+             const std::uint64_t* tickets, std::int64_t capacity, std::int64_t max_length)
+      : lengths_(lengths), generations_(generations), tickets_(tickets), capacity_(capacity),
+        max_length_(max_length) {
+    for (std::size_t c = 0; c < num_columns; ++c) columns_[c] = columns[c];
+  }
+
+  GEAR_HD std::int64_t capacity() const noexcept { return capacity_; }
+  GEAR_HD std::int64_t max_length() const noexcept { return max_length_; }
+
+  /// Step t of column I of `slot`; write into it (requires op::write_steps). Write only slots of
+  /// a reservation that is not yet committed.
+  template <std::size_t I>
+    requires can_write
+  GEAR_HD typename Spec::template column_t<I>::element_type* step(std::int64_t slot,
+                                                                  std::int64_t t) const noexcept {
+    return reinterpret_cast<typename Spec::template column_t<I>::element_type*>(
+        columns_[I].at(slot, t));
+  }
+
+  /// Committed length of `slot`, 0 if empty or pending (requires op::read_metadata).
+  GEAR_HD std::int64_t length(std::int64_t slot) const noexcept
+    requires can_read
+  {
+    return lengths_[slot];
+  }
+  /// Generation of `slot` (requires op::read_metadata).
+  GEAR_HD std::uint32_t generation(std::int64_t slot) const noexcept
+    requires can_read
+  {
+    return generations_[slot];
+  }
+  /// Insertion sequence number of the trajectory in `slot` (requires op::read_metadata).
+  GEAR_HD std::uint64_t ticket(std::int64_t slot) const noexcept
+    requires can_read
+  {
+    return tickets_[slot];
+  }
+
+ private:
+  detail::column_geometry columns_[num_columns];
+  const std::int64_t* lengths_;
+  const std::uint32_t* generations_;
+  const std::uint64_t* tickets_;
+  std::int64_t capacity_;
+  std::int64_t max_length_;
+};
+
+}  // namespace gear

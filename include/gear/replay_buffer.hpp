@@ -1,0 +1,759 @@
+#pragma once
+// gear::replay_buffer: the owning container of trajectories.
+//
+//   gear::replay_buffer<Spec, Storage, Selection, Transport>
+//
+// Spec says what a trajectory holds (gear::spec<gear::column<...>...>), Storage where its bytes
+// live, Selection which trajectories a batch takes, Transport where the shards are. All four are
+// chosen at compile time; nothing in the hot paths branches on them at run time.
+//
+// Slots form a ring: the n-th reservation ever made (its ticket) takes slot n % capacity, so when
+// the buffer is full the oldest trajectory is evicted first (FIFO). A slot is empty, pending
+// (reserved, being written) or committed (visible to sampling). Its generation is bumped whenever
+// it is reused, which makes every key to its previous occupant stale.
+//
+// Where selection and gathering run follows from Storage: on the CPU for storage::host, on the GPU
+// otherwise. GPU buffers need <gear/gear.cuh> (compiled by nvcc); storage::host needs only
+// <gear/gear.hpp> and runs on machines without a GPU.
+//
+// Streams: every call that touches GPU memory takes a cuda::stream_ref last. Plain names (insert,
+// sample, commit) synchronise that stream before returning; _async names do not. Operations on
+// one buffer must be ordered by the caller (one stream, or events between streams). Buffers with
+// storage::host also offer every call without a stream.
+//
+// Errors: every call checks its input first and throws gear::error without changing anything.
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include <cuda/stream_ref>
+
+#define GEAR_REPLAY_BUFFER_INCLUDED 1
+
+#include <gear/batch.hpp>
+#include <gear/detail/cuda.hpp>
+#include <gear/detail/gather.hpp>
+#include <gear/detail/memory.hpp>
+#include <gear/detail/scatter.hpp>
+#include <gear/error.hpp>
+#include <gear/insert.hpp>
+#include <gear/key.hpp>
+#include <gear/layout.hpp>
+#include <gear/ref.hpp>
+#include <gear/rng.hpp>
+#include <gear/select/concept.hpp>
+#include <gear/select/uniform.hpp>
+#include <gear/spec.hpp>
+#include <gear/storage/concept.hpp>
+#include <gear/storage/host.hpp>
+#include <gear/strong_types.hpp>
+#include <gear/transport/concept.hpp>
+#include <gear/transport/local.hpp>
+#include <gear/window.hpp>
+
+namespace gear {
+
+template <class Buffer>
+class writer;
+
+namespace detail {
+template <class T>
+inline constexpr bool dependent_false = false;
+
+enum class slot_state : std::uint8_t { empty = 0, pending = 1, committed = 2 };
+
+/// A stream that is never used for a CUDA call: host-storage buffers take it where the shared
+/// code path expects a stream.
+inline cuda::stream_ref no_stream() noexcept { return cuda::stream_ref{cudaStream_t{}}; }
+}  // namespace detail
+
+template <trajectory_spec Spec, class Storage = storage::host, class Selection = select::uniform,
+          transport_policy Transport = transport::local>
+class replay_buffer {
+  static constexpr std::size_t num_columns = Spec::num_columns;
+  static_assert(storage_policy_for<Storage, num_columns>,
+                "gear::replay_buffer: Storage must be gear::storage::host, pinned_host, device or "
+                "mixed<one per column>");
+  static constexpr std::array<memory_kind, num_columns> placement =
+      Storage::template placement<num_columns>();
+  static_assert(detail::placement_consistent(placement),
+                "gear::replay_buffer: storage::host columns cannot be mixed with GPU-read columns; "
+                "use storage::pinned_host for host-resident columns");
+
+ public:
+  using spec_type = Spec;
+  using storage_type = Storage;
+  using selection_type = Selection;
+  using transport_type = Transport;
+  using batch_type = batch<Spec>;
+
+  /// True when selection and gathering run on the GPU (every storage but storage::host).
+  static constexpr bool on_device = detail::executes_on_device(placement);
+  using space = std::conditional_t<on_device, exec::device, exec::host>;
+  /// Memory that batches, metadata views and refs of this buffer live in.
+  static constexpr memory_kind batch_memory = on_device ? memory_kind::device : memory_kind::host;
+
+  static_assert(selection_policy_for<Selection, space>,
+                "gear::replay_buffer: Selection does not provide state<exec::host> / "
+                "state<exec::device> with validate() and select() (see gear/select/concept.hpp); "
+                "for GPU storage include <gear/gear.cuh> and compile with nvcc");
+
+  /// Allocates `slots` empty slots of `length` steps each (see layout.hpp for the layout).
+  /// Throws errc::invalid_argument (capacity or max_length below 1, more than 2^40 slots),
+  /// errc::no_device (GPU storage without a GPU), errc::out_of_memory, errc::cuda_error.
+  replay_buffer(gear::capacity slots, gear::max_length length, Selection selection = {},
+                Transport transport = {})
+      : capacity_(slots.value),
+        max_length_(length.value),
+        selection_(std::move(selection)),
+        transport_(std::move(transport)) {
+    detail::require(capacity_ >= 1 && capacity_ <= (std::int64_t{1} << 40),
+                    errc::invalid_argument,
+                    "capacity must be in [1, 2^40], got " + std::to_string(capacity_));
+    detail::require(max_length_ >= 1, errc::invalid_argument,
+                    "max_length must be at least 1, got " + std::to_string(max_length_));
+    if constexpr (on_device)
+      detail::require(detail::gpu_available(), errc::no_device,
+                      "this storage policy needs a CUDA GPU and none is usable; use "
+                      "gear::storage::host on machines without one");
+    allocate_regions();
+    allocate_metadata();
+    selection_state_.emplace(selection_, capacity_);
+  }
+
+  replay_buffer(replay_buffer&&) noexcept = default;
+  replay_buffer& operator=(replay_buffer&&) noexcept = default;
+  replay_buffer(const replay_buffer&) = delete;
+  replay_buffer& operator=(const replay_buffer&) = delete;
+  ~replay_buffer() = default;
+
+  // ---- queries (host, never synchronise) ---------------------------------------------------
+
+  [[nodiscard]] std::int64_t capacity() const noexcept { return capacity_; }
+  [[nodiscard]] std::int64_t max_length() const noexcept { return max_length_; }
+  /// Committed trajectories, the ones sampling can return.
+  [[nodiscard]] std::int64_t size() const noexcept { return live_; }
+  [[nodiscard]] bool empty() const noexcept { return live_ == 0; }
+  /// Reservations made so far (inserted trajectories plus pending ones): the next ticket.
+  [[nodiscard]] std::uint64_t tickets_issued() const noexcept { return next_ticket_; }
+  /// The selection policy's settings.
+  [[nodiscard]] const Selection& selection() const noexcept { return selection_; }
+  [[nodiscard]] const Transport& transport() const noexcept { return transport_; }
+
+  /// Committed length of `slot` (0 if empty or pending). Throws errc::key_out_of_range.
+  [[nodiscard]] std::int64_t length(std::int64_t slot) const {
+    check_slot(slot);
+    return lengths_host()[slot];
+  }
+  /// Generation of `slot`. Throws errc::key_out_of_range.
+  [[nodiscard]] std::uint32_t generation(std::int64_t slot) const {
+    check_slot(slot);
+    return generations_host()[slot];
+  }
+  /// True when k names a committed trajectory that is still stored.
+  [[nodiscard]] bool contains(const key& k) const noexcept {
+    return k.shard == transport_.shard_id() && k.slot < static_cast<std::uint64_t>(capacity_) &&
+           generations_host()[k.slot] == k.generation &&
+           states_host()[k.slot] == detail::slot_state::committed;
+  }
+  /// Throws errc::key_out_of_range or errc::stale_key unless contains(k).
+  void check_key(const key& k) const {
+    detail::require(k.shard == transport_.shard_id() &&
+                        k.slot < static_cast<std::uint64_t>(capacity_),
+                    errc::key_out_of_range,
+                    "key (shard " + std::to_string(k.shard) + ", slot " + std::to_string(k.slot) +
+                        ") is not in this shard of " + std::to_string(capacity_) + " slots");
+    detail::require(contains(k), errc::stale_key,
+                    "key (slot " + std::to_string(k.slot) + ", generation " +
+                        std::to_string(k.generation) + ") names a trajectory no longer stored");
+  }
+
+  // ---- insert ------------------------------------------------------------------------------
+
+  /// Inserts whole trajectories, evicting the oldest when full, and writes one key per trajectory
+  /// to keys_out. Stream-ordered; host-accessible slots are written by the CPU after the stream's
+  /// earlier work has finished. Does not synchronise after its own copies (insert does).
+  /// Throws (leaving the buffer unchanged): errc::invalid_argument (no trajectories, more than
+  /// capacity, keys_out too small), errc::empty_trajectory, errc::trajectory_too_long,
+  /// errc::null_pointer, errc::wrong_type, errc::wrong_shape, errc::misaligned_pointer,
+  /// errc::wrong_memory; errc::cuda_error if a copy fails.
+  void insert_async(const trajectories<Spec>& in, std::span<key> keys_out,
+                    cuda::stream_ref stream) {
+    validate_insert(in, keys_out);
+    const auto count = static_cast<std::int64_t>(in.lengths.size());
+    const reservation r = reserve_slots(count);
+    write_trajectories(in, r, stream);
+    commit_slots(r, in.lengths, keys_out, stream);
+  }
+  /// insert_async, then synchronises the stream.
+  void insert(const trajectories<Spec>& in, std::span<key> keys_out, cuda::stream_ref stream) {
+    insert_async(in, keys_out, stream);
+    synchronize(stream);
+  }
+  void insert(const trajectories<Spec>& in, std::span<key> keys_out)
+    requires(!on_device)
+  {
+    insert_async(in, keys_out, detail::no_stream());
+  }
+
+  // ---- reserve / commit (producers that write slots themselves) ------------------------------
+
+  /// Reserves `count` slots (evicting the oldest when full) to be written through ref() and then
+  /// committed. Reserved slots are not sampled. Synchronises the stream when GPU-resident
+  /// metadata must be published, so that the caller may write the slots at once.
+  /// Throws errc::invalid_argument (count outside [1, capacity]), errc::cuda_error.
+  [[nodiscard]] reservation reserve(std::int64_t count, cuda::stream_ref stream) {
+    detail::require(count >= 1 && count <= capacity_, errc::invalid_argument,
+                    "reserve count must be in [1, " + std::to_string(capacity_) + "], got " +
+                        std::to_string(count));
+    const reservation r = reserve_slots(count);
+    publish_metadata(r.first_ticket, count, stream);
+    synchronize(stream);
+    return r;
+  }
+  [[nodiscard]] reservation reserve(std::int64_t count)
+    requires(!on_device)
+  {
+    return reserve(count, detail::no_stream());
+  }
+
+  /// Makes reserved slots visible to sampling with the given lengths; writes their keys.
+  /// Does not synchronise (commit does). Throws (leaving the buffer unchanged):
+  /// errc::invalid_reservation (a slot was overwritten or already committed),
+  /// errc::invalid_argument (sizes differ from the reservation), errc::empty_trajectory,
+  /// errc::trajectory_too_long, errc::cuda_error.
+  void commit_async(const reservation& r, std::span<const std::int64_t> lengths,
+                    std::span<key> keys_out, cuda::stream_ref stream) {
+    detail::require(r.capacity == capacity_ && r.count >= 1 &&
+                        static_cast<std::int64_t>(lengths.size()) == r.count &&
+                        static_cast<std::int64_t>(keys_out.size()) >= r.count,
+                    errc::invalid_argument,
+                    "commit needs one length and one key per reserved slot");
+    for (std::int64_t i = 0; i < r.count; ++i) {
+      const std::int64_t slot = r.slot(i);
+      detail::require(tickets_host()[slot] == r.first_ticket + static_cast<std::uint64_t>(i) &&
+                          states_host()[slot] == detail::slot_state::pending,
+                      errc::invalid_reservation,
+                      "slot " + std::to_string(slot) +
+                          " was overwritten, abandoned or already committed");
+    }
+    check_lengths(lengths);
+    commit_slots(r, lengths, keys_out, stream);
+  }
+  void commit(const reservation& r, std::span<const std::int64_t> lengths,
+              std::span<key> keys_out, cuda::stream_ref stream) {
+    commit_async(r, lengths, keys_out, stream);
+    synchronize(stream);
+  }
+  void commit(const reservation& r, std::span<const std::int64_t> lengths, std::span<key> keys_out)
+    requires(!on_device)
+  {
+    commit_async(r, lengths, keys_out, detail::no_stream());
+  }
+
+  /// A step-wise writer holding one reserved slot (see gear::writer).
+  [[nodiscard]] writer<replay_buffer> make_writer(cuda::stream_ref stream) {
+    return writer<replay_buffer>(*this, stream);
+  }
+  [[nodiscard]] writer<replay_buffer> make_writer()
+    requires(!on_device)
+  {
+    return writer<replay_buffer>(*this, detail::no_stream());
+  }
+
+  // ---- sample ------------------------------------------------------------------------------
+
+  /// A batch of `rows` rows of `length` steps in this buffer's batch memory, to pass to sample().
+  [[nodiscard]] batch_type make_batch(gear::batch_size rows, gear::window_length length) const {
+    return batch_type(batch_memory, rows, length);
+  }
+
+  /// Selects out.batch_size() trajectories and gathers window w of each into `out` with one
+  /// fused launch for all columns (plus one for selection). Consumes one draw of g. Stream-ordered,
+  /// does not synchronise (sample does). Allocates nothing.
+  /// Throws (leaving the buffer, out and g unchanged): errc::empty_buffer, errc::empty_window,
+  /// errc::window_out_of_range, errc::batch_mismatch, errc::not_enough_items (policy-specific),
+  /// errc::cuda_error.
+  void sample_async(batch_type& out, const window& w, rng& g, cuda::stream_ref stream) {
+    detail::require(live_ > 0, errc::empty_buffer, "no committed trajectory to sample from");
+    detail::require(w.length >= 1, errc::empty_window,
+                    "window length must be at least 1, got " + std::to_string(w.length));
+    detail::require(w.offset >= 0 && w.offset < max_length_, errc::window_out_of_range,
+                    "window offset must be in [0, max_length = " + std::to_string(max_length_) +
+                        "), got " + std::to_string(w.offset));
+    detail::require(w.from == anchor::start || w.from == anchor::end || w.from == anchor::random,
+                    errc::window_out_of_range, "window anchor is not start, end or random");
+    detail::require(w.padding == pad::head || w.padding == pad::tail, errc::window_out_of_range,
+                    "window padding is not head or tail");
+    detail::require(out.window_length() == w.length, errc::batch_mismatch,
+                    "batch was made for windows of " + std::to_string(out.window_length()) +
+                        " steps, the window has " + std::to_string(w.length));
+    detail::require(out.where() == batch_memory, errc::batch_mismatch,
+                    "batch lives in the wrong memory for this buffer; make it with make_batch()");
+    const slot_table table = selection_table();
+    selection_state_->validate(table, out.batch_size());
+
+    selection_request request;
+    request.batch = out.batch_size();
+    request.draw = g.next();
+    request.slots = out.slots_data();
+    request.probabilities = out.probabilities_data();
+    request.weights = out.weights_data();
+    request.scratch = out.scratch_data();
+    request.scratch_size = out.scratch_size();
+    clear_scratch(out, stream);
+    selection_state_->select(table, request, stream);
+
+    detail::gather_args args;
+    args.num_columns = static_cast<int>(num_columns);
+    for (std::size_t c = 0; c < num_columns; ++c)
+      args.columns[c] = {kernel_columns_[c].base, kernel_columns_[c].slot_stride,
+                         kernel_columns_[c].step_bytes, out.column_data(c)};
+    args.batch = out.batch_size();
+    args.win = w;
+    args.draw = request.draw;
+    args.slots = out.slots_data();
+    args.lengths = table.lengths;
+    args.generations = table.generations;
+    args.shard = transport_.shard_id();
+    args.mask = out.mask_data();
+    args.keys = out.keys_data();
+    if constexpr (on_device) {
+#if defined(GEAR_DEVICE_BACKEND)
+      detail::gather_on_device(args, stream);
+#else
+      static_assert(detail::dependent_false<Storage>,
+                    "gear: GPU storage needs <gear/gear.cuh>, compiled by nvcc");
+#endif
+    } else {
+      detail::gather_on_host(args);
+    }
+  }
+  /// sample_async, then synchronises the stream.
+  void sample(batch_type& out, const window& w, rng& g, cuda::stream_ref stream) {
+    sample_async(out, w, g, stream);
+    synchronize(stream);
+  }
+  void sample(batch_type& out, const window& w, rng& g)
+    requires(!on_device)
+  {
+    sample_async(out, w, g, detail::no_stream());
+  }
+
+  // ---- views -------------------------------------------------------------------------------
+
+  /// A trivially copyable view carrying the operations Ops (gear::op::write_steps,
+  /// gear::op::read_metadata), for kernels (or host code, for storage::host).
+  template <class... Ops>
+  [[nodiscard]] buffer_ref<Spec, Ops...> ref(Ops...) const noexcept {
+    const slot_table t = selection_table();
+    return buffer_ref<Spec, Ops...>(kernel_columns_, t.lengths, t.generations, t.tickets,
+                                    capacity_, max_length_);
+  }
+
+  /// Metadata in the memory where selection runs, as selection policies see it.
+  [[nodiscard]] slot_table selection_table() const noexcept {
+    slot_table t;
+    if constexpr (on_device) {
+      t.lengths = device_meta_.template device_as<std::int64_t>();
+      t.generations = reinterpret_cast<const std::uint32_t*>(t.lengths + capacity_);
+      t.tickets = reinterpret_cast<const std::uint64_t*>(t.generations + generations_padded());
+    } else {
+      t.lengths = lengths_host();
+      t.generations = generations_host();
+      t.tickets = tickets_host();
+    }
+    t.capacity = capacity_;
+    t.occupied = static_cast<std::int64_t>(
+        std::min<std::uint64_t>(next_ticket_, static_cast<std::uint64_t>(capacity_)));
+    t.live = live_;
+    t.next_ticket = next_ticket_;
+    return t;
+  }
+
+ private:
+  template <class Buffer>
+  friend class writer;
+
+  // ---- allocation --------------------------------------------------------------------------
+
+  void allocate_regions() {
+    constexpr memory_kind kinds[] = {memory_kind::host, memory_kind::pinned_host,
+                                     memory_kind::device};
+    for (std::size_t k = 0; k < 3; ++k) {
+      std::int64_t slot_bytes = 0;
+      std::array<std::int64_t, num_columns> offset{};
+      for (std::size_t c = 0; c < num_columns; ++c) {
+        if (placement[c] != kinds[k]) continue;
+        offset[c] = slot_bytes;
+        slot_bytes += detail::segment_bytes(Spec::step_bytes[c], max_length_);
+      }
+      if (slot_bytes == 0) continue;
+      detail::require(slot_bytes <= (std::int64_t{1} << 62) / capacity_, errc::out_of_memory,
+                      "slot storage size overflows");
+      regions_[k] = detail::allocation(kinds[k], static_cast<std::size_t>(slot_bytes * capacity_));
+      for (std::size_t c = 0; c < num_columns; ++c) {
+        if (placement[c] != kinds[k]) continue;
+        host_columns_[c] = {regions_[k].data() + offset[c], slot_bytes, Spec::step_bytes[c]};
+        kernel_columns_[c] = {regions_[k].device_data() + offset[c], slot_bytes,
+                              Spec::step_bytes[c]};
+      }
+    }
+  }
+
+  // Metadata: lengths (int64), generations (uint32, padded to 8 bytes), tickets (uint64) and
+  // states (uint8), each [capacity]. The host copy is authoritative; GPU buffers mirror the first
+  // three in device memory, published after every change.
+  [[nodiscard]] std::int64_t generations_padded() const noexcept {
+    return (capacity_ + 1) / 2 * 2;
+  }
+  [[nodiscard]] std::size_t device_meta_bytes() const noexcept {
+    return static_cast<std::size_t>(capacity_ * 8 + generations_padded() * 4 + capacity_ * 8);
+  }
+  void allocate_metadata() {
+    const std::size_t bytes = device_meta_bytes() + static_cast<std::size_t>(capacity_);
+    host_meta_ = detail::allocation(on_device ? memory_kind::pinned_host : memory_kind::host, bytes);
+    std::memset(host_meta_.data(), 0, bytes);
+    if constexpr (on_device) {
+      device_meta_ = detail::allocation(memory_kind::device, device_meta_bytes());
+      cudaStream_t init{};
+      GEAR_CUDA_TRY(cudaStreamCreateWithFlags(&init, cudaStreamNonBlocking));
+      const cudaError_t copied = cudaMemcpyAsync(device_meta_.data(), host_meta_.data(),
+                                                 device_meta_bytes(), cudaMemcpyHostToDevice, init);
+      const cudaError_t synced = cudaStreamSynchronize(init);
+      GEAR_CUDA_TRY(cudaStreamDestroy(init));
+      GEAR_CUDA_TRY(copied);
+      GEAR_CUDA_TRY(synced);
+    }
+  }
+
+  [[nodiscard]] std::int64_t* lengths_host() const noexcept {
+    return host_meta_.template as<std::int64_t>();
+  }
+  [[nodiscard]] std::uint32_t* generations_host() const noexcept {
+    return reinterpret_cast<std::uint32_t*>(lengths_host() + capacity_);
+  }
+  [[nodiscard]] std::uint64_t* tickets_host() const noexcept {
+    return reinterpret_cast<std::uint64_t*>(generations_host() + generations_padded());
+  }
+  [[nodiscard]] detail::slot_state* states_host() const noexcept {
+    return reinterpret_cast<detail::slot_state*>(tickets_host() + capacity_);
+  }
+
+  /// Copies the device mirror of the slots of tickets [first, first + count) (at most two
+  /// contiguous ranges per array). Stream-ordered; nothing for host storage.
+  void publish_metadata(std::uint64_t first, std::int64_t count, cuda::stream_ref stream) {
+    if constexpr (on_device) {
+      const auto cap = static_cast<std::uint64_t>(capacity_);
+      const auto begin = static_cast<std::int64_t>(first % cap);
+      const std::int64_t n1 = std::min(count, capacity_ - begin);
+      auto* dev_lengths = device_meta_.template as<std::int64_t>();
+      auto* dev_generations = reinterpret_cast<std::uint32_t*>(dev_lengths + capacity_);
+      auto* dev_tickets = reinterpret_cast<std::uint64_t*>(dev_generations + generations_padded());
+      auto copy = [&](auto* dst, const auto* src, std::int64_t at, std::int64_t n) {
+        GEAR_CUDA_TRY(cudaMemcpyAsync(dst + at, src + at, static_cast<std::size_t>(n) * sizeof(*src),
+                                      cudaMemcpyHostToDevice, stream.get()));
+      };
+      for (auto [at, n] : {std::pair{begin, n1}, std::pair{std::int64_t{0}, count - n1}}) {
+        if (n <= 0) continue;
+        copy(dev_lengths, lengths_host(), at, n);
+        copy(dev_generations, generations_host(), at, n);
+        copy(dev_tickets, tickets_host(), at, n);
+      }
+    } else {
+      (void)first, (void)count, (void)stream;
+    }
+  }
+
+  void synchronize(cuda::stream_ref stream) const {
+    if constexpr (on_device) GEAR_CUDA_TRY(cudaStreamSynchronize(stream.get()));
+    else (void)stream;
+  }
+
+  void clear_scratch(batch_type& out, cuda::stream_ref stream) const {
+    const auto bytes = static_cast<std::size_t>(out.scratch_size()) * sizeof(std::uint64_t);
+    if constexpr (on_device)
+      GEAR_CUDA_TRY(cudaMemsetAsync(out.scratch_data(), 0, bytes, stream.get()));
+    else
+      std::memset(out.scratch_data(), 0, bytes);
+  }
+
+  // ---- validation --------------------------------------------------------------------------
+
+  void check_slot(std::int64_t slot) const {
+    detail::require(slot >= 0 && slot < capacity_, errc::key_out_of_range,
+                    "slot " + std::to_string(slot) + " is outside [0, " +
+                        std::to_string(capacity_) + ")");
+  }
+
+  void check_lengths(std::span<const std::int64_t> lengths) const {
+    for (std::size_t i = 0; i < lengths.size(); ++i) {
+      detail::require(lengths[i] >= 1, errc::empty_trajectory,
+                      "trajectory " + std::to_string(i) + " has length " +
+                          std::to_string(lengths[i]));
+      detail::require(lengths[i] <= max_length_, errc::trajectory_too_long,
+                      "trajectory " + std::to_string(i) + " has " + std::to_string(lengths[i]) +
+                          " steps, max_length is " + std::to_string(max_length_));
+    }
+  }
+
+  void validate_insert(const trajectories<Spec>& in, std::span<key> keys_out) const {
+    const auto count = static_cast<std::int64_t>(in.lengths.size());
+    detail::require(count >= 1 && count <= capacity_, errc::invalid_argument,
+                    "an insert takes 1 to capacity = " + std::to_string(capacity_) +
+                        " trajectories, got " + std::to_string(count));
+    detail::require(in.lengths.data() != nullptr, errc::null_pointer, "lengths is null");
+    detail::require(static_cast<std::int64_t>(keys_out.size()) >= count, errc::invalid_argument,
+                    "keys_out holds " + std::to_string(keys_out.size()) + " keys, need " +
+                        std::to_string(count));
+    check_lengths(in.lengths);
+    [&]<std::size_t... C>(std::index_sequence<C...>) {
+      (detail::check_column_input<Spec, C>(in.columns[C]), ...);
+    }(std::make_index_sequence<num_columns>{});
+    detail::require(in.source == memory_kind::host || in.source == memory_kind::device,
+                    errc::wrong_memory, "insert source must be memory_kind::host or ::device");
+    if constexpr (!on_device) {
+      detail::require(in.source == memory_kind::host, errc::wrong_memory,
+                      "storage::host takes trajectories from host memory only");
+    } else {
+      for (std::size_t c = 0; c < num_columns; ++c) {
+        cudaPointerAttributes attributes{};
+        GEAR_CUDA_TRY(cudaPointerGetAttributes(&attributes, in.columns[c].data));
+        const bool device_memory = attributes.type == cudaMemoryTypeDevice ||
+                                   attributes.type == cudaMemoryTypeManaged;
+        const bool gpu_readable = device_memory || attributes.type == cudaMemoryTypeHost;
+        const bool ok = in.source == memory_kind::device ? gpu_readable : !device_memory;
+        detail::require(ok, errc::wrong_memory,
+                        "column '" + std::string(Spec::names[c]) + "' is not in " +
+                            (in.source == memory_kind::device ? "GPU-readable" : "host") +
+                            " memory as the insert says");
+      }
+    }
+  }
+
+  // ---- mutation (inputs already validated) -------------------------------------------------
+
+  /// Takes the next `count` tickets' slots: evicts their committed occupants, bumps reused slots'
+  /// generations, marks them pending. Host metadata only.
+  reservation reserve_slots(std::int64_t count) {
+    const reservation r{next_ticket_, count, capacity_};
+    for (std::int64_t i = 0; i < count; ++i) {
+      const std::int64_t slot = r.slot(i);
+      if (states_host()[slot] == detail::slot_state::committed) --live_;
+      if (r.first_ticket + static_cast<std::uint64_t>(i) >= static_cast<std::uint64_t>(capacity_))
+        ++generations_host()[slot];
+      lengths_host()[slot] = 0;
+      tickets_host()[slot] = r.first_ticket + static_cast<std::uint64_t>(i);
+      states_host()[slot] = detail::slot_state::pending;
+    }
+    next_ticket_ += static_cast<std::uint64_t>(count);
+    return r;
+  }
+
+  void commit_slots(const reservation& r, std::span<const std::int64_t> lengths,
+                    std::span<key> keys_out, cuda::stream_ref stream) {
+    for (std::int64_t i = 0; i < r.count; ++i) {
+      const std::int64_t slot = r.slot(i);
+      lengths_host()[slot] = lengths[static_cast<std::size_t>(i)];
+      states_host()[slot] = detail::slot_state::committed;
+      keys_out[static_cast<std::size_t>(i)] =
+          key{static_cast<std::uint64_t>(slot), generations_host()[slot], transport_.shard_id()};
+    }
+    live_ += r.count;
+    publish_metadata(r.first_ticket, r.count, stream);
+    if constexpr (requires { selection_state_->on_commit(slot_table{}, r.first_ticket, r.count, stream); })
+      selection_state_->on_commit(selection_table(), r.first_ticket, r.count, stream);
+  }
+
+  /// Marks the pending slot of `ticket` empty again (an abandoned writer).
+  void abandon(std::uint64_t ticket, cuda::stream_ref stream) noexcept {
+    const auto slot = static_cast<std::int64_t>(ticket % static_cast<std::uint64_t>(capacity_));
+    if (tickets_host()[slot] != ticket || states_host()[slot] != detail::slot_state::pending) return;
+    states_host()[slot] = detail::slot_state::empty;
+    try {
+      publish_metadata(ticket, 1, stream);
+    } catch (const error&) {
+      // The device mirror already says length 0 for a pending slot; nothing to undo.
+    }
+  }
+
+  /// Copies validated trajectories into the reserved slots.
+  void write_trajectories(const trajectories<Spec>& in, const reservation& r,
+                          cuda::stream_ref stream) {
+    const auto count = r.count;
+    if (in.source == memory_kind::host) {
+      bool cpu_writes = false;
+      for (std::size_t c = 0; c < num_columns; ++c) cpu_writes |= host_accessible(placement[c]);
+      // Earlier stream work may still read the evicted occupants of these slots.
+      if (on_device && cpu_writes) synchronize(stream);
+      for (std::size_t c = 0; c < num_columns; ++c) {
+        const auto* src = static_cast<const std::byte*>(in.columns[c].data);
+        const std::int64_t step = Spec::step_bytes[c];
+        for (std::int64_t i = 0; i < count; ++i) {
+          const auto bytes = static_cast<std::size_t>(in.lengths[static_cast<std::size_t>(i)] * step);
+          if (host_accessible(placement[c])) {
+            std::memcpy(host_columns_[c].at(r.slot(i), 0), src, bytes);
+          } else {
+            GEAR_CUDA_TRY(cudaMemcpyAsync(host_columns_[c].at(r.slot(i), 0), src, bytes,
+                                          cudaMemcpyHostToDevice, stream.get()));
+          }
+          src += bytes;
+        }
+      }
+      return;
+    }
+    if constexpr (on_device) {
+#if defined(GEAR_DEVICE_BACKEND)
+      scatter_from_device(in, r, stream);
+#else
+      static_assert(detail::dependent_false<Storage>,
+                    "gear: GPU storage needs <gear/gear.cuh>, compiled by nvcc");
+#endif
+    }
+  }
+
+#if defined(GEAR_DEVICE_BACKEND)
+  /// One scatter launch for all columns. The rows table lives in mapped pinned staging that the
+  /// kernel reads zero-copy; an event keeps the next insert from overwriting it too early.
+  void scatter_from_device(const trajectories<Spec>& in, const reservation& r,
+                           cuda::stream_ref stream) {
+    const auto bytes = static_cast<std::size_t>(r.count) * sizeof(detail::scatter_row);
+    if (staging_ready_.get() != nullptr) GEAR_CUDA_TRY(cudaEventSynchronize(staging_ready_.get()));
+    if (staging_.size() < bytes)
+      staging_ = detail::allocation(memory_kind::pinned_host, std::max(bytes, staging_.size() * 2));
+    if (staging_ready_.get() == nullptr) staging_ready_ = detail::event::make();
+    auto* rows = staging_.template as<detail::scatter_row>();
+    detail::scatter_args args;
+    args.num_columns = static_cast<int>(num_columns);
+    args.count = r.count;
+    std::int64_t at = 0;
+    for (std::int64_t i = 0; i < r.count; ++i) {
+      const std::int64_t len = in.lengths[static_cast<std::size_t>(i)];
+      rows[i] = {r.slot(i), at, len};
+      at += len;
+      args.max_count_length = std::max(args.max_count_length, len);
+    }
+    args.rows = staging_.template device_as<detail::scatter_row>();
+    for (std::size_t c = 0; c < num_columns; ++c)
+      args.columns[c] = {static_cast<const std::byte*>(in.columns[c].data), kernel_columns_[c].base,
+                         kernel_columns_[c].slot_stride, kernel_columns_[c].step_bytes};
+    detail::scatter_on_device(args, stream);
+    GEAR_CUDA_TRY(cudaEventRecord(staging_ready_.get(), stream.get()));
+  }
+
+  detail::allocation staging_;
+  detail::event staging_ready_;
+#endif
+
+  std::int64_t capacity_;
+  std::int64_t max_length_;
+  Selection selection_;
+  Transport transport_;
+  std::array<detail::allocation, 3> regions_{};
+  std::array<detail::column_geometry, num_columns> host_columns_{};    // CPU addresses
+  std::array<detail::column_geometry, num_columns> kernel_columns_{};  // addresses selection uses
+  detail::allocation host_meta_;
+  detail::allocation device_meta_;
+  std::uint64_t next_ticket_ = 0;
+  std::int64_t live_ = 0;
+  std::optional<typename Selection::template state<space>> selection_state_;
+};
+
+/// Writes one trajectory step by step into a reserved slot, then commits it.
+///
+///   auto w = buf.make_writer(stream);
+///   for (...) w.append(obs_ptr, &action, &reward, &done);   // one pointer per column
+///   gear::key k = w.commit();
+///
+/// Steps are copied at once: host-resident columns by the CPU, GPU columns with stream-ordered
+/// copies from the caller's (pageable or pinned) host memory. A writer that is destroyed without
+/// commit gives its slot up. If more than capacity other reservations are made before commit, the
+/// slot is taken over and commit throws errc::invalid_reservation.
+template <class Buffer>
+class writer {
+  using spec = typename Buffer::spec_type;
+
+ public:
+  writer(Buffer& buffer, cuda::stream_ref stream)
+      : buffer_(&buffer), stream_(stream), reservation_(buffer.reserve(1, stream)) {}
+  writer(writer&& o) noexcept
+      : buffer_(std::exchange(o.buffer_, nullptr)), stream_(o.stream_),
+        reservation_(o.reservation_), steps_(o.steps_) {}
+  writer& operator=(writer&&) = delete;
+  writer(const writer&) = delete;
+  writer& operator=(const writer&) = delete;
+  ~writer() {
+    if (buffer_ != nullptr) buffer_->abandon(reservation_.first_ticket, stream_);
+  }
+
+  /// Steps written so far.
+  [[nodiscard]] std::int64_t steps() const noexcept { return steps_; }
+  /// The slot being written.
+  [[nodiscard]] std::int64_t slot() const noexcept { return reservation_.slot(0); }
+
+  /// Appends one step: one pointer per column, in spec order, each to one step's elements.
+  /// Throws errc::writer_full past max_length, errc::null_pointer, errc::invalid_reservation
+  /// after commit or takeover, errc::cuda_error.
+  template <class... T>
+  void append(const T*... step) {
+    static_assert(sizeof...(T) == spec::num_columns, "writer::append: one pointer per column");
+    check_open();
+    detail::require(steps_ < buffer_->max_length(), errc::writer_full,
+                    "trajectory already has max_length = " +
+                        std::to_string(buffer_->max_length()) + " steps");
+    const void* ptrs[] = {static_cast<const void*>(step)...};
+    [&]<std::size_t... C>(std::index_sequence<C...>) {
+      static_assert((std::is_same_v<std::remove_cv_t<T>,
+                                    typename spec::template column_t<C>::element_type> && ...),
+                    "writer::append: pointer types must match the spec's column types");
+    }(std::make_index_sequence<spec::num_columns>{});
+    for (std::size_t c = 0; c < spec::num_columns; ++c)
+      detail::require(ptrs[c] != nullptr, errc::null_pointer,
+                      "column '" + std::string(spec::names[c]) + "': step pointer is null");
+    for (std::size_t c = 0; c < spec::num_columns; ++c) {
+      std::byte* dst = buffer_->host_columns_[c].at(slot(), steps_);
+      const auto bytes = static_cast<std::size_t>(spec::step_bytes[c]);
+      if (host_accessible(Buffer::placement[c]))
+        std::memcpy(dst, ptrs[c], bytes);
+      else
+        GEAR_CUDA_TRY(cudaMemcpyAsync(dst, ptrs[c], bytes, cudaMemcpyHostToDevice, stream_.get()));
+    }
+    ++steps_;
+  }
+
+  /// Commits the steps written so far as one trajectory and returns its key; synchronises the
+  /// stream. Throws errc::empty_trajectory with no steps, errc::invalid_reservation.
+  key commit() {
+    check_open();
+    key k{};
+    const std::int64_t length = steps_;
+    buffer_->commit(reservation_, std::span<const std::int64_t>(&length, 1), std::span<key>(&k, 1),
+                    stream_);
+    buffer_ = nullptr;
+    return k;
+  }
+
+ private:
+  void check_open() const {
+    detail::require(buffer_ != nullptr, errc::invalid_reservation, "writer already committed");
+    detail::require(buffer_->tickets_host()[slot()] == reservation_.first_ticket &&
+                        buffer_->states_host()[slot()] == detail::slot_state::pending,
+                    errc::invalid_reservation,
+                    "the writer's slot was taken over by newer reservations");
+  }
+
+  Buffer* buffer_;
+  cuda::stream_ref stream_;
+  reservation reservation_;
+  std::int64_t steps_ = 0;
+};
+
+}  // namespace gear

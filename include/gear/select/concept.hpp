@@ -1,0 +1,78 @@
+#pragma once
+// The selection policy concept.
+//
+// A selection policy decides which stored trajectories a sampled batch takes. It is a small value
+// type (its run-time settings, e.g. uniform{.replacement = false}) with a nested class template
+//
+//   template <class Space> class state;      // Space is gear::exec::host or gear::exec::device
+//
+// The buffer owns one state<Space> for the side where it selects (host for all-pageable storage,
+// device otherwise), built as state(policy, capacity). A state provides
+//
+//   void validate(const slot_table& table, std::int64_t batch) const;
+//       throw gear::error (and change nothing) if `batch` rows cannot be selected from `table`,
+//       e.g. errc::not_enough_items without replacement;
+//   void select(const slot_table& table, const selection_request& request, cuda::stream_ref s);
+//       write request.batch slot indices, each of a committed slot (length > 0), to request.slots,
+//       with their selection probabilities and importance weights, in the memory of Space; on the
+//       device this is stream-ordered on s and must not synchronise.
+//
+// and may provide hooks the buffer calls when slots change, detected with `requires`:
+//
+//   void on_commit(const slot_table& table, std::uint64_t first_ticket, std::int64_t count,
+//                  cuda::stream_ref s);   // slots of tickets [first_ticket, +count) went live
+//   void on_evict(const slot_table& table, std::uint64_t first_ticket, std::int64_t count,
+//                 cuda::stream_ref s);    // those slots are about to be overwritten
+//
+// slot_table points at metadata in the memory of Space. Ticket t (an insertion sequence number)
+// lives in slot t % capacity. A user-written policy follows the same contract and plugs in as the
+// third template argument of replay_buffer, with no change to gear.
+
+#include <concepts>
+#include <cstdint>
+
+#include <cuda/stream_ref>
+
+#include <gear/rng.hpp>
+
+namespace gear {
+
+/// Where a policy's state runs.
+namespace exec {
+struct host {};
+struct device {};
+}  // namespace exec
+
+/// Per-slot metadata as selection sees it (in the memory of the selecting side).
+struct slot_table {
+  const std::int64_t* lengths = nullptr;       ///< committed length; 0 if empty, pending or removed
+  const std::uint32_t* generations = nullptr;  ///< bumped at every overwrite or removal
+  const std::uint64_t* tickets = nullptr;      ///< insertion sequence number of each slot
+  std::int64_t capacity = 0;                   ///< number of slots
+  std::int64_t occupied = 0;                   ///< slots [0, occupied) have ever been reserved
+  std::int64_t live = 0;                       ///< committed slots (length > 0)
+  std::uint64_t next_ticket = 0;               ///< ticket the next reservation gets
+};
+
+/// What select() must produce.
+struct selection_request {
+  std::int64_t batch = 0;             ///< rows to select
+  rng_draw draw{};                    ///< this call's random numbers
+  std::int64_t* slots = nullptr;      ///< out: [batch] selected slots
+  float* probabilities = nullptr;     ///< out: [batch] probability each row had of being drawn
+  float* weights = nullptr;           ///< out: [batch] importance weights (1 where not applicable)
+  std::uint64_t* scratch = nullptr;   ///< zeroed workspace of scratch_size words
+  std::int64_t scratch_size = 0;      ///< a power of two >= 2 * batch
+};
+
+template <class P, class Space>
+concept selection_policy_for =
+    std::copy_constructible<P> &&
+    requires(typename P::template state<Space>& s, const slot_table& t,
+             const selection_request& r, cuda::stream_ref stream) {
+      typename P::template state<Space>;
+      { s.validate(t, std::int64_t{}) };
+      { s.select(t, r, stream) };
+    };
+
+}  // namespace gear

@@ -1,0 +1,93 @@
+#pragma once
+// Uniform selection: every committed trajectory equally likely, with or without replacement.
+//
+// Each row draws a slot uniformly from the slots ever reserved and redraws while it hits a slot
+// that is not committed (pending or removed) or, without replacement, one another row already
+// claimed. Redrawing keeps the result exactly uniform over committed slots (and, without
+// replacement, uniform over subsets of the batch's size). Expected work per row is
+// occupied / live draws, O(1) for a buffer that is mostly committed; without replacement a batch
+// of B from N costs O(B * N / (N - B)) draws in all.
+//
+// The host and device states draw the same numbers from the same rng_draw, so with replacement
+// they select the same slots.
+
+#include <cstdint>
+#include <string>
+
+#include <cuda/stream_ref>
+
+#include <gear/config.hpp>
+#include <gear/detail/claim.hpp>
+#include <gear/error.hpp>
+#include <gear/select/concept.hpp>
+
+namespace gear::select {
+
+/// Uniform selection over committed trajectories.
+struct uniform {
+  /// false: the rows of one batch name distinct trajectories.
+  bool replacement = true;
+
+  template <class Space>
+  class state;
+};
+
+}  // namespace gear::select
+
+namespace gear::detail {
+
+/// Most draws one row makes before giving up (slot -1); reached only if the device metadata
+/// disagrees with the host's count of live slots, i.e. operations were not stream-ordered.
+inline constexpr std::uint32_t max_uniform_attempts = 1u << 30;
+
+/// The attempt number reserved for a row's window draw, apart from its selection draws.
+inline constexpr std::uint32_t window_attempt = 0xFFFFFFFFu;
+
+/// Selects the slot of one row uniformly (see gear::select::uniform).
+GEAR_HD inline std::int64_t uniform_row(const slot_table& t, const selection_request& r,
+                                        bool replacement, std::int64_t row) {
+  for (std::uint32_t attempt = 0; attempt < max_uniform_attempts; ++attempt) {
+    const auto slot = static_cast<std::int64_t>(
+        r.draw.below(static_cast<std::uint64_t>(t.occupied), static_cast<std::uint64_t>(row),
+                     attempt));
+    if (t.lengths[slot] <= 0) continue;
+    if (!replacement && !claim_slot(r.scratch, r.scratch_size, slot)) continue;
+    return slot;
+  }
+  return -1;
+}
+
+inline void validate_uniform(const slot_table& t, std::int64_t batch, bool replacement) {
+  require(replacement || batch <= t.live, errc::not_enough_items,
+          "cannot draw " + std::to_string(batch) + " distinct trajectories from " +
+              std::to_string(t.live));
+}
+
+}  // namespace gear::detail
+
+namespace gear::select {
+
+/// Host side: a loop over rows.
+template <>
+class uniform::state<exec::host> {
+ public:
+  state(const uniform& policy, std::int64_t /*capacity*/) : policy_(policy) {}
+
+  void validate(const slot_table& t, std::int64_t batch) const {
+    detail::validate_uniform(t, batch, policy_.replacement);
+  }
+
+  void select(const slot_table& t, const selection_request& r, cuda::stream_ref) {
+    const float p = 1.0f / static_cast<float>(t.live);
+    for (std::int64_t row = 0; row < r.batch; ++row) {
+      r.slots[row] = detail::uniform_row(t, r, policy_.replacement, row);
+      r.probabilities[row] = p;
+      r.weights[row] = 1.0f;
+    }
+  }
+
+ private:
+  uniform policy_;
+};
+
+}  // namespace gear::select
