@@ -14,11 +14,11 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <tuple>
 #include <type_traits>
 
 #include <gear/config.hpp>
 #include <gear/layout.hpp>
-#include <gear/spec.hpp>
 
 namespace gear {
 
@@ -41,13 +41,23 @@ struct reservation {
   }
 };
 
-template <trajectory_spec Spec, class... Ops>
+/// The element types of a spec's columns, in order. buffer_ref is templated on this rather than on
+/// the spec, so that kernels templated on a ref carry no column names (nvcc cannot name kernel
+/// templates whose arguments hold class-type template arguments such as strings).
+template <class... T>
+struct element_types {
+  static constexpr std::size_t size = sizeof...(T);
+  template <std::size_t I>
+  using at = std::tuple_element_t<I, std::tuple<T...>>;
+};
+
+template <class Elements, class... Ops>
 class buffer_ref {
   static constexpr bool can_write = (std::same_as<Ops, op::write_steps> || ...);
   static constexpr bool can_read = (std::same_as<Ops, op::read_metadata> || ...);
 
  public:
-  static constexpr std::size_t num_columns = Spec::num_columns;
+  static constexpr std::size_t num_columns = Elements::size;
 
   buffer_ref(const std::array<detail::column_geometry, num_columns>& columns,
              const std::int64_t* lengths, const std::uint32_t* generations,
@@ -64,10 +74,8 @@ class buffer_ref {
   /// a reservation that is not yet committed.
   template <std::size_t I>
     requires can_write
-  GEAR_HD typename Spec::template column_t<I>::element_type* step(std::int64_t slot,
-                                                                  std::int64_t t) const noexcept {
-    return reinterpret_cast<typename Spec::template column_t<I>::element_type*>(
-        columns_[I].at(slot, t));
+  GEAR_HD typename Elements::template at<I>* step(std::int64_t slot, std::int64_t t) const noexcept {
+    return reinterpret_cast<typename Elements::template at<I>*>(columns_[I].at(slot, t));
   }
 
   /// Committed length of `slot`, 0 if empty or pending (requires op::read_metadata).

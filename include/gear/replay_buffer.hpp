@@ -353,9 +353,9 @@ class replay_buffer {
   /// A trivially copyable view carrying the operations Ops (gear::op::write_steps,
   /// gear::op::read_metadata), for kernels (or host code, for storage::host).
   template <class... Ops>
-  [[nodiscard]] buffer_ref<Spec, Ops...> ref(Ops...) const noexcept {
+  [[nodiscard]] buffer_ref<typename Spec::element_list, Ops...> ref(Ops...) const noexcept {
     const slot_table t = selection_table();
-    return buffer_ref<Spec, Ops...>(kernel_columns_, t.lengths, t.generations, t.tickets,
+    return buffer_ref<typename Spec::element_list, Ops...>(kernel_columns_, t.lengths, t.generations, t.tickets,
                                     capacity_, max_length_);
   }
 

@@ -20,6 +20,7 @@
 #include <cuda/std/mdspan>
 
 #include <gear/dtype.hpp>
+#include <gear/ref.hpp>
 
 namespace gear {
 
@@ -76,6 +77,9 @@ struct spec {
 
   template <std::size_t I>
   using column_t = std::tuple_element_t<I, columns>;
+
+  /// The columns' element types, which is all a kernel-side view needs to know of the spec.
+  using element_list = element_types<typename Columns::element_type...>;
 
   static constexpr std::array<std::int64_t, num_columns> step_bytes{Columns::step_bytes...};
   static constexpr std::array<dtype, num_columns> types{Columns::type...};

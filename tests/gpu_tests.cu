@@ -1,0 +1,342 @@
+// GPU suite: every storage policy x uniform (with and without replacement) x window shape,
+// gathered bytes compared with an independent host reference on random data, outputs poisoned
+// before every run. Exits 77 (skipped) where no GPU is usable.
+
+#include <gear/gear.cuh>
+
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <map>
+#include <random>
+#include <set>
+
+#include "common.hpp"
+
+using namespace gear_test;
+
+namespace {
+
+struct stream_holder {
+  cudaStream_t s{};
+  stream_holder() { GEAR_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
+  ~stream_holder() { (void)cudaStreamDestroy(s); }
+  operator cuda::stream_ref() const { return cuda::stream_ref{s}; }
+};
+
+struct model {
+  std::map<std::pair<std::uint64_t, std::uint32_t>, std::pair<std::uint64_t, std::int64_t>> by_key;
+  std::uint64_t next_id = 1;
+  [[nodiscard]] std::uint64_t id(const gear::key& k) const {
+    auto it = by_key.find({k.slot, k.generation});
+    return it == by_key.end() ? ~std::uint64_t{0} : it->second.first;
+  }
+  [[nodiscard]] std::int64_t length(const gear::key& k) const {
+    auto it = by_key.find({k.slot, k.generation});
+    return it == by_key.end() ? -1 : it->second.second;
+  }
+};
+
+/// Device copies of packed host data, for inserts from device memory.
+struct device_packed {
+  std::vector<gear::detail::allocation> columns;
+  explicit device_packed(const packed& p) {
+    for (const auto& c : p.columns) {
+      columns.emplace_back(gear::memory_kind::device, c.size());
+      GEAR_CUDA_TRY(cudaMemcpy(columns.back().data(), c.data(), c.size(), cudaMemcpyHostToDevice));
+    }
+  }
+  gear::trajectories<spec> input(const packed& p) const {
+    gear::trajectories<spec> in = p.input();
+    for (std::size_t c = 0; c < spec::num_columns; ++c) in.columns[c].data = columns[c].data();
+    in.source = gear::memory_kind::device;
+    return in;
+  }
+};
+
+template <class Buffer>
+std::vector<gear::key> insert(Buffer& buf, model& m, const std::vector<std::int64_t>& lens,
+                              cuda::stream_ref s, bool from_device) {
+  packed p(m.next_id, lens);
+  m.next_id += lens.size();
+  std::vector<gear::key> keys(lens.size());
+  if (from_device) {
+    device_packed d(p);
+    buf.insert(d.input(p), keys, s);
+  } else {
+    buf.insert(p.input(), keys, s);
+  }
+  for (std::size_t i = 0; i < keys.size(); ++i)
+    m.by_key[{keys[i].slot, keys[i].generation}] = {p.ids[i], p.lengths[i]};
+  return keys;
+}
+
+template <class Batch>
+void poison(const Batch& b, cuda::stream_ref s) {
+  for (std::size_t c = 0; c < spec::num_columns; ++c)
+    GEAR_CUDA_TRY(cudaMemsetAsync(b.column_data(c), 0xAB,
+                                  b.batch_size() * b.window_length() * spec::step_bytes[c], s.get()));
+  GEAR_CUDA_TRY(cudaMemsetAsync(b.mask_data(), 0xAB, b.batch_size() * b.window_length(), s.get()));
+  GEAR_CUDA_TRY(cudaMemsetAsync(b.keys_data(), 0xAB, b.batch_size() * sizeof(gear::key), s.get()));
+}
+
+template <class Batch>
+host_batch copy_device_batch(const Batch& b) {
+  host_batch h;
+  h.rows = b.batch_size();
+  h.length = b.window_length();
+  auto get = [](auto& dst, const void* src, std::size_t n) {
+    dst.resize(n);
+    GEAR_CUDA_TRY(cudaMemcpy(dst.data(), src, n * sizeof(dst[0]), cudaMemcpyDeviceToHost));
+  };
+  h.columns.resize(spec::num_columns);
+  for (std::size_t c = 0; c < spec::num_columns; ++c)
+    get(h.columns[c], b.column_data(c), static_cast<std::size_t>(h.rows * h.length * spec::step_bytes[c]));
+  get(h.mask, b.mask_data(), static_cast<std::size_t>(h.rows * h.length));
+  get(h.keys, b.keys_data(), static_cast<std::size_t>(h.rows));
+  get(h.probabilities, b.probabilities_data(), static_cast<std::size_t>(h.rows));
+  get(h.weights, b.weights_data(), static_cast<std::size_t>(h.rows));
+  return h;
+}
+
+using mixed_storage = gear::storage::mixed<gear::storage::pinned_host, gear::storage::device,
+                                           gear::storage::device, gear::storage::pinned_host>;
+
+/// Writes the test pattern of trajectory ids[i] into reserved slot r.slot(i) through a ref.
+template <class Ref>
+__global__ void simulate_kernel(Ref ref, gear::reservation r, std::uint64_t first_id,
+                                std::int64_t steps) {
+  const std::int64_t i = blockIdx.x;
+  const std::int64_t slot = r.slot(i);
+  for (std::int64_t t = threadIdx.x; t < steps; t += blockDim.x) {
+    auto put = [&](auto* dst, std::size_t c, std::int64_t bytes) {
+      auto* out = reinterpret_cast<std::uint8_t*>(dst);
+      for (std::int64_t b = 0; b < bytes; ++b) {
+        std::uint8_t v = pattern(first_id + static_cast<std::uint64_t>(i), t, b, c);
+        out[b] = c == 2 ? (v & 1) : v;
+      }
+    };
+    put(ref.template step<0>(slot, t), 0, 24);
+    put(ref.template step<1>(slot, t), 1, 4);
+    put(ref.template step<2>(slot, t), 2, 1);
+    put(ref.template step<3>(slot, t), 3, 64);
+  }
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("gather matches the host reference for every window shape", Storage,
+                   gear::storage::device, gear::storage::pinned_host, mixed_storage) {
+  stream_holder s;
+  const std::int64_t T = 48;
+  for (bool replacement : {true, false}) {
+    using buffer = gear::replay_buffer<spec, Storage>;
+    const std::uint64_t seed = replacement ? 11 : 12;
+    INFO("seed " << seed << " replacement " << replacement);
+    std::mt19937_64 gen(seed);
+    std::uniform_int_distribution<std::int64_t> len(1, T);
+    buffer buf{gear::capacity{301}, gear::max_length{T}, gear::select::uniform{replacement}};
+    model m;
+    for (int round = 0; round < 5; ++round) {
+      std::vector<std::int64_t> lens(97);
+      for (auto& l : lens) l = len(gen);
+      insert(buf, m, lens, s, round % 2 == 1);
+    }
+    REQUIRE(buf.size() == 301);
+    for (std::int64_t L : {1, 5, 48, 70})
+      for (std::int64_t off : {0, 7, 47})
+        for (auto from : {gear::anchor::start, gear::anchor::end, gear::anchor::random})
+          for (auto padding : {gear::pad::head, gear::pad::tail}) {
+            auto out = buf.make_batch(gear::batch_size{128}, gear::window_length{L});
+            poison(out, s);
+            const gear::window w{L, off, from, padding};
+            gear::rng g{seed * 7919 + static_cast<std::uint64_t>(L * 100 + off)};
+            buf.sample(out, w, g, s);
+            const host_batch h = copy_device_batch(out);
+            const std::string err = check_batch(
+                h, w, [&](const gear::key& k) { return m.id(k); },
+                [&](const gear::key& k) { return m.length(k); });
+            REQUIRE_MESSAGE(err.empty(), err << " L=" << L << " off=" << off
+                                             << " from=" << int(from) << " pad=" << int(padding));
+            if (!replacement) {
+              std::set<std::uint64_t> rows;
+              for (auto k : h.keys) rows.insert(k.slot);
+              REQUIRE(rows.size() == 128);
+            }
+            for (auto p : h.probabilities) REQUIRE(p == doctest::Approx(1.0 / 301));
+          }
+  }
+}
+
+TEST_CASE_TEMPLATE("device selection draws the same rows as the host", Storage,
+                   gear::storage::device, gear::storage::pinned_host) {
+  stream_holder s;
+  gear::replay_buffer<spec, Storage> dev{gear::capacity{1000}, gear::max_length{4}};
+  gear::replay_buffer<spec, gear::storage::host> host{gear::capacity{1000}, gear::max_length{4}};
+  model m1, m2;
+  packed p(1, std::vector<std::int64_t>(700, 3));
+  std::vector<gear::key> k1(700), k2(700);
+  dev.insert(p.input(), k1, s);
+  host.insert(p.input(), k2);
+  auto out_dev = dev.make_batch(gear::batch_size{4096}, gear::window_length{2});
+  auto out_host = host.make_batch(gear::batch_size{4096}, gear::window_length{2});
+  gear::rng g1{99}, g2{99};
+  const gear::window w{2, 0, gear::anchor::random, gear::pad::head};
+  dev.sample(out_dev, w, g1, s);
+  host.sample(out_host, w, g2);
+  const host_batch hd = copy_device_batch(out_dev), hh = copy_host_batch(out_host);
+  CHECK(hd.keys == hh.keys);
+  CHECK(hd.columns == hh.columns);
+  CHECK(hd.mask == hh.mask);
+}
+
+TEST_CASE_TEMPLATE("a kernel writes steps through ref, then commit publishes them", Storage,
+                   gear::storage::device, gear::storage::pinned_host, mixed_storage) {
+  stream_holder s;
+  using buffer = gear::replay_buffer<spec, Storage>;
+  buffer buf{gear::capacity{50}, gear::max_length{16}};
+  const gear::reservation r = buf.reserve(20, s);
+  auto ref = buf.ref(gear::op::write_steps{});
+  static_assert(std::is_trivially_copyable_v<decltype(ref)>);
+  simulate_kernel<<<20, 32, 0, s.s>>>(ref, r, 1000, 16);
+  GEAR_CHECK_LAUNCH("simulate_kernel");
+  std::vector<std::int64_t> lens(20);
+  for (std::size_t i = 0; i < 20; ++i) lens[i] = 1 + static_cast<std::int64_t>(i % 16);
+  std::vector<gear::key> keys(20);
+  CHECK(buf.size() == 0);
+  buf.commit(r, lens, keys, s);
+  CHECK(buf.size() == 20);
+  model m;
+  for (std::size_t i = 0; i < 20; ++i) m.by_key[{keys[i].slot, keys[i].generation}] = {1000 + i, lens[i]};
+  auto out = buf.make_batch(gear::batch_size{256}, gear::window_length{16});
+  poison(out, s);
+  gear::rng g{3};
+  const gear::window w{16, 0, gear::anchor::end, gear::pad::head};
+  buf.sample(out, w, g, s);
+  const std::string err =
+      check_batch(copy_device_batch(out), w, [&](const gear::key& k) { return m.id(k); },
+                  [&](const gear::key& k) { return m.length(k); });
+  CHECK_MESSAGE(err.empty(), err);
+}
+
+TEST_CASE_TEMPLATE("writer and eviction on GPU storage", Storage, gear::storage::device,
+                   gear::storage::pinned_host, mixed_storage) {
+  stream_holder s;
+  gear::replay_buffer<spec, Storage> buf{gear::capacity{4}, gear::max_length{3}};
+  model m;
+  const auto old = insert(buf, m, {3, 3, 3}, s, false);
+  packed p(77, {2});
+  auto w = buf.make_writer(s);
+  for (std::int64_t t = 0; t < 2; ++t)
+    w.append(reinterpret_cast<const float*>(p.columns[0].data()) + t * 6,
+             reinterpret_cast<const std::int32_t*>(p.columns[1].data()) + t,
+             reinterpret_cast<const bool*>(p.columns[2].data()) + t,
+             reinterpret_cast<const std::uint8_t*>(p.columns[3].data()) + t * 64);
+  const gear::key k = w.commit();
+  m.by_key[{k.slot, k.generation}] = {77, 2};
+  insert(buf, m, {1, 2}, s, true);  // evicts the two oldest
+  CHECK(!buf.contains(old[0]));
+  CHECK(!buf.contains(old[1]));
+  CHECK(buf.contains(k));
+  auto out = buf.make_batch(gear::batch_size{512}, gear::window_length{3});
+  poison(out, s);
+  gear::rng g{8};
+  const gear::window win{3};
+  buf.sample(out, win, g, s);
+  const host_batch h = copy_device_batch(out);
+  const std::string err = check_batch(h, win, [&](const gear::key& key) { return m.id(key); },
+                                      [&](const gear::key& key) { return m.length(key); });
+  CHECK_MESSAGE(err.empty(), err);
+  for (auto key : h.keys) CHECK(buf.contains(key));
+}
+
+TEST_CASE("uniform on the device: chi-square at significance 0.001 over 10^6 draws") {
+  stream_holder s;
+  gear::replay_buffer<spec, gear::storage::device> buf{gear::capacity{1200}, gear::max_length{1}};
+  model m;
+  insert(buf, m, std::vector<std::int64_t>(1000, 1), s, false);
+  (void)buf.reserve(100, s);  // pending holes must never be drawn
+  auto out = buf.make_batch(gear::batch_size{100000}, gear::window_length{1});
+  std::vector<double> counts(1100, 0);
+  const std::uint64_t seed = 4242;
+  INFO("seed " << seed);
+  gear::rng g{seed};
+  for (int call = 0; call < 10; ++call) {
+    buf.sample(out, gear::window{}, g, s);
+    for (auto k : copy_device_batch(out).keys) counts[k.slot] += 1;
+  }
+  for (std::size_t i = 1000; i < 1100; ++i) REQUIRE(counts[i] == 0);
+  counts.resize(1000);
+  const std::vector<double> expected(1000, 1000.0);
+  const double stat = chi2(counts, expected), crit = chi2_critical_0001(999);
+  MESSAGE("device uniform chi2 = " << stat << ", critical = " << crit);
+  CHECK(stat < crit);
+}
+
+TEST_CASE("GPU-side errors leave the buffer unchanged") {
+  stream_holder s;
+  using buffer = gear::replay_buffer<spec, gear::storage::device>;
+  buffer buf{gear::capacity{8}, gear::max_length{4}};
+  model m;
+  auto code_of = [](auto&& f) {
+    try {
+      f();
+    } catch (const gear::error& e) {
+      return e.code();
+    }
+    return gear::errc{};
+  };
+  auto out = buf.make_batch(gear::batch_size{2}, gear::window_length{2});
+  gear::rng g{1};
+  CHECK(code_of([&] { buf.sample(out, gear::window{2}, g, s); }) == gear::errc::empty_buffer);
+  insert(buf, m, {2, 3}, s, false);
+  const auto before_size = buf.size();
+  const auto before_tickets = buf.tickets_issued();
+
+  packed p(50, {2});
+  std::vector<gear::key> k(1);
+  // Host memory described as device memory, and device memory described as host memory.
+  auto as_device = p.input();
+  as_device.source = gear::memory_kind::device;
+  CHECK(code_of([&] { buf.insert(as_device, k, s); }) == gear::errc::wrong_memory);
+  device_packed d(p);
+  auto as_host = d.input(p);
+  as_host.source = gear::memory_kind::host;
+  CHECK(code_of([&] { buf.insert(as_host, k, s); }) == gear::errc::wrong_memory);
+  // A batch in host memory given to a GPU buffer.
+  gear::batch<spec> host_out(gear::memory_kind::host, gear::batch_size{2}, gear::window_length{2});
+  CHECK(code_of([&] { buf.sample(host_out, gear::window{2}, g, s); }) == gear::errc::batch_mismatch);
+  CHECK(g.calls() == 0);
+  // A failing CUDA call becomes errc::cuda_error with the call's text.
+  CHECK(code_of([&] { GEAR_CUDA_TRY(cudaSetDevice(1 << 20)); }) == gear::errc::cuda_error);
+  CHECK(buf.size() == before_size);
+  CHECK(buf.tickets_issued() == before_tickets);
+  // And the buffer still samples what it held.
+  const gear::window w{2};
+  buf.sample(out, w, g, s);
+  const std::string err = check_batch(copy_device_batch(out), w,
+                                      [&](const gear::key& key) { return m.id(key); },
+                                      [&](const gear::key& key) { return m.length(key); });
+  CHECK_MESSAGE(err.empty(), err);
+}
+
+int main(int argc, char** argv) {
+  if (!gear::detail::gpu_available()) {
+    // Without a GPU, GPU storage must refuse clearly rather than crash.
+    try {
+      gear::replay_buffer<spec, gear::storage::device> b{gear::capacity{1}, gear::max_length{1}};
+      std::fprintf(stderr, "gpu_tests: device storage was created without a GPU\n");
+      return 1;
+    } catch (const gear::error& e) {
+      if (e.code() != gear::errc::no_device) {
+        std::fprintf(stderr, "gpu_tests: expected no_device, got %s\n", e.what());
+        return 1;
+      }
+    }
+    std::printf("gpu_tests: no GPU; device storage correctly refused (no_device); skipping\n");
+    return 77;
+  }
+  doctest::Context context(argc, argv);
+  return context.run();
+}

@@ -1,0 +1,666 @@
+// Host suite: the whole storage::host path, the index maths the kernels share, and every error.
+// Compiled by the plain C++ compiler; needs no GPU.
+
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <map>
+#include <random>
+#include <set>
+#include <type_traits>
+#include <utility>
+
+#include "common.hpp"
+
+using namespace gear_test;
+using host_buffer = gear::replay_buffer<spec, gear::storage::host, gear::select::uniform,
+                                        gear::transport::local>;
+
+namespace {
+
+/// Which trajectory each live key names, as the test inserted them.
+struct model {
+  std::map<std::pair<std::uint64_t, std::uint32_t>, std::pair<std::uint64_t, std::int64_t>> by_key;
+  std::uint64_t next_id = 1;
+
+  void record(const packed& p, const std::vector<gear::key>& keys) {
+    for (std::size_t i = 0; i < keys.size(); ++i)
+      by_key[{keys[i].slot, keys[i].generation}] = {p.ids[i], p.lengths[i]};
+  }
+  [[nodiscard]] std::uint64_t id(const gear::key& k) const {
+    auto it = by_key.find({k.slot, k.generation});
+    return it == by_key.end() ? ~std::uint64_t{0} : it->second.first;
+  }
+  [[nodiscard]] std::int64_t length(const gear::key& k) const {
+    auto it = by_key.find({k.slot, k.generation});
+    return it == by_key.end() ? -1 : it->second.second;
+  }
+};
+
+std::vector<std::int64_t> random_lengths(std::mt19937_64& gen, std::size_t n, std::int64_t max) {
+  std::uniform_int_distribution<std::int64_t> d(1, max);
+  std::vector<std::int64_t> out(n);
+  for (auto& l : out) l = d(gen);
+  return out;
+}
+
+std::vector<gear::key> insert(host_buffer& buf, model& m, const std::vector<std::int64_t>& lens) {
+  packed p(m.next_id, lens);
+  m.next_id += lens.size();
+  std::vector<gear::key> keys(lens.size());
+  buf.insert(p.input(), keys);
+  m.record(p, keys);
+  return keys;
+}
+
+/// Everything observable about a buffer: sizes, per-slot metadata, the stored bytes.
+struct fingerprint {
+  std::int64_t size;
+  std::uint64_t tickets;
+  std::vector<std::int64_t> lengths;
+  std::vector<std::uint32_t> generations;
+  std::vector<std::byte> bytes;
+  bool operator==(const fingerprint&) const = default;
+};
+
+fingerprint take_fingerprint(const host_buffer& buf) {
+  fingerprint f{buf.size(), buf.tickets_issued(), {}, {}, {}};
+  auto r = buf.ref(gear::op::write_steps{});
+  for (std::int64_t s = 0; s < buf.capacity(); ++s) {
+    f.lengths.push_back(buf.length(s));
+    f.generations.push_back(buf.generation(s));
+    for (std::int64_t t = 0; t < buf.length(s); ++t) {
+      const auto* o = reinterpret_cast<const std::byte*>(r.step<0>(s, t));
+      f.bytes.insert(f.bytes.end(), o, o + spec::step_bytes[0]);
+      const auto* i = reinterpret_cast<const std::byte*>(r.step<3>(s, t));
+      f.bytes.insert(f.bytes.end(), i, i + spec::step_bytes[3]);
+    }
+  }
+  return f;
+}
+
+template <class F>
+void expect_error(host_buffer& buf, gear::errc code, F&& f) {
+  const fingerprint before = take_fingerprint(buf);
+  bool thrown = false;
+  try {
+    f();
+  } catch (const gear::error& e) {
+    thrown = true;
+    CHECK_MESSAGE(e.code() == code, "got " << e.what());
+    CHECK(std::string(e.what()).find(std::string(gear::to_string(code))) != std::string::npos);
+  }
+  CHECK_MESSAGE(thrown, "expected gear::error " << gear::to_string(code));
+  CHECK(take_fingerprint(buf) == before);
+}
+
+}  // namespace
+
+// ---- index maths ------------------------------------------------------------------------------
+
+TEST_CASE("align_up and segment sizes") {
+  for (std::int64_t x = 0; x < 1000; ++x) {
+    const std::int64_t a = gear::align_up(x, 128);
+    CHECK(a % 128 == 0);
+    CHECK(a >= x);
+    CHECK(a - x < 128);
+  }
+  CHECK(gear::detail::segment_bytes(24, 5) == 128);
+  CHECK(gear::detail::segment_bytes(1 << 20, 3) == 3 << 20);
+  constexpr auto g = gear::detail::column_geometry{nullptr, 4096, 24};
+  CHECK(g.at(3, 2) - static_cast<std::byte*>(nullptr) == 3 * 4096 + 48);
+}
+
+TEST_CASE("plan_window keeps every copy inside the trajectory and the row") {
+  for (std::int64_t len = 1; len <= 20; ++len)
+    for (std::int64_t L = 1; L <= 24; ++L)
+      for (std::int64_t off = 0; off < 22; ++off)
+        for (auto from : {gear::anchor::start, gear::anchor::end, gear::anchor::random})
+          for (auto padding : {gear::pad::head, gear::pad::tail})
+            for (std::uint64_t bits : {0ull, 0x123456789abcdefull, ~0ull}) {
+              const gear::window w{L, off, from, padding};
+              const auto p = gear::plan_window(w, len, bits);
+              REQUIRE(p.count >= 0);
+              REQUIRE(p.count <= std::min(L, len));
+              REQUIRE(p.src_step >= 0);
+              REQUIRE(p.src_step + p.count <= len);
+              REQUIRE(p.dst_pos >= 0);
+              REQUIRE(p.dst_pos + p.count <= L);
+              if (padding == gear::pad::tail) REQUIRE(p.dst_pos == 0);
+              if (padding == gear::pad::head) REQUIRE(p.dst_pos + p.count == L);
+              if (from != gear::anchor::random) {
+                // Independent reference: the positions of [first, first + L) inside [0, len).
+                const auto ref = reference_row(w, len, reference_first(w, len));
+                std::int64_t valid = 0;
+                for (auto s : ref.steps) valid += s >= 0;
+                REQUIRE(p.count == valid);
+                if (valid > 0) REQUIRE(ref.steps[static_cast<std::size_t>(p.dst_pos)] == p.src_step);
+              } else if (len - L > off) {
+                REQUIRE(p.count == L);
+                REQUIRE(p.src_step >= off);
+                REQUIRE(p.src_step <= len - L);
+              }
+            }
+}
+
+TEST_CASE("Philox-4x32-10 known-answer vectors (Random123)") {
+  using gear::detail::philox;
+  const auto a = philox({0, 0, 0, 0}, 0, 0);
+  CHECK(a.x == 0x6627e8d5u);
+  CHECK(a.y == 0xe169c58du);
+  CHECK(a.z == 0xbc57ac4cu);
+  CHECK(a.w == 0x9b00dbd8u);
+  const auto b = philox({~0u, ~0u, ~0u, ~0u}, ~0u, ~0u);
+  CHECK(b.x == 0x408f276du);
+  CHECK(b.y == 0x41c83b0eu);
+  CHECK(b.z == 0xa20bc7c6u);
+  CHECK(b.w == 0x6d5451fdu);
+  const auto c = philox({0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}, 0xa4093822u,
+                        0x299f31d0u);
+  CHECK(c.x == 0xd16cfe09u);
+  CHECK(c.y == 0x94fdccebu);
+  CHECK(c.z == 0x5001e420u);
+  CHECK(c.w == 0x24126ea1u);
+}
+
+TEST_CASE("mulhi64 equals the high half of the 128-bit product") {
+  std::mt19937_64 gen(7);
+  for (int i = 0; i < 100000; ++i) {
+    const std::uint64_t a = gen(), b = i % 3 == 0 ? gen() >> (i % 64) : gen();
+    const auto want = static_cast<std::uint64_t>((static_cast<unsigned __int128>(a) * b) >> 64);
+    REQUIRE(gear::detail::mulhi64(a, b) == want);
+  }
+}
+
+TEST_CASE("claim_slot claims each slot exactly once") {
+  std::vector<std::uint64_t> table(static_cast<std::size_t>(gear::detail::claim_table_size(500)));
+  CHECK(table.size() >= 1000);
+  std::set<std::int64_t> seen;
+  std::mt19937_64 gen(3);
+  for (int i = 0; i < 2000 && seen.size() < 500; ++i) {
+    const auto slot = static_cast<std::int64_t>(gen() % 700);
+    const bool fresh = !seen.contains(slot);
+    if (fresh && seen.size() >= 500) break;
+    REQUIRE(gear::detail::claim_slot(table.data(), std::int64_t(table.size()), slot) == fresh);
+    seen.insert(slot);
+  }
+}
+
+// ---- static properties ------------------------------------------------------------------------
+
+TEST_CASE("refs are trivially copyable; owners are move-only") {
+  using ref_t = decltype(std::declval<host_buffer&>().ref(gear::op::write_steps{},
+                                                          gear::op::read_metadata{}));
+  static_assert(std::is_trivially_copyable_v<ref_t>);
+  static_assert(std::is_trivially_copyable_v<gear::key>);
+  static_assert(std::is_trivially_copyable_v<gear::window>);
+  static_assert(std::is_trivially_copyable_v<gear::rng_draw>);
+  static_assert(std::is_trivially_copyable_v<gear::detail::gather_args>);
+  static_assert(!std::is_copy_constructible_v<host_buffer>);
+  static_assert(std::is_nothrow_move_constructible_v<host_buffer>);
+  static_assert(!std::is_copy_constructible_v<host_buffer::batch_type>);
+  static_assert(!host_buffer::on_device);
+  static_assert(spec::step_bytes[0] == 24 && spec::step_bytes[3] == 64);
+  static_assert(spec::index_of("done") == 2);
+  CHECK(true);
+}
+
+// ---- insert and sample --------------------------------------------------------------------------
+
+TEST_CASE("insert then sample: every window shape returns the right bytes") {
+  const std::int64_t T = 40;
+  for (std::uint64_t seed : {1ull, 2ull, 3ull}) {
+    CAPTURE(seed);
+    std::mt19937_64 gen(seed);
+    host_buffer buf{gear::capacity{37}, gear::max_length{T}};
+    model m;
+    for (int round = 0; round < 4; ++round) insert(buf, m, random_lengths(gen, 13, T));
+    CHECK(buf.size() == 37);
+    for (std::int64_t L : {1, 7, 40, 55})
+      for (std::int64_t off : {0, 3, 39})
+        for (auto from : {gear::anchor::start, gear::anchor::end, gear::anchor::random})
+          for (auto padding : {gear::pad::head, gear::pad::tail}) {
+              host_buffer::batch_type out = buf.make_batch(gear::batch_size{16}, gear::window_length{L});
+              // Poison the outputs so stale bytes cannot pass.
+              std::memset(out.column_data(0), 0xAB, static_cast<std::size_t>(16 * L * 24));
+              std::memset(out.mask_data(), 0xAB, static_cast<std::size_t>(16 * L));
+              const gear::window w{L, off, from, padding};
+              gear::rng g{seed * 1000 + static_cast<std::uint64_t>(L)};
+              buf.sample(out, w, g);
+              CHECK(g.calls() == 1);
+              const host_batch h = copy_host_batch(out);
+              const std::string err = check_batch(
+                  h, w, [&](const gear::key& k) { return m.id(k); },
+                  [&](const gear::key& k) { return m.length(k); });
+              REQUIRE_MESSAGE(err.empty(), err << " L=" << L << " off=" << off
+                                               << " from=" << int(from) << " pad=" << int(padding));
+              for (std::int64_t r = 0; r < 16; ++r) {
+                CHECK(buf.contains(h.keys[r]));
+                CHECK(h.probabilities[r] == doctest::Approx(1.0 / 37));
+                CHECK(h.weights[r] == 1.0f);
+              }
+            }
+  }
+}
+
+TEST_CASE("typed mdspan views address the gathered bytes") {
+  host_buffer buf{gear::capacity{4}, gear::max_length{5}};
+  model m;
+  insert(buf, m, {5});
+  auto out = buf.make_batch(gear::batch_size{2}, gear::window_length{5});
+  gear::rng g{11};
+  buf.sample(out, gear::window{.length = 5}, g);
+  auto obs = out.column<"obs">();
+  static_assert(decltype(obs)::rank() == 4);
+  CHECK(obs.extent(0) == 2);
+  CHECK(obs.extent(1) == 5);
+  CHECK(obs.extent(2) == 2);
+  CHECK(obs.extent(3) == 3);
+  float want;
+  std::uint8_t bytes[4];
+  for (int b = 0; b < 4; ++b) bytes[b] = pattern(1, 3, 4 * 5 + b, 0);  // step 3, element (1, 2)
+  std::memcpy(&want, bytes, 4);
+  CHECK(std::memcmp(&obs(1, 3, 1, 2), &want, 4) == 0);
+  CHECK(out.column<1>().extent(1) == 5);
+  CHECK(out.mask()(0, 4) == 1);
+  CHECK(out.keys()[0] == out.keys()[1]);
+}
+
+TEST_CASE("FIFO eviction bumps generations and makes old keys stale") {
+  host_buffer buf{gear::capacity{5}, gear::max_length{8}};
+  model m;
+  const auto first = insert(buf, m, {3, 4, 5});
+  CHECK(buf.size() == 3);
+  const auto second = insert(buf, m, {2, 2, 2, 2});  // wraps: evicts the first two
+  CHECK(buf.size() == 5);
+  CHECK(buf.tickets_issued() == 7);
+  CHECK(!buf.contains(first[0]));
+  CHECK(!buf.contains(first[1]));
+  CHECK(buf.contains(first[2]));
+  CHECK(second[2].slot == 0);
+  CHECK(second[2].generation == 1);
+  CHECK(second[3].slot == 1);
+  CHECK(buf.generation(2) == 0);
+  CHECK(buf.length(0) == 2);
+  CHECK_THROWS_AS(buf.check_key(first[0]), gear::error);
+  buf.check_key(second[3]);
+  // Sampling never returns an evicted trajectory.
+  auto out = buf.make_batch(gear::batch_size{256}, gear::window_length{2});
+  gear::rng g{5};
+  buf.sample(out, gear::window{.length = 2}, g);
+  for (auto k : out.keys()) CHECK(buf.contains(k));
+}
+
+TEST_CASE("step-wise writer: append, commit, abandon, takeover") {
+  host_buffer buf{gear::capacity{3}, gear::max_length{4}};
+  packed p(42, {3});
+  {
+    auto w = buf.make_writer();
+    for (std::int64_t t = 0; t < 3; ++t)
+      w.append(reinterpret_cast<const float*>(p.columns[0].data()) + t * 6,
+               reinterpret_cast<const std::int32_t*>(p.columns[1].data()) + t,
+               reinterpret_cast<const bool*>(p.columns[2].data()) + t,
+               reinterpret_cast<const std::uint8_t*>(p.columns[3].data()) + t * 64);
+    CHECK(buf.size() == 0);  // not visible before commit
+    const gear::key k = w.commit();
+    CHECK(buf.size() == 1);
+    CHECK(buf.contains(k));
+    CHECK(buf.length(k.slot) == 3);
+    model m;
+    m.by_key[{k.slot, k.generation}] = {42, 3};
+    auto out = buf.make_batch(gear::batch_size{4}, gear::window_length{4});
+    gear::rng g{1};
+    const gear::window win{.length = 4};
+    buf.sample(out, win, g);
+    const std::string err = check_batch(copy_host_batch(out), win,
+                                        [&](const gear::key& key) { return m.id(key); },
+                                        [&](const gear::key& key) { return m.length(key); });
+    CHECK_MESSAGE(err.empty(), err);
+    CHECK_THROWS_AS(w.commit(), gear::error);  // already committed
+  }
+  {
+    auto w = buf.make_writer();
+    const auto slot = w.slot();
+    const float obs[6] = {};
+    const std::int32_t a = 0;
+    const bool d = false;
+    const std::uint8_t img[64] = {};
+    w.append(obs, &a, &d, img);
+    CHECK(buf.length(slot) == 0);
+  }  // abandoned: the slot stays empty and unsampled
+  CHECK(buf.size() == 1);
+  {
+    auto w = buf.make_writer();
+    model m;
+    insert(buf, m, {1, 1, 1});  // three newer reservations take the writer's slot over
+    const float obs[6] = {};
+    const std::int32_t a = 0;
+    const bool d = false;
+    const std::uint8_t img[64] = {};
+    try {
+      w.append(obs, &a, &d, img);
+      FAIL("append after takeover must throw");
+    } catch (const gear::error& e) {
+      CHECK(e.code() == gear::errc::invalid_reservation);
+    }
+  }
+}
+
+TEST_CASE("reserve, write through ref, commit (the GPU-simulator path, on the host)") {
+  host_buffer buf{gear::capacity{6}, gear::max_length{5}};
+  const gear::reservation r = buf.reserve(4);
+  auto ref = buf.ref(gear::op::write_steps{}, gear::op::read_metadata{});
+  packed p(100, {5, 5, 5, 5});
+  for (std::int64_t i = 0; i < 4; ++i) {
+    CHECK(ref.length(r.slot(i)) == 0);
+    for (std::int64_t t = 0; t < 5; ++t) {
+      std::memcpy(ref.step<0>(r.slot(i), t), p.columns[0].data() + (i * 5 + t) * 24, 24);
+      std::memcpy(ref.step<1>(r.slot(i), t), p.columns[1].data() + (i * 5 + t) * 4, 4);
+      std::memcpy(ref.step<2>(r.slot(i), t), p.columns[2].data() + (i * 5 + t), 1);
+      std::memcpy(ref.step<3>(r.slot(i), t), p.columns[3].data() + (i * 5 + t) * 64, 64);
+    }
+  }
+  CHECK(buf.size() == 0);
+  std::vector<gear::key> keys(4);
+  const std::vector<std::int64_t> lens{5, 4, 3, 5};
+  buf.commit(r, lens, keys);
+  CHECK(buf.size() == 4);
+  CHECK(ref.length(r.slot(2)) == 3);
+  model m;
+  for (std::size_t i = 0; i < 4; ++i) m.by_key[{keys[i].slot, keys[i].generation}] = {100 + i, lens[i]};
+  auto out = buf.make_batch(gear::batch_size{64}, gear::window_length{5});
+  gear::rng g{9};
+  const gear::window win{5, 0, gear::anchor::end, gear::pad::head};
+  buf.sample(out, win, g);
+  const std::string err = check_batch(copy_host_batch(out), win,
+                                      [&](const gear::key& k) { return m.id(k); },
+                                      [&](const gear::key& k) { return m.length(k); });
+  CHECK_MESSAGE(err.empty(), err);
+}
+
+// ---- uniform selection: distributions -------------------------------------------------------------
+
+TEST_CASE("uniform with replacement: chi-square at significance 0.001 over 10^6 draws") {
+  // 1000 live trajectories among 1200 reserved slots (200 pending holes must never be drawn).
+  host_buffer buf{gear::capacity{1200}, gear::max_length{1}};
+  model m;
+  insert(buf, m, std::vector<std::int64_t>(1000, 1));
+  const gear::reservation hole = buf.reserve(200);
+  (void)hole;
+  auto out = buf.make_batch(gear::batch_size{10000}, gear::window_length{1});
+  std::vector<double> counts(1200, 0);
+  const std::uint64_t seed = 20261202;
+  INFO("seed " << seed);
+  gear::rng g{seed};
+  for (int call = 0; call < 100; ++call) {
+    buf.sample(out, gear::window{}, g);
+    for (auto k : out.keys()) counts[k.slot] += 1;
+  }
+  for (std::size_t s = 1000; s < 1200; ++s) REQUIRE(counts[s] == 0);
+  counts.resize(1000);
+  const std::vector<double> expected(1000, 1e6 / 1000);
+  const double stat = chi2(counts, expected), crit = chi2_critical_0001(999);
+  MESSAGE("uniform chi2 = " << stat << ", critical(0.001, df 999) = " << crit);
+  CHECK(stat < crit);
+
+  // Power: the same test rejects a sampler that favours the first 10% of slots by 10%.
+  std::vector<double> planted(1000, 0);
+  std::mt19937_64 gen(seed);
+  std::vector<double> bias(1000, 1.0);
+  for (int i = 0; i < 100; ++i) bias[i] = 1.1;
+  std::discrete_distribution<int> wrong(bias.begin(), bias.end());
+  for (int i = 0; i < 1000000; ++i) planted[wrong(gen)] += 1;
+  CHECK(chi2(planted, expected) > crit);
+}
+
+TEST_CASE("uniform without replacement: distinct rows, uniform inclusion (chi-square 0.001)") {
+  host_buffer buf{gear::capacity{64}, gear::max_length{1}, gear::select::uniform{false}};
+  model m;
+  insert(buf, m, std::vector<std::int64_t>(50, 1));
+  auto out = buf.make_batch(gear::batch_size{20}, gear::window_length{1});
+  std::vector<double> counts(50, 0);
+  const std::uint64_t seed = 777;
+  INFO("seed " << seed);
+  gear::rng g{seed};
+  for (int call = 0; call < 50000; ++call) {  // 10^6 rows
+    buf.sample(out, gear::window{}, g);
+    std::set<std::uint64_t> rows;
+    for (auto k : out.keys()) {
+      rows.insert(k.slot);
+      counts[k.slot] += 1;
+    }
+    REQUIRE(rows.size() == 20);
+  }
+  const std::vector<double> expected(50, 1e6 / 50);
+  const double stat = chi2(counts, expected), crit = chi2_critical_0001(49);
+  MESSAGE("without-replacement inclusion chi2 = " << stat << ", critical = " << crit);
+  CHECK(stat < crit);
+  // Taking every trajectory works and returns each once.
+  auto all = buf.make_batch(gear::batch_size{50}, gear::window_length{1});
+  buf.sample(all, gear::window{}, g);
+  std::set<std::uint64_t> rows;
+  for (auto k : all.keys()) rows.insert(k.slot);
+  CHECK(rows.size() == 50);
+}
+
+TEST_CASE("random windows start uniformly (chi-square 0.001)") {
+  host_buffer buf{gear::capacity{1}, gear::max_length{30}};
+  model m;
+  insert(buf, m, {30});
+  const gear::window w{10, 2, gear::anchor::random, gear::pad::tail};  // starts 2..20
+  auto out = buf.make_batch(gear::batch_size{1000}, gear::window_length{10});
+  std::vector<double> counts(19, 0);
+  gear::rng g{31337};
+  for (int call = 0; call < 200; ++call) {
+    buf.sample(out, w, g);
+    std::vector<std::int64_t> firsts;
+    const std::string err = check_batch(copy_host_batch(out), w,
+                                        [&](const gear::key& k) { return m.id(k); },
+                                        [&](const gear::key& k) { return m.length(k); }, &firsts);
+    REQUIRE_MESSAGE(err.empty(), err);
+    for (auto f : firsts) counts[static_cast<std::size_t>(f - 2)] += 1;
+  }
+  const std::vector<double> expected(19, 200000.0 / 19);
+  const double stat = chi2(counts, expected);
+  MESSAGE("window start chi2 = " << stat << " (df 18, critical 42.31 at 0.001)");
+  CHECK(stat < 42.31);  // exact table value for df = 18
+}
+
+TEST_CASE("the same seed gives the same batch") {
+  host_buffer buf{gear::capacity{100}, gear::max_length{10}};
+  model m;
+  std::mt19937_64 gen(1);
+  insert(buf, m, random_lengths(gen, 100, 10));
+  auto a = buf.make_batch(gear::batch_size{32}, gear::window_length{6});
+  auto b = buf.make_batch(gear::batch_size{32}, gear::window_length{6});
+  gear::rng g1{5}, g2{5};
+  const gear::window w{6, 0, gear::anchor::random, gear::pad::head};
+  buf.sample(a, w, g1);
+  buf.sample(b, w, g2);
+  const auto ha = copy_host_batch(a), hb = copy_host_batch(b);
+  CHECK(ha.keys == hb.keys);
+  CHECK(ha.columns == hb.columns);
+  buf.sample(b, w, g2);  // the next call of the stream differs
+  CHECK(copy_host_batch(b).keys != ha.keys);
+}
+
+// ---- errors: each one named, each leaves the buffer as it was ------------------------------------
+
+TEST_CASE("bad input: a gear::error with its code, and the buffer unchanged") {
+  host_buffer buf{gear::capacity{8}, gear::max_length{6}};
+  model m;
+  auto out1 = buf.make_batch(gear::batch_size{4}, gear::window_length{3});
+  gear::rng g{1};
+
+  SUBCASE("sampling an empty buffer") {
+    expect_error(buf, gear::errc::empty_buffer, [&] { buf.sample(out1, gear::window{3}, g); });
+    CHECK(g.calls() == 0);
+  }
+
+  const auto keys = insert(buf, m, {6, 5, 4});
+  packed good(500, {2});
+
+  SUBCASE("more rows without replacement than trajectories") {
+    host_buffer nr{gear::capacity{8}, gear::max_length{6}, gear::select::uniform{false}};
+    model m2;
+    insert(nr, m2, {2, 2});
+    auto out = nr.make_batch(gear::batch_size{3}, gear::window_length{1});
+    expect_error(nr, gear::errc::not_enough_items, [&] { nr.sample(out, gear::window{}, g); });
+    CHECK(g.calls() == 0);
+  }
+  SUBCASE("stale key") {
+    insert(buf, m, {1, 1, 1, 1, 1, 1});  // evicts keys[0]
+    expect_error(buf, gear::errc::stale_key, [&] { buf.check_key(keys[0]); });
+  }
+  SUBCASE("key out of range: slot") {
+    expect_error(buf, gear::errc::key_out_of_range, [&] { buf.check_key({8, 0, 0}); });
+  }
+  SUBCASE("key out of range: shard") {
+    expect_error(buf, gear::errc::key_out_of_range, [&] { buf.check_key({0, 0, 3}); });
+  }
+  SUBCASE("slot out of range") {
+    expect_error(buf, gear::errc::key_out_of_range, [&] { (void)buf.length(-1); });
+  }
+  SUBCASE("empty trajectory") {
+    packed p(600, {2, 0});
+    std::vector<gear::key> k(2);
+    expect_error(buf, gear::errc::empty_trajectory, [&] { buf.insert(p.input(), k); });
+  }
+  SUBCASE("trajectory longer than max_length") {
+    packed p(600, {2, 7});
+    std::vector<gear::key> k(2);
+    expect_error(buf, gear::errc::trajectory_too_long, [&] { buf.insert(p.input(), k); });
+  }
+  SUBCASE("wrong element type") {
+    auto in = good.input();
+    in.columns[1] = gear::input(reinterpret_cast<const float*>(good.columns[1].data()));
+    std::vector<gear::key> k(1);
+    expect_error(buf, gear::errc::wrong_type, [&] { buf.insert(in, k); });
+  }
+  SUBCASE("wrong per-step shape") {
+    auto in = good.input();
+    in.columns[0] = gear::input(reinterpret_cast<const float*>(good.columns[0].data()), {3, 2});
+    std::vector<gear::key> k(1);
+    expect_error(buf, gear::errc::wrong_shape, [&] { buf.insert(in, k); });
+  }
+  SUBCASE("wrong rank") {
+    auto in = good.input();
+    in.columns[3] = gear::input(reinterpret_cast<const std::uint8_t*>(good.columns[3].data()));
+    std::vector<gear::key> k(1);
+    expect_error(buf, gear::errc::wrong_shape, [&] { buf.insert(in, k); });
+  }
+  SUBCASE("null column pointer") {
+    auto in = good.input();
+    in.columns[2].data = nullptr;
+    std::vector<gear::key> k(1);
+    expect_error(buf, gear::errc::null_pointer, [&] { buf.insert(in, k); });
+  }
+  SUBCASE("misaligned column pointer") {
+    auto in = good.input();
+    in.columns[0].data = good.columns[0].data() + 2;
+    std::vector<gear::key> k(1);
+    expect_error(buf, gear::errc::misaligned_pointer, [&] { buf.insert(in, k); });
+  }
+  SUBCASE("device source into host storage") {
+    auto in = good.input();
+    in.source = gear::memory_kind::device;
+    std::vector<gear::key> k(1);
+    expect_error(buf, gear::errc::wrong_memory, [&] { buf.insert(in, k); });
+  }
+  SUBCASE("too many trajectories for the capacity") {
+    packed p(600, std::vector<std::int64_t>(9, 1));
+    std::vector<gear::key> k(9);
+    expect_error(buf, gear::errc::invalid_argument, [&] { buf.insert(p.input(), k); });
+  }
+  SUBCASE("keys_out too small") {
+    std::vector<gear::key> k;
+    expect_error(buf, gear::errc::invalid_argument, [&] { buf.insert(good.input(), k); });
+  }
+  SUBCASE("empty window") {
+    auto out0 = buf.make_batch(gear::batch_size{4}, gear::window_length{3});
+    expect_error(buf, gear::errc::empty_window, [&] { buf.sample(out0, gear::window{0}, g); });
+  }
+  SUBCASE("window offset beyond max_length") {
+    expect_error(buf, gear::errc::window_out_of_range,
+                 [&] { buf.sample(out1, gear::window{3, 6}, g); });
+  }
+  SUBCASE("negative window offset") {
+    expect_error(buf, gear::errc::window_out_of_range,
+                 [&] { buf.sample(out1, gear::window{3, -1}, g); });
+  }
+  SUBCASE("batch made for another window length") {
+    expect_error(buf, gear::errc::batch_mismatch, [&] { buf.sample(out1, gear::window{4}, g); });
+    CHECK(g.calls() == 0);
+  }
+  SUBCASE("writer past max_length") {
+    auto w = buf.make_writer();
+    const float obs[6] = {};
+    const std::int32_t a = 0;
+    const bool d = false;
+    const std::uint8_t img[64] = {};
+    for (int t = 0; t < 6; ++t) w.append(obs, &a, &d, img);
+    const fingerprint before = take_fingerprint(buf);
+    try {
+      w.append(obs, &a, &d, img);
+      FAIL("expected writer_full");
+    } catch (const gear::error& e) {
+      CHECK(e.code() == gear::errc::writer_full);
+    }
+    CHECK(take_fingerprint(buf) == before);
+    CHECK(w.steps() == 6);
+  }
+  SUBCASE("writer committed with no steps") {
+    auto w = buf.make_writer();
+    const fingerprint before = take_fingerprint(buf);
+    try {
+      (void)w.commit();
+      FAIL("expected empty_trajectory");
+    } catch (const gear::error& e) {
+      CHECK(e.code() == gear::errc::empty_trajectory);
+    }
+    CHECK(take_fingerprint(buf) == before);
+  }
+  SUBCASE("commit of an overwritten reservation") {
+    const auto r = buf.reserve(2);
+    insert(buf, m, {1, 1, 1, 1, 1, 1, 1, 1});  // a full lap takes both slots over
+    std::vector<gear::key> k(2);
+    const std::vector<std::int64_t> lens{1, 1};
+    expect_error(buf, gear::errc::invalid_reservation, [&] { buf.commit(r, lens, k); });
+  }
+  SUBCASE("commit twice") {
+    const auto r = buf.reserve(1);
+    std::vector<gear::key> k(1);
+    const std::vector<std::int64_t> lens{1};
+    buf.commit(r, lens, k);
+    expect_error(buf, gear::errc::invalid_reservation, [&] { buf.commit(r, lens, k); });
+  }
+  SUBCASE("commit with the wrong number of lengths") {
+    const auto r = buf.reserve(2);
+    std::vector<gear::key> k(2);
+    const std::vector<std::int64_t> lens{1};
+    expect_error(buf, gear::errc::invalid_argument, [&] { buf.commit(r, lens, k); });
+  }
+  SUBCASE("reserve more than capacity") {
+    expect_error(buf, gear::errc::invalid_argument, [&] { (void)buf.reserve(9); });
+  }
+}
+
+TEST_CASE("bad construction arguments") {
+  auto code_of = [](auto&& f) {
+    try {
+      f();
+    } catch (const gear::error& e) {
+      return e.code();
+    }
+    return gear::errc{};
+  };
+  CHECK(code_of([] { host_buffer b{gear::capacity{0}, gear::max_length{4}}; }) ==
+        gear::errc::invalid_argument);
+  CHECK(code_of([] { host_buffer b{gear::capacity{4}, gear::max_length{0}}; }) ==
+        gear::errc::invalid_argument);
+  CHECK(code_of([] { host_buffer::batch_type b(gear::memory_kind::host, gear::batch_size{0},
+                                               gear::window_length{1}); }) ==
+        gear::errc::invalid_argument);
+  CHECK(code_of([] { (void)gear::input(static_cast<const float*>(nullptr), {1, 1, 1, 1, 1, 1, 1}); }) ==
+        gear::errc::wrong_shape);
+}
