@@ -9,6 +9,8 @@
 #include <string>
 #include <cstdint>
 #include <cstring>
+#include <map>
+#include <utility>
 #include <vector>
 
 namespace gear_test {
@@ -89,6 +91,27 @@ inline std::int64_t reference_first(const gear::window& w, std::int64_t len) {
   return w.from == gear::anchor::start ? w.offset : len - w.offset - w.length;
 }
 
+/// Which trajectory (id, length) each key names, as a test inserted them.
+struct model {
+  std::map<std::pair<std::uint64_t, std::uint32_t>, std::pair<std::uint64_t, std::int64_t>> by_key;
+  std::uint64_t next_id = 1;
+
+  void record(const gear::key& k, std::uint64_t id, std::int64_t length) {
+    by_key[{k.slot, k.generation}] = {id, length};
+  }
+  [[nodiscard]] std::uint64_t id(const gear::key& k) const {
+    auto it = by_key.find({k.slot, k.generation});
+    return it == by_key.end() ? ~std::uint64_t{0} : it->second.first;
+  }
+  [[nodiscard]] std::int64_t length(const gear::key& k) const {
+    auto it = by_key.find({k.slot, k.generation});
+    return it == by_key.end() ? -1 : it->second.second;
+  }
+  /// check_batch against this model.
+  [[nodiscard]] std::string check(const struct host_batch& h, const gear::window& w,
+                                  std::vector<std::int64_t>* firsts = nullptr) const;
+};
+
 /// A sampled batch copied to host memory.
 struct host_batch {
   std::int64_t rows = 0, length = 0;
@@ -161,6 +184,24 @@ std::string check_batch(const host_batch& h, const gear::window& w, IdOf id_of, 
              std::to_string(len) + ") does not hold the expected window";
   }
   return "";
+}
+
+inline std::string model::check(const host_batch& h, const gear::window& w,
+                                std::vector<std::int64_t>* firsts) const {
+  return check_batch(
+      h, w, [this](const gear::key& k) { return id(k); },
+      [this](const gear::key& k) { return length(k); }, firsts);
+}
+
+/// The code of the gear::error f throws; errc{} (no code) if it throws none.
+template <class F>
+gear::errc code_of(F&& f) {
+  try {
+    f();
+  } catch (const gear::error& e) {
+    return e.code();
+  }
+  return gear::errc{};
 }
 
 /// Upper critical value of chi-square with df degrees of freedom at significance 0.001

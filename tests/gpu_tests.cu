@@ -25,19 +25,6 @@ struct stream_holder {
   operator cuda::stream_ref() const { return cuda::stream_ref{s}; }
 };
 
-struct model {
-  std::map<std::pair<std::uint64_t, std::uint32_t>, std::pair<std::uint64_t, std::int64_t>> by_key;
-  std::uint64_t next_id = 1;
-  [[nodiscard]] std::uint64_t id(const gear::key& k) const {
-    auto it = by_key.find({k.slot, k.generation});
-    return it == by_key.end() ? ~std::uint64_t{0} : it->second.first;
-  }
-  [[nodiscard]] std::int64_t length(const gear::key& k) const {
-    auto it = by_key.find({k.slot, k.generation});
-    return it == by_key.end() ? -1 : it->second.second;
-  }
-};
-
 /// Device copies of packed host data, for inserts from device memory.
 struct device_packed {
   std::vector<gear::detail::allocation> columns;
@@ -68,7 +55,7 @@ std::vector<gear::key> insert(Buffer& buf, model& m, const std::vector<std::int6
     buf.insert(p.input(), keys, s);
   }
   for (std::size_t i = 0; i < keys.size(); ++i)
-    m.by_key[{keys[i].slot, keys[i].generation}] = {p.ids[i], p.lengths[i]};
+    m.record(keys[i], p.ids[i], p.lengths[i]);
   return keys;
 }
 
@@ -154,9 +141,7 @@ TEST_CASE_TEMPLATE("gather matches the host reference for every window shape", S
             gear::rng g{seed * 7919 + static_cast<std::uint64_t>(L * 100 + off)};
             buf.sample(out, w, g, s);
             const host_batch h = copy_device_batch(out);
-            const std::string err = check_batch(
-                h, w, [&](const gear::key& k) { return m.id(k); },
-                [&](const gear::key& k) { return m.length(k); });
+            const std::string err = m.check(h, w);
             REQUIRE_MESSAGE(err.empty(), err << " L=" << L << " off=" << off
                                              << " from=" << int(from) << " pad=" << int(padding));
             if (!replacement) {
@@ -208,15 +193,14 @@ TEST_CASE_TEMPLATE("a kernel writes steps through ref, then commit publishes the
   buf.commit(r, lens, keys, s);
   CHECK(buf.size() == 20);
   model m;
-  for (std::size_t i = 0; i < 20; ++i) m.by_key[{keys[i].slot, keys[i].generation}] = {1000 + i, lens[i]};
+  for (std::size_t i = 0; i < 20; ++i) m.record(keys[i], 1000 + i, lens[i]);
   auto out = buf.make_batch(gear::batch_size{256}, gear::window_length{16});
   poison(out, s);
   gear::rng g{3};
   const gear::window w{16, 0, gear::anchor::end, gear::pad::head};
   buf.sample(out, w, g, s);
   const std::string err =
-      check_batch(copy_device_batch(out), w, [&](const gear::key& k) { return m.id(k); },
-                  [&](const gear::key& k) { return m.length(k); });
+      m.check(copy_device_batch(out), w);
   CHECK_MESSAGE(err.empty(), err);
 }
 
@@ -234,7 +218,7 @@ TEST_CASE_TEMPLATE("writer and eviction on GPU storage", Storage, gear::storage:
              reinterpret_cast<const bool*>(p.columns[2].data()) + t,
              reinterpret_cast<const std::uint8_t*>(p.columns[3].data()) + t * 64);
   const gear::key k = w.commit();
-  m.by_key[{k.slot, k.generation}] = {77, 2};
+  m.record(k, 77, 2);
   insert(buf, m, {1, 2}, s, true);  // evicts the two oldest
   CHECK(!buf.contains(old[0]));
   CHECK(!buf.contains(old[1]));
@@ -245,8 +229,7 @@ TEST_CASE_TEMPLATE("writer and eviction on GPU storage", Storage, gear::storage:
   const gear::window win{3};
   buf.sample(out, win, g, s);
   const host_batch h = copy_device_batch(out);
-  const std::string err = check_batch(h, win, [&](const gear::key& key) { return m.id(key); },
-                                      [&](const gear::key& key) { return m.length(key); });
+  const std::string err = m.check(h, win);
   CHECK_MESSAGE(err.empty(), err);
   for (auto key : h.keys) CHECK(buf.contains(key));
 }
@@ -279,14 +262,6 @@ TEST_CASE("GPU-side errors leave the buffer unchanged") {
   using buffer = gear::replay_buffer<spec, gear::storage::device>;
   buffer buf{gear::capacity{8}, gear::max_length{4}};
   model m;
-  auto code_of = [](auto&& f) {
-    try {
-      f();
-    } catch (const gear::error& e) {
-      return e.code();
-    }
-    return gear::errc{};
-  };
   auto out = buf.make_batch(gear::batch_size{2}, gear::window_length{2});
   gear::rng g{1};
   CHECK(code_of([&] { buf.sample(out, gear::window{2}, g, s); }) == gear::errc::empty_buffer);
@@ -315,9 +290,7 @@ TEST_CASE("GPU-side errors leave the buffer unchanged") {
   // And the buffer still samples what it held.
   const gear::window w{2};
   buf.sample(out, w, g, s);
-  const std::string err = check_batch(copy_device_batch(out), w,
-                                      [&](const gear::key& key) { return m.id(key); },
-                                      [&](const gear::key& key) { return m.length(key); });
+  const std::string err = m.check(copy_device_batch(out), w);
   CHECK_MESSAGE(err.empty(), err);
 }
 

@@ -18,25 +18,6 @@ using host_buffer = gear::replay_buffer<spec, gear::storage::host, gear::select:
 
 namespace {
 
-/// Which trajectory each live key names, as the test inserted them.
-struct model {
-  std::map<std::pair<std::uint64_t, std::uint32_t>, std::pair<std::uint64_t, std::int64_t>> by_key;
-  std::uint64_t next_id = 1;
-
-  void record(const packed& p, const std::vector<gear::key>& keys) {
-    for (std::size_t i = 0; i < keys.size(); ++i)
-      by_key[{keys[i].slot, keys[i].generation}] = {p.ids[i], p.lengths[i]};
-  }
-  [[nodiscard]] std::uint64_t id(const gear::key& k) const {
-    auto it = by_key.find({k.slot, k.generation});
-    return it == by_key.end() ? ~std::uint64_t{0} : it->second.first;
-  }
-  [[nodiscard]] std::int64_t length(const gear::key& k) const {
-    auto it = by_key.find({k.slot, k.generation});
-    return it == by_key.end() ? -1 : it->second.second;
-  }
-};
-
 std::vector<std::int64_t> random_lengths(std::mt19937_64& gen, std::size_t n, std::int64_t max) {
   std::uniform_int_distribution<std::int64_t> d(1, max);
   std::vector<std::int64_t> out(n);
@@ -49,7 +30,7 @@ std::vector<gear::key> insert(host_buffer& buf, model& m, const std::vector<std:
   m.next_id += lens.size();
   std::vector<gear::key> keys(lens.size());
   buf.insert(p.input(), keys);
-  m.record(p, keys);
+  for (std::size_t i = 0; i < keys.size(); ++i) m.record(keys[i], p.ids[i], p.lengths[i]);
   return keys;
 }
 
@@ -229,9 +210,7 @@ TEST_CASE("insert then sample: every window shape returns the right bytes") {
               buf.sample(out, w, g);
               CHECK(g.calls() == 1);
               const host_batch h = copy_host_batch(out);
-              const std::string err = check_batch(
-                  h, w, [&](const gear::key& k) { return m.id(k); },
-                  [&](const gear::key& k) { return m.length(k); });
+              const std::string err = m.check(h, w);
               REQUIRE_MESSAGE(err.empty(), err << " L=" << L << " off=" << off
                                                << " from=" << int(from) << " pad=" << int(padding));
               for (std::int64_t r = 0; r < 16; ++r) {
@@ -307,14 +286,12 @@ TEST_CASE("step-wise writer: append, commit, abandon, takeover") {
     CHECK(buf.contains(k));
     CHECK(buf.length(k.slot) == 3);
     model m;
-    m.by_key[{k.slot, k.generation}] = {42, 3};
+    m.record(k, 42, 3);
     auto out = buf.make_batch(gear::batch_size{4}, gear::window_length{4});
     gear::rng g{1};
     const gear::window win{.length = 4};
     buf.sample(out, win, g);
-    const std::string err = check_batch(copy_host_batch(out), win,
-                                        [&](const gear::key& key) { return m.id(key); },
-                                        [&](const gear::key& key) { return m.length(key); });
+    const std::string err = m.check(copy_host_batch(out), win);
     CHECK_MESSAGE(err.empty(), err);
     CHECK_THROWS_AS(w.commit(), gear::error);  // already committed
   }
@@ -367,14 +344,12 @@ TEST_CASE("reserve, write through ref, commit (the GPU-simulator path, on the ho
   CHECK(buf.size() == 4);
   CHECK(ref.length(r.slot(2)) == 3);
   model m;
-  for (std::size_t i = 0; i < 4; ++i) m.by_key[{keys[i].slot, keys[i].generation}] = {100 + i, lens[i]};
+  for (std::size_t i = 0; i < 4; ++i) m.record(keys[i], 100 + i, lens[i]);
   auto out = buf.make_batch(gear::batch_size{64}, gear::window_length{5});
   gear::rng g{9};
   const gear::window win{5, 0, gear::anchor::end, gear::pad::head};
   buf.sample(out, win, g);
-  const std::string err = check_batch(copy_host_batch(out), win,
-                                      [&](const gear::key& k) { return m.id(k); },
-                                      [&](const gear::key& k) { return m.length(k); });
+  const std::string err = m.check(copy_host_batch(out), win);
   CHECK_MESSAGE(err.empty(), err);
 }
 
@@ -454,9 +429,7 @@ TEST_CASE("random windows start uniformly (chi-square 0.001)") {
   for (int call = 0; call < 200; ++call) {
     buf.sample(out, w, g);
     std::vector<std::int64_t> firsts;
-    const std::string err = check_batch(copy_host_batch(out), w,
-                                        [&](const gear::key& k) { return m.id(k); },
-                                        [&](const gear::key& k) { return m.length(k); }, &firsts);
+    const std::string err = m.check(copy_host_batch(out), w, &firsts);
     REQUIRE_MESSAGE(err.empty(), err);
     for (auto f : firsts) counts[static_cast<std::size_t>(f - 2)] += 1;
   }
@@ -646,14 +619,6 @@ TEST_CASE("bad input: a gear::error with its code, and the buffer unchanged") {
 }
 
 TEST_CASE("bad construction arguments") {
-  auto code_of = [](auto&& f) {
-    try {
-      f();
-    } catch (const gear::error& e) {
-      return e.code();
-    }
-    return gear::errc{};
-  };
   CHECK(code_of([] { host_buffer b{gear::capacity{0}, gear::max_length{4}}; }) ==
         gear::errc::invalid_argument);
   CHECK(code_of([] { host_buffer b{gear::capacity{4}, gear::max_length{0}}; }) ==

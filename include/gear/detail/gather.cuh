@@ -16,29 +16,14 @@
 
 namespace gear::detail {
 
-struct gather_grid {
-  std::int64_t chunks[max_columns];        ///< chunks per row of each column
-  std::int64_t first_block[max_columns + 1];  ///< prefix sum of batch * chunks
-};
-
-inline gather_grid make_gather_grid(const gather_args& a) {
-  gather_grid g{};
-  for (int c = 0; c < a.num_columns; ++c) {
-    const std::int64_t row_bytes = a.win.length * a.columns[c].step_bytes;
-    g.chunks[c] = (row_bytes + tuning::copy_chunk_bytes - 1) / tuning::copy_chunk_bytes;
-    g.first_block[c + 1] = g.first_block[c] + a.batch * g.chunks[c];
-  }
-  return g;
-}
-
+// Kernels in gear's headers are templates (here on the argument type, always gather_args), so that
+// every translation unit that includes them can instantiate them without duplicate symbols.
+template <class Args>
 __global__ void __launch_bounds__(tuning::copy_threads)
-    gather_kernel(const gather_args a, const gather_grid g) {
-  const std::int64_t block = blockIdx.x;
-  int c = 0;
-  while (block >= g.first_block[c + 1]) ++c;
-  const std::int64_t local = block - g.first_block[c];
-  const std::int64_t row = local / g.chunks[c];
-  const std::int64_t chunk = local % g.chunks[c];
+    gather_kernel(const Args a, const column_blocks g) {
+  int c;
+  std::int64_t row, chunk;
+  g.locate(blockIdx.x, c, row, chunk);
 
   const std::int64_t slot = a.slots[row];
   const window_plan p = row_plan(a, row, slot);
@@ -49,7 +34,7 @@ __global__ void __launch_bounds__(tuning::copy_threads)
     if (threadIdx.x == 0) a.keys[row] = row_key(a, slot);
   }
 
-  const gather_column& col = a.columns[c];
+  const auto& col = a.columns[c];
   const std::int64_t row_bytes = a.win.length * col.step_bytes;
   const std::int64_t lo = chunk * tuning::copy_chunk_bytes;
   const std::int64_t hi = min64(lo + tuning::copy_chunk_bytes, row_bytes);
@@ -70,7 +55,9 @@ __global__ void __launch_bounds__(tuning::copy_threads)
 
 /// Launches the gather on `stream`; checks the launch, never synchronises.
 inline void gather_on_device(const gather_args& a, cuda::stream_ref stream) {
-  const gather_grid g = make_gather_grid(a);
+  std::int64_t row_bytes[max_columns];
+  for (int c = 0; c < a.num_columns; ++c) row_bytes[c] = a.win.length * a.columns[c].step_bytes;
+  const column_blocks g = column_blocks::make(a.num_columns, a.batch, row_bytes);
   const std::int64_t blocks = g.first_block[a.num_columns];
   if (blocks == 0) return;
   gather_kernel<<<static_cast<unsigned>(blocks), tuning::copy_threads, 0, stream.get()>>>(a, g);

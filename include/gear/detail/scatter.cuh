@@ -11,22 +11,15 @@
 
 namespace gear::detail {
 
-struct scatter_grid {
-  std::int64_t chunks[max_columns];
-  std::int64_t first_block[max_columns + 1];
-};
-
+template <class Args>  // always scatter_args; a template so that headers define it once per use
 __global__ void __launch_bounds__(tuning::copy_threads)
-    scatter_kernel(const scatter_args a, const scatter_grid g) {
-  const std::int64_t block = blockIdx.x;
-  int c = 0;
-  while (block >= g.first_block[c + 1]) ++c;
-  const std::int64_t local = block - g.first_block[c];
-  const std::int64_t i = local / g.chunks[c];
-  const std::int64_t chunk = local % g.chunks[c];
+    scatter_kernel(const Args a, const column_blocks g) {
+  int c;
+  std::int64_t i, chunk;
+  g.locate(blockIdx.x, c, i, chunk);
 
   const scatter_row r = a.rows[i];
-  const scatter_column& col = a.columns[c];
+  const auto& col = a.columns[c];
   const std::int64_t bytes = r.length * col.step_bytes;
   const std::int64_t lo = chunk * tuning::copy_chunk_bytes;
   if (lo >= bytes) return;
@@ -37,12 +30,9 @@ __global__ void __launch_bounds__(tuning::copy_threads)
 
 /// Launches the scatter on `stream`; checks the launch, never synchronises.
 inline void scatter_on_device(const scatter_args& a, cuda::stream_ref stream) {
-  scatter_grid g{};
-  for (int c = 0; c < a.num_columns; ++c) {
-    const std::int64_t bytes = a.max_count_length * a.columns[c].step_bytes;
-    g.chunks[c] = (bytes + tuning::copy_chunk_bytes - 1) / tuning::copy_chunk_bytes;
-    g.first_block[c + 1] = g.first_block[c] + a.count * g.chunks[c];
-  }
+  std::int64_t item_bytes[max_columns];
+  for (int c = 0; c < a.num_columns; ++c) item_bytes[c] = a.max_count_length * a.columns[c].step_bytes;
+  const column_blocks g = column_blocks::make(a.num_columns, a.count, item_bytes);
   const std::int64_t blocks = g.first_block[a.num_columns];
   if (blocks == 0) return;
   scatter_kernel<<<static_cast<unsigned>(blocks), tuning::copy_threads, 0, stream.get()>>>(a, g);

@@ -9,8 +9,8 @@
 
 namespace gear::detail {
 
-__global__ void uniform_select_kernel(slot_table table, selection_request request,
-                                      bool replacement) {
+template <class Request>  // always selection_request; a template so that headers define it once per use
+__global__ void uniform_select_kernel(slot_table table, Request request, bool replacement) {
   const std::int64_t row = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
   if (row >= request.batch) return;
   request.slots[row] = uniform_row(table, request, replacement, row);
