@@ -16,6 +16,10 @@
 
 using namespace gear_test;
 
+namespace gear_test {
+std::int64_t sample_in_second_unit(cuda::stream_ref stream);  // gpu_second_tu.cu
+}
+
 namespace {
 
 struct stream_holder {
@@ -292,6 +296,11 @@ TEST_CASE("GPU-side errors leave the buffer unchanged") {
   buf.sample(out, w, g, s);
   const std::string err = m.check(copy_device_batch(out), w);
   CHECK_MESSAGE(err.empty(), err);
+}
+
+TEST_CASE("gear's kernels link from two translation units") {
+  stream_holder s;
+  CHECK(sample_in_second_unit(s) == 2);
 }
 
 int main(int argc, char** argv) {
