@@ -15,5 +15,7 @@
 
 #include <gear/detail/gather.cuh>
 #include <gear/detail/scatter.cuh>
+#include <gear/detail/select_prioritized.cuh>
+#include <gear/detail/select_recency.cuh>
 #include <gear/detail/select_uniform.cuh>
 #include <gear/gear.hpp>

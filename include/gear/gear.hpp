@@ -13,6 +13,8 @@
 #include <gear/replay_buffer.hpp>
 #include <gear/rng.hpp>
 #include <gear/select/concept.hpp>
+#include <gear/select/prioritized.hpp>
+#include <gear/select/recency.hpp>
 #include <gear/select/uniform.hpp>
 #include <gear/spec.hpp>
 #include <gear/storage/device.hpp>

@@ -189,7 +189,7 @@ class replay_buffer {
                     cuda::stream_ref stream) {
     validate_insert(in, keys_out);
     const auto count = static_cast<std::int64_t>(in.lengths.size());
-    const reservation r = reserve_slots(count);
+    const reservation r = reserve_slots(count, stream);
     write_trajectories(in, r, stream);
     commit_slots(r, in.lengths, keys_out, stream);
   }
@@ -214,7 +214,7 @@ class replay_buffer {
     detail::require(count >= 1 && count <= capacity_, errc::invalid_argument,
                     "reserve count must be in [1, " + std::to_string(capacity_) + "], got " +
                         std::to_string(count));
-    const reservation r = reserve_slots(count);
+    const reservation r = reserve_slots(count, stream);
     publish_metadata(r.first_ticket, count, stream);
     synchronize(stream);
     return r;
@@ -346,6 +346,47 @@ class replay_buffer {
     requires(!on_device)
   {
     sample_async(out, w, g, detail::no_stream());
+  }
+
+  // ---- priorities ----------------------------------------------------------------------------
+
+  /// Sets the priorities of the trajectories `keys` (both spans in host memory) for selection
+  /// policies that keep priorities (gear::select::prioritized). A key named twice takes its last
+  /// priority. Stream-ordered; does not synchronise (update_priorities does).
+  /// Throws (leaving the buffer unchanged): errc::key_out_of_range, errc::stale_key,
+  /// errc::invalid_argument (sizes differ), errc::invalid_priority (NaN, negative, infinite),
+  /// errc::cuda_error.
+  void update_priorities_async(std::span<const key> keys, std::span<const float> priorities,
+                               cuda::stream_ref stream)
+    requires requires(typename Selection::template state<space>& s) {
+      s.update(slot_table{}, keys, priorities, stream);
+    }
+  {
+    for (const key& k : keys) check_key(k);
+    selection_state_->update(selection_table(), keys, priorities, stream);
+  }
+  /// update_priorities_async, then synchronises the stream.
+  void update_priorities(std::span<const key> keys, std::span<const float> priorities,
+                         cuda::stream_ref stream)
+    requires requires(replay_buffer& b) { b.update_priorities_async(keys, priorities, stream); }
+  {
+    update_priorities_async(keys, priorities, stream);
+    synchronize(stream);
+  }
+  void update_priorities(std::span<const key> keys, std::span<const float> priorities)
+    requires(!on_device) &&
+            requires(replay_buffer& b) { b.update_priorities_async(keys, priorities, detail::no_stream()); }
+  {
+    update_priorities_async(keys, priorities, detail::no_stream());
+  }
+
+  /// The selection policy's state, for its run-time settings and inspection, e.g.
+  /// buf.selection_state().set_exponents(alpha, beta, stream) for select::prioritized.
+  [[nodiscard]] typename Selection::template state<space>& selection_state() noexcept {
+    return *selection_state_;
+  }
+  [[nodiscard]] const typename Selection::template state<space>& selection_state() const noexcept {
+    return *selection_state_;
   }
 
   // ---- views -------------------------------------------------------------------------------
@@ -542,9 +583,11 @@ class replay_buffer {
   // ---- mutation (inputs already validated) -------------------------------------------------
 
   /// Takes the next `count` tickets' slots: evicts their committed occupants, bumps reused slots'
-  /// generations, marks them pending. Host metadata only.
-  reservation reserve_slots(std::int64_t count) {
+  /// generations, marks them pending. Host metadata, and the selection policy's on_evict hook.
+  reservation reserve_slots(std::int64_t count, cuda::stream_ref stream) {
     const reservation r{next_ticket_, count, capacity_};
+    if constexpr (requires { selection_state_->on_evict(slot_table{}, r.first_ticket, r.count, stream); })
+      selection_state_->on_evict(selection_table(), r.first_ticket, r.count, stream);
     for (std::int64_t i = 0; i < count; ++i) {
       const std::int64_t slot = r.slot(i);
       if (states_host()[slot] == detail::slot_state::committed) --live_;

@@ -7,6 +7,9 @@ namespace gear::detail::tuning {
 
 /// Threads per block of the selection kernels (one thread per row).
 inline constexpr int select_threads = 256;
+/// Threads per block of the priority update kernels (one thread per updated key) and of the sum
+/// tree rebuild (one thread per node).
+inline constexpr int priority_update_threads = 256;
 /// Threads per block of the gather and scatter kernels.
 inline constexpr int copy_threads = 256;
 /// 16-byte vectors each copy thread moves per chunk.

@@ -1,0 +1,238 @@
+#pragma once
+// Prioritized selection (Schaul et al., "Prioritized Experience Replay", 2016).
+//
+// Every committed trajectory i has a priority p_i >= 0 and is drawn with probability
+//
+//   P(i) = p_i^alpha / sum_j p_j^alpha          (j over committed trajectories)
+//
+// with replacement. Each row also gets the importance weight
+//
+//   w_i = (N * P(i))^-beta / max_{rows k of this batch} (N * P(k))^-beta  =  (P_min / P(i))^beta
+//
+// normalised by the largest weight *of the batch* (as in the paper's algorithm 1), so weights lie
+// in (0, 1] and the row with the smallest probability has weight 1; N is the number of committed
+// trajectories.
+//
+// - New trajectories enter with the largest priority given so far (1 before any update).
+// - replay_buffer::update_priorities(keys, priorities) sets priorities in batches. Keys must be
+//   live (errc::stale_key, errc::key_out_of_range) and priorities finite and >= 0
+//   (errc::invalid_priority); everything is checked before anything changes. A slot named twice
+//   in one batch takes the priority of its *last* occurrence (last write wins).
+// - alpha and beta change at run time with state::set_exponents (buf.selection_state()):
+//   beta costs nothing, a new alpha recomputes every leaf (O(capacity), once).
+// - A trajectory of priority 0 is never drawn while some other has a positive priority. If every
+//   committed priority is 0 (with alpha > 0), selection falls back to uniform, with weights 1.
+// - stratified = true draws row r from the r-th of B equal slices of the total mass (the paper's
+//   stratified sampling): lower variance, same marginal distribution for a row picked at random.
+//
+// Both states keep p^alpha in a 16-ary fp64 sum tree (detail/sum_tree.hpp). Selection descends it
+// once per row, O(B log N); an update rewrites the touched leaves and recomputes exactly their
+// ancestors, O(B log N), independent of capacity. Internal nodes are always recomputed from their
+// children, never adjusted by deltas, so the sums do not drift however many updates are made.
+// Slots that are empty, pending or evicted have leaf 0.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <cuda/stream_ref>
+
+#include <gear/config.hpp>
+#include <gear/detail/sum_tree.hpp>
+#include <gear/error.hpp>
+#include <gear/key.hpp>
+#include <gear/select/concept.hpp>
+#include <gear/select/uniform.hpp>
+
+namespace gear::select {
+
+/// Prioritized selection with importance weights.
+struct prioritized {
+  /// Priority exponent: 0 is uniform, 1 is proportional to the priority.
+  double alpha = 0.6;
+  /// Importance-weight exponent: 0 gives weights 1, 1 fully corrects the sampling bias.
+  double beta = 0.4;
+  /// Draw row r of B from the r-th of B equal slices of the total mass.
+  bool stratified = false;
+
+  template <class Space>
+  class state;
+};
+
+}  // namespace gear::select
+
+namespace gear::detail {
+
+/// A slot's raw priority when it holds no committed trajectory (its leaf is 0). Any negative or
+/// NaN raw priority means the same (device memory starts as all-ones bytes, a NaN).
+inline constexpr float no_priority = -1.0f;
+
+/// The leaf value of a raw priority: p^alpha, or 0 for a slot without a committed trajectory.
+GEAR_HD inline double priority_leaf(float priority, double alpha) noexcept {
+  return priority >= 0 ? ::pow(static_cast<double>(priority), alpha) : 0.0;
+}
+
+/// The uniform variate in [0, root) that row `row` descends the tree with.
+GEAR_HD inline double priority_target(const rng_draw& draw, std::int64_t row, std::int64_t batch,
+                                      bool stratified, double root) noexcept {
+  const detail::u32x4 b = draw.bits(static_cast<std::uint64_t>(row), 0);
+  const double u = unit_interval((std::uint64_t{b.x} << 32) | b.y);
+  const double at = stratified ? (static_cast<double>(row) + u) / static_cast<double>(batch) : u;
+  return std::min(at, 1.0) * root;
+}
+
+/// (P_min / P_i)^beta = (leaf_min / leaf_i)^beta: row i's weight normalised by the batch maximum.
+GEAR_HD inline float importance_weight(double leaf, double leaf_min, double beta) noexcept {
+  return static_cast<float>(::pow(leaf_min / leaf, beta));
+}
+
+inline void validate_exponents(double alpha, double beta) {
+  require(std::isfinite(alpha) && alpha >= 0, errc::invalid_argument,
+          "priority exponent alpha must be finite and >= 0, got " + std::to_string(alpha));
+  require(std::isfinite(beta) && beta >= 0, errc::invalid_argument,
+          "importance exponent beta must be finite and >= 0, got " + std::to_string(beta));
+}
+
+/// Throws (changing nothing) unless there is one priority per key and each is finite and >= 0.
+/// Returns the largest priority.
+inline float validate_priorities(std::span<const key> keys, std::span<const float> priorities) {
+  require(keys.size() == priorities.size(), errc::invalid_argument,
+          "update_priorities needs one priority per key: " + std::to_string(keys.size()) +
+              " keys, " + std::to_string(priorities.size()) + " priorities");
+  require(keys.size() < (std::size_t{1} << 32), errc::invalid_argument,
+          "update_priorities takes fewer than 2^32 keys at once");
+  float largest = 0;
+  for (std::size_t i = 0; i < priorities.size(); ++i) {
+    const float p = priorities[i];
+    require(std::isfinite(p) && p >= 0, errc::invalid_priority,
+            "priority " + std::to_string(i) + " is " + std::to_string(p) +
+                "; priorities must be finite and >= 0");
+    largest = std::max(largest, p);
+  }
+  return largest;
+}
+
+}  // namespace gear::detail
+
+namespace gear::select {
+
+/// Host side: the sum tree in host memory; a loop over rows. Also the tests' oracle.
+template <>
+class prioritized::state<exec::host> {
+ public:
+  state(const prioritized& policy, std::int64_t capacity)
+      : policy_(policy),
+        shape_(detail::make_sum_tree_shape(capacity)),
+        tree_(static_cast<std::size_t>(shape_.total), 0.0),
+        priorities_(static_cast<std::size_t>(capacity), detail::no_priority) {
+    detail::validate_exponents(policy.alpha, policy.beta);
+  }
+
+  // ---- settings ----------------------------------------------------------------------------
+
+  /// Sets the exponents (beta annealing: call before each sample). A changed alpha recomputes
+  /// every leaf, O(capacity). Throws errc::invalid_argument (not finite, or negative).
+  void set_exponents(double alpha, double beta) {
+    detail::validate_exponents(alpha, beta);
+    const bool rebuild = alpha != policy_.alpha;
+    policy_.alpha = alpha;
+    policy_.beta = beta;
+    if (!rebuild) return;
+    for (std::size_t i = 0; i < priorities_.size(); ++i)
+      tree_[static_cast<std::size_t>(shape_.leaf(static_cast<std::int64_t>(i)))] =
+          detail::priority_leaf(priorities_[i], alpha);
+    detail::sum_tree_rebuild(tree_.data(), shape_);
+  }
+  void set_exponents(double alpha, double beta, cuda::stream_ref) { set_exponents(alpha, beta); }
+  [[nodiscard]] double alpha() const noexcept { return policy_.alpha; }
+  [[nodiscard]] double beta() const noexcept { return policy_.beta; }
+  /// The priority new trajectories enter with: the largest given so far, 1 before any.
+  [[nodiscard]] float max_priority() const noexcept { return max_priority_; }
+
+  // ---- inspection (tests, diagnostics) -----------------------------------------------------
+
+  /// sum of p^alpha over committed trajectories (the root of the tree).
+  [[nodiscard]] double total() const noexcept { return tree_[0]; }
+  /// The raw priority of `slot` (-1 without a committed trajectory).
+  [[nodiscard]] float priority(std::int64_t slot) const { return priorities_.at(static_cast<std::size_t>(slot)); }
+  /// p^alpha of `slot` as the tree holds it.
+  [[nodiscard]] double leaf(std::int64_t slot) const {
+    return tree_.at(static_cast<std::size_t>(shape_.leaf(slot)));
+  }
+  [[nodiscard]] const detail::sum_tree_shape& shape() const noexcept { return shape_; }
+  [[nodiscard]] const std::vector<double>& nodes() const noexcept { return tree_; }
+
+  // ---- the selection concept ---------------------------------------------------------------
+
+  void validate(const slot_table&, std::int64_t) const {}
+
+  void select(const slot_table& t, const selection_request& r, cuda::stream_ref) {
+    const double root = tree_[0];
+    if (!(root > 0)) {  // every committed priority is 0: uniform
+      for (std::int64_t row = 0; row < r.batch; ++row) {
+        r.slots[row] = detail::uniform_row(t, r, true, row);
+        r.probabilities[row] = 1.0f / static_cast<float>(t.live);
+        r.weights[row] = 1.0f;
+      }
+      return;
+    }
+    double leaf_min = root;
+    for (std::int64_t row = 0; row < r.batch; ++row) {
+      const double u = detail::priority_target(r.draw, row, r.batch, policy_.stratified, root);
+      const std::int64_t slot = detail::sum_tree_find(tree_.data(), shape_, u);
+      const double leaf = tree_[static_cast<std::size_t>(shape_.leaf(slot))];
+      r.slots[row] = slot;
+      r.probabilities[row] = static_cast<float>(leaf / root);
+      leaf_min = std::min(leaf_min, leaf);
+    }
+    for (std::int64_t row = 0; row < r.batch; ++row)
+      r.weights[row] = detail::importance_weight(
+          tree_[static_cast<std::size_t>(shape_.leaf(r.slots[row]))], leaf_min, policy_.beta);
+  }
+
+  // ---- hooks the buffer calls --------------------------------------------------------------
+
+  /// Sets the priorities of live keys (checked by the buffer). Last write wins for a slot named
+  /// twice. Throws errc::invalid_priority / errc::invalid_argument before changing anything.
+  void update(const slot_table&, std::span<const key> keys, std::span<const float> priorities,
+              cuda::stream_ref) {
+    const float largest = detail::validate_priorities(keys, priorities);
+    for (std::size_t i = 0; i < keys.size(); ++i) set(static_cast<std::int64_t>(keys[i].slot), priorities[i]);
+    max_priority_ = std::max(max_priority_, largest);
+  }
+
+  void on_commit(const slot_table& t, std::uint64_t first_ticket, std::int64_t count,
+                 cuda::stream_ref) {
+    for (std::int64_t i = 0; i < count; ++i)
+      set(ring_slot(t, first_ticket, i), max_priority_);
+  }
+
+  void on_evict(const slot_table& t, std::uint64_t first_ticket, std::int64_t count,
+                cuda::stream_ref) {
+    for (std::int64_t i = 0; i < count; ++i)
+      set(ring_slot(t, first_ticket, i), detail::no_priority);
+  }
+
+ private:
+  static std::int64_t ring_slot(const slot_table& t, std::uint64_t first, std::int64_t i) noexcept {
+    return static_cast<std::int64_t>((first + static_cast<std::uint64_t>(i)) %
+                                     static_cast<std::uint64_t>(t.capacity));
+  }
+
+  void set(std::int64_t slot, float priority) {
+    priorities_[static_cast<std::size_t>(slot)] = priority;
+    tree_[static_cast<std::size_t>(shape_.leaf(slot))] = detail::priority_leaf(priority, policy_.alpha);
+    detail::sum_tree_refresh_path(tree_.data(), shape_, slot);
+  }
+
+  prioritized policy_;
+  detail::sum_tree_shape shape_;
+  std::vector<double> tree_;
+  std::vector<float> priorities_;
+  float max_priority_ = 1.0f;
+};
+
+}  // namespace gear::select
