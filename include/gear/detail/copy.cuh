@@ -46,10 +46,21 @@ __device__ inline void block_copy(std::byte* dst, const std::byte* src, std::int
   const std::int64_t tid = threadIdx.x, stride = blockDim.x;
   std::int64_t done = 0;
   if ((align & 15) == 0) {
+    // All loads of an unrolled group are issued before its stores, so each thread keeps
+    // copy_vectors_per_thread reads in flight: that hides PCIe latency for zero-copy sources.
+    constexpr int unroll = tuning::copy_vectors_per_thread;
     const std::int64_t vectors = n / 16;
     auto* d = reinterpret_cast<uint4*>(dst);
     const auto* s = reinterpret_cast<const uint4*>(src);
-    for (std::int64_t i = tid; i < vectors; i += stride) d[i] = s[i];
+    std::int64_t i = tid;
+    for (; i + (unroll - 1) * stride < vectors; i += unroll * stride) {
+      uint4 v[unroll];
+#pragma unroll
+      for (int u = 0; u < unroll; ++u) v[u] = s[i + u * stride];
+#pragma unroll
+      for (int u = 0; u < unroll; ++u) d[i + u * stride] = v[u];
+    }
+    for (; i < vectors; i += stride) d[i] = s[i];
     done = vectors * 16;
   } else if ((align & 3) == 0) {
     const std::int64_t words = n / 4;
