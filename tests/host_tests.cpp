@@ -10,6 +10,8 @@
 #include <type_traits>
 #include <utility>
 
+#include <gear/detail/host_copy.hpp>
+
 #include "common.hpp"
 
 using namespace gear_test;
@@ -165,6 +167,36 @@ TEST_CASE("claim_slot claims each slot exactly once") {
     REQUIRE(gear::detail::claim_slot(table.data(), std::int64_t(table.size()), slot) == fresh);
     seen.insert(slot);
   }
+}
+
+TEST_CASE("packed copies split over threads write every byte once, where it belongs") {
+  std::mt19937_64 gen(12);
+  for (int trial = 0; trial < 20; ++trial) {
+    const auto lens = random_lengths(gen, 1 + gen() % 9, 50);
+    const std::int64_t step = 1 + static_cast<std::int64_t>(gen() % 40);
+    std::int64_t total = 0;
+    for (auto l : lens) total += l * step;
+    std::vector<std::byte> src(static_cast<std::size_t>(total));
+    for (auto& b : src) b = std::byte(gen());
+    // Destination: trajectory i at offset 64 * 50 * step * i, the gaps must stay untouched.
+    const std::int64_t stride = 50 * step + 64;
+    for (unsigned parts : {1u, 2u, 3u, 7u}) {
+      std::vector<std::byte> dst(static_cast<std::size_t>(stride * std::int64_t(lens.size())), std::byte{0xEE});
+      auto dst_of = [&](std::size_t i) { return dst.data() + stride * std::int64_t(i); };
+      gear::detail::parallel_for(parts, [&](unsigned t) {
+        gear::detail::copy_packed_share(src.data(), lens, step, dst_of, t, parts);
+      });
+      std::int64_t at = 0;
+      for (std::size_t i = 0; i < lens.size(); ++i) {
+        const std::int64_t bytes = lens[i] * step;
+        REQUIRE(std::memcmp(dst_of(i), src.data() + at, static_cast<std::size_t>(bytes)) == 0);
+        for (std::int64_t b = bytes; b < stride; ++b) REQUIRE(dst_of(i)[b] == std::byte{0xEE});
+        at += bytes;
+      }
+    }
+  }
+  CHECK(gear::detail::copy_threads_for(1) == 1);
+  CHECK(gear::detail::copy_threads_for(std::int64_t{1} << 40) >= 1);
 }
 
 // ---- static properties ------------------------------------------------------------------------
