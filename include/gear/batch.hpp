@@ -43,9 +43,9 @@ class batch {
   /// Throws errc::invalid_argument for rows or length below 1, errc::out_of_memory, errc::cuda_error.
   batch(memory_kind where, gear::batch_size rows, gear::window_length length)
       : rows_(rows.value), length_(length.value) {
-    detail::require(rows_ >= 1, errc::invalid_argument,
+    GEAR_REQUIRE(rows_ >= 1, errc::invalid_argument,
                     "batch size must be at least 1, got " + std::to_string(rows_));
-    detail::require(length_ >= 1, errc::invalid_argument,
+    GEAR_REQUIRE(length_ >= 1, errc::invalid_argument,
                     "window length must be at least 1, got " + std::to_string(length_));
     std::size_t at = 0;
     auto reserve = [&at](std::int64_t bytes) {

@@ -78,12 +78,11 @@ class error : public std::runtime_error {
   errc code_;
 };
 
-namespace detail {
-
-/// Throws gear::error(code, detail) unless condition holds.
-inline void require(bool condition, errc code, const std::string& detail) {
-  if (!condition) throw error(code, detail);
-}
-
-}  // namespace detail
 }  // namespace gear
+
+/// Throws gear::error(code, message) unless condition holds. The message expression is evaluated
+/// only on failure, so checks in hot paths cost a comparison and build no string.
+#define GEAR_REQUIRE(condition, code, message)                            \
+  do {                                                                    \
+    if (!(condition)) [[unlikely]] throw ::gear::error((code), (message)); \
+  } while (0)

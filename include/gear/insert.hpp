@@ -32,7 +32,7 @@ template <class T>
   requires is_element_type_v<T>
 column_input input(const T* data, std::initializer_list<std::int64_t> shape = {}) {
   column_input in{data, dtype_of<T>, static_cast<int>(shape.size()), {}};
-  detail::require(shape.size() <= max_rank, errc::wrong_shape,
+  GEAR_REQUIRE(shape.size() <= max_rank, errc::wrong_shape,
                   "a per-step shape has at most 6 dimensions");
   std::size_t i = 0;
   for (std::int64_t e : shape) in.shape[i++] = e;
@@ -56,10 +56,9 @@ namespace detail {
 template <trajectory_spec Spec, std::size_t C>
 void check_column_input(const column_input& in) {
   using col = typename Spec::template column_t<C>;
-  const std::string name(col::name);
-  require(in.data != nullptr, errc::null_pointer, "column '" + name + "': data is null");
-  require(in.type == col::type, errc::wrong_type,
-          "column '" + name + "': expected " + std::string(to_string(col::type)) + ", got " +
+  GEAR_REQUIRE(in.data != nullptr, errc::null_pointer, "column '" + std::string(col::name) + "': data is null");
+  GEAR_REQUIRE(in.type == col::type, errc::wrong_type,
+          "column '" + std::string(col::name) + "': expected " + std::string(to_string(col::type)) + ", got " +
               std::string(to_string(in.type)));
   const bool same = in.rank == static_cast<int>(col::rank) &&
                     std::equal(col::shape.begin(), col::shape.end(), in.shape.begin());
@@ -69,13 +68,13 @@ void check_column_input(const column_input& in) {
       for (std::size_t i = 0; i < n; ++i) out += (i ? "," : "") + std::to_string(s[i]);
       return out + "]";
     };
-    throw error(errc::wrong_shape, "column '" + name + "': per-step shape " +
+    throw error(errc::wrong_shape, "column '" + std::string(col::name) + "': per-step shape " +
                                        show(in.shape.data(), static_cast<std::size_t>(in.rank)) +
                                        ", the spec says " + show(col::shape.data(), col::rank));
   }
-  require(reinterpret_cast<std::uintptr_t>(in.data) % sizeof(typename col::element_type) == 0,
+  GEAR_REQUIRE(reinterpret_cast<std::uintptr_t>(in.data) % sizeof(typename col::element_type) == 0,
           errc::misaligned_pointer,
-          "column '" + name + "': data is not aligned to its element size");
+          "column '" + std::string(col::name) + "': data is not aligned to its element size");
 }
 
 }  // namespace detail

@@ -115,13 +115,13 @@ class replay_buffer {
         max_length_(length.value),
         selection_(std::move(selection)),
         transport_(std::move(transport)) {
-    detail::require(capacity_ >= 1 && capacity_ <= (std::int64_t{1} << 40),
+    GEAR_REQUIRE(capacity_ >= 1 && capacity_ <= (std::int64_t{1} << 40),
                     errc::invalid_argument,
                     "capacity must be in [1, 2^40], got " + std::to_string(capacity_));
-    detail::require(max_length_ >= 1, errc::invalid_argument,
+    GEAR_REQUIRE(max_length_ >= 1, errc::invalid_argument,
                     "max_length must be at least 1, got " + std::to_string(max_length_));
     if constexpr (on_device)
-      detail::require(detail::gpu_available(), errc::no_device,
+      GEAR_REQUIRE(detail::gpu_available(), errc::no_device,
                       "this storage policy needs a CUDA GPU and none is usable; use "
                       "gear::storage::host on machines without one");
     allocate_regions();
@@ -166,12 +166,12 @@ class replay_buffer {
   }
   /// Throws errc::key_out_of_range or errc::stale_key unless contains(k).
   void check_key(const key& k) const {
-    detail::require(k.shard == transport_.shard_id() &&
+    GEAR_REQUIRE(k.shard == transport_.shard_id() &&
                         k.slot < static_cast<std::uint64_t>(capacity_),
                     errc::key_out_of_range,
                     "key (shard " + std::to_string(k.shard) + ", slot " + std::to_string(k.slot) +
                         ") is not in this shard of " + std::to_string(capacity_) + " slots");
-    detail::require(contains(k), errc::stale_key,
+    GEAR_REQUIRE(contains(k), errc::stale_key,
                     "key (slot " + std::to_string(k.slot) + ", generation " +
                         std::to_string(k.generation) + ") names a trajectory no longer stored");
   }
@@ -211,7 +211,7 @@ class replay_buffer {
   /// metadata must be published, so that the caller may write the slots at once.
   /// Throws errc::invalid_argument (count outside [1, capacity]), errc::cuda_error.
   [[nodiscard]] reservation reserve(std::int64_t count, cuda::stream_ref stream) {
-    detail::require(count >= 1 && count <= capacity_, errc::invalid_argument,
+    GEAR_REQUIRE(count >= 1 && count <= capacity_, errc::invalid_argument,
                     "reserve count must be in [1, " + std::to_string(capacity_) + "], got " +
                         std::to_string(count));
     const reservation r = reserve_slots(count, stream);
@@ -232,14 +232,14 @@ class replay_buffer {
   /// errc::trajectory_too_long, errc::cuda_error.
   void commit_async(const reservation& r, std::span<const std::int64_t> lengths,
                     std::span<key> keys_out, cuda::stream_ref stream) {
-    detail::require(r.capacity == capacity_ && r.count >= 1 &&
+    GEAR_REQUIRE(r.capacity == capacity_ && r.count >= 1 &&
                         static_cast<std::int64_t>(lengths.size()) == r.count &&
                         static_cast<std::int64_t>(keys_out.size()) >= r.count,
                     errc::invalid_argument,
                     "commit needs one length and one key per reserved slot");
     for (std::int64_t i = 0; i < r.count; ++i) {
       const std::int64_t slot = r.slot(i);
-      detail::require(tickets_host()[slot] == r.first_ticket + static_cast<std::uint64_t>(i) &&
+      GEAR_REQUIRE(tickets_host()[slot] == r.first_ticket + static_cast<std::uint64_t>(i) &&
                           states_host()[slot] == detail::slot_state::pending,
                       errc::invalid_reservation,
                       "slot " + std::to_string(slot) +
@@ -283,20 +283,20 @@ class replay_buffer {
   /// errc::window_out_of_range, errc::batch_mismatch, errc::not_enough_items (policy-specific),
   /// errc::cuda_error.
   void sample_async(batch_type& out, const window& w, rng& g, cuda::stream_ref stream) {
-    detail::require(live_ > 0, errc::empty_buffer, "no committed trajectory to sample from");
-    detail::require(w.length >= 1, errc::empty_window,
+    GEAR_REQUIRE(live_ > 0, errc::empty_buffer, "no committed trajectory to sample from");
+    GEAR_REQUIRE(w.length >= 1, errc::empty_window,
                     "window length must be at least 1, got " + std::to_string(w.length));
-    detail::require(w.offset >= 0 && w.offset < max_length_, errc::window_out_of_range,
+    GEAR_REQUIRE(w.offset >= 0 && w.offset < max_length_, errc::window_out_of_range,
                     "window offset must be in [0, max_length = " + std::to_string(max_length_) +
                         "), got " + std::to_string(w.offset));
-    detail::require(w.from == anchor::start || w.from == anchor::end || w.from == anchor::random,
+    GEAR_REQUIRE(w.from == anchor::start || w.from == anchor::end || w.from == anchor::random,
                     errc::window_out_of_range, "window anchor is not start, end or random");
-    detail::require(w.padding == pad::head || w.padding == pad::tail, errc::window_out_of_range,
+    GEAR_REQUIRE(w.padding == pad::head || w.padding == pad::tail, errc::window_out_of_range,
                     "window padding is not head or tail");
-    detail::require(out.window_length() == w.length, errc::batch_mismatch,
+    GEAR_REQUIRE(out.window_length() == w.length, errc::batch_mismatch,
                     "batch was made for windows of " + std::to_string(out.window_length()) +
                         " steps, the window has " + std::to_string(w.length));
-    detail::require(out.where() == batch_memory, errc::batch_mismatch,
+    GEAR_REQUIRE(out.where() == batch_memory, errc::batch_mismatch,
                     "batch lives in the wrong memory for this buffer; make it with make_batch()");
     const slot_table table = selection_table();
     selection_state_->validate(table, out.batch_size());
@@ -438,7 +438,7 @@ class replay_buffer {
         slot_bytes += detail::segment_bytes(Spec::step_bytes[c], max_length_);
       }
       if (slot_bytes == 0) continue;
-      detail::require(slot_bytes <= (std::int64_t{1} << 62) / capacity_, errc::out_of_memory,
+      GEAR_REQUIRE(slot_bytes <= (std::int64_t{1} << 62) / capacity_, errc::out_of_memory,
                       "slot storage size overflows");
       regions_[k] = detail::allocation(kinds[k], static_cast<std::size_t>(slot_bytes * capacity_));
       for (std::size_t c = 0; c < num_columns; ++c) {
@@ -530,17 +530,17 @@ class replay_buffer {
   // ---- validation --------------------------------------------------------------------------
 
   void check_slot(std::int64_t slot) const {
-    detail::require(slot >= 0 && slot < capacity_, errc::key_out_of_range,
+    GEAR_REQUIRE(slot >= 0 && slot < capacity_, errc::key_out_of_range,
                     "slot " + std::to_string(slot) + " is outside [0, " +
                         std::to_string(capacity_) + ")");
   }
 
   void check_lengths(std::span<const std::int64_t> lengths) const {
     for (std::size_t i = 0; i < lengths.size(); ++i) {
-      detail::require(lengths[i] >= 1, errc::empty_trajectory,
+      GEAR_REQUIRE(lengths[i] >= 1, errc::empty_trajectory,
                       "trajectory " + std::to_string(i) + " has length " +
                           std::to_string(lengths[i]));
-      detail::require(lengths[i] <= max_length_, errc::trajectory_too_long,
+      GEAR_REQUIRE(lengths[i] <= max_length_, errc::trajectory_too_long,
                       "trajectory " + std::to_string(i) + " has " + std::to_string(lengths[i]) +
                           " steps, max_length is " + std::to_string(max_length_));
     }
@@ -548,21 +548,21 @@ class replay_buffer {
 
   void validate_insert(const trajectories<Spec>& in, std::span<key> keys_out) const {
     const auto count = static_cast<std::int64_t>(in.lengths.size());
-    detail::require(count >= 1 && count <= capacity_, errc::invalid_argument,
+    GEAR_REQUIRE(count >= 1 && count <= capacity_, errc::invalid_argument,
                     "an insert takes 1 to capacity = " + std::to_string(capacity_) +
                         " trajectories, got " + std::to_string(count));
-    detail::require(in.lengths.data() != nullptr, errc::null_pointer, "lengths is null");
-    detail::require(static_cast<std::int64_t>(keys_out.size()) >= count, errc::invalid_argument,
+    GEAR_REQUIRE(in.lengths.data() != nullptr, errc::null_pointer, "lengths is null");
+    GEAR_REQUIRE(static_cast<std::int64_t>(keys_out.size()) >= count, errc::invalid_argument,
                     "keys_out holds " + std::to_string(keys_out.size()) + " keys, need " +
                         std::to_string(count));
     check_lengths(in.lengths);
     [&]<std::size_t... C>(std::index_sequence<C...>) {
       (detail::check_column_input<Spec, C>(in.columns[C]), ...);
     }(std::make_index_sequence<num_columns>{});
-    detail::require(in.source == memory_kind::host || in.source == memory_kind::device,
+    GEAR_REQUIRE(in.source == memory_kind::host || in.source == memory_kind::device,
                     errc::wrong_memory, "insert source must be memory_kind::host or ::device");
     if constexpr (!on_device) {
-      detail::require(in.source == memory_kind::host, errc::wrong_memory,
+      GEAR_REQUIRE(in.source == memory_kind::host, errc::wrong_memory,
                       "storage::host takes trajectories from host memory only");
     } else {
       for (std::size_t c = 0; c < num_columns; ++c) {
@@ -572,7 +572,7 @@ class replay_buffer {
                                    attributes.type == cudaMemoryTypeManaged;
         const bool gpu_readable = device_memory || attributes.type == cudaMemoryTypeHost;
         const bool ok = in.source == memory_kind::device ? gpu_readable : !device_memory;
-        detail::require(ok, errc::wrong_memory,
+        GEAR_REQUIRE(ok, errc::wrong_memory,
                         "column '" + std::string(Spec::names[c]) + "' is not in " +
                             (in.source == memory_kind::device ? "GPU-readable" : "host") +
                             " memory as the insert says");
@@ -749,7 +749,7 @@ class writer {
   void append(const T*... step) {
     static_assert(sizeof...(T) == spec::num_columns, "writer::append: one pointer per column");
     check_open();
-    detail::require(steps_ < buffer_->max_length(), errc::writer_full,
+    GEAR_REQUIRE(steps_ < buffer_->max_length(), errc::writer_full,
                     "trajectory already has max_length = " +
                         std::to_string(buffer_->max_length()) + " steps");
     const void* ptrs[] = {static_cast<const void*>(step)...};
@@ -759,7 +759,7 @@ class writer {
                     "writer::append: pointer types must match the spec's column types");
     }(std::make_index_sequence<spec::num_columns>{});
     for (std::size_t c = 0; c < spec::num_columns; ++c)
-      detail::require(ptrs[c] != nullptr, errc::null_pointer,
+      GEAR_REQUIRE(ptrs[c] != nullptr, errc::null_pointer,
                       "column '" + std::string(spec::names[c]) + "': step pointer is null");
     for (std::size_t c = 0; c < spec::num_columns; ++c) {
       std::byte* dst = buffer_->host_columns_[c].at(slot(), steps_);
@@ -786,8 +786,8 @@ class writer {
 
  private:
   void check_open() const {
-    detail::require(buffer_ != nullptr, errc::invalid_reservation, "writer already committed");
-    detail::require(buffer_->tickets_host()[slot()] == reservation_.first_ticket &&
+    GEAR_REQUIRE(buffer_ != nullptr, errc::invalid_reservation, "writer already committed");
+    GEAR_REQUIRE(buffer_->tickets_host()[slot()] == reservation_.first_ticket &&
                         buffer_->states_host()[slot()] == detail::slot_state::pending,
                     errc::invalid_reservation,
                     "the writer's slot was taken over by newer reservations");

@@ -90,24 +90,24 @@ GEAR_HD inline float importance_weight(double leaf, double leaf_min, double beta
 }
 
 inline void validate_exponents(double alpha, double beta) {
-  require(std::isfinite(alpha) && alpha >= 0, errc::invalid_argument,
+  GEAR_REQUIRE(std::isfinite(alpha) && alpha >= 0, errc::invalid_argument,
           "priority exponent alpha must be finite and >= 0, got " + std::to_string(alpha));
-  require(std::isfinite(beta) && beta >= 0, errc::invalid_argument,
+  GEAR_REQUIRE(std::isfinite(beta) && beta >= 0, errc::invalid_argument,
           "importance exponent beta must be finite and >= 0, got " + std::to_string(beta));
 }
 
 /// Throws (changing nothing) unless there is one priority per key and each is finite and >= 0.
 /// Returns the largest priority.
 inline float validate_priorities(std::span<const key> keys, std::span<const float> priorities) {
-  require(keys.size() == priorities.size(), errc::invalid_argument,
+  GEAR_REQUIRE(keys.size() == priorities.size(), errc::invalid_argument,
           "update_priorities needs one priority per key: " + std::to_string(keys.size()) +
               " keys, " + std::to_string(priorities.size()) + " priorities");
-  require(keys.size() < (std::size_t{1} << 32), errc::invalid_argument,
+  GEAR_REQUIRE(keys.size() < (std::size_t{1} << 32), errc::invalid_argument,
           "update_priorities takes fewer than 2^32 keys at once");
   float largest = 0;
   for (std::size_t i = 0; i < priorities.size(); ++i) {
     const float p = priorities[i];
-    require(std::isfinite(p) && p >= 0, errc::invalid_priority,
+    GEAR_REQUIRE(std::isfinite(p) && p >= 0, errc::invalid_priority,
             "priority " + std::to_string(i) + " is " + std::to_string(p) +
                 "; priorities must be finite and >= 0");
     largest = std::max(largest, p);

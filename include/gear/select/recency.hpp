@@ -107,12 +107,12 @@ GEAR_HD inline std::int64_t recency_row(const slot_table& t, const selection_req
 }
 
 inline void validate_recency(const slot_table& t, const committed_slots& c, std::int64_t newest) {
-  require(make_recency_window(t, c, newest).candidates > 0, errc::not_enough_items,
+  GEAR_REQUIRE(make_recency_window(t, c, newest).candidates > 0, errc::not_enough_items,
           "none of the newest " + std::to_string(newest) + " reservations is committed");
 }
 
 inline void validate_newest(std::int64_t newest) {
-  require(newest >= 1, errc::invalid_argument,
+  GEAR_REQUIRE(newest >= 1, errc::invalid_argument,
           "recency needs newest >= 1, got " + std::to_string(newest));
 }
 

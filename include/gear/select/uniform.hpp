@@ -58,7 +58,7 @@ GEAR_HD inline std::int64_t uniform_row(const slot_table& t, const selection_req
 }
 
 inline void validate_uniform(const slot_table& t, std::int64_t batch, bool replacement) {
-  require(replacement || batch <= t.live, errc::not_enough_items,
+  GEAR_REQUIRE(replacement || batch <= t.live, errc::not_enough_items,
           "cannot draw " + std::to_string(batch) + " distinct trajectories from " +
               std::to_string(t.live));
 }
