@@ -199,6 +199,31 @@ TEST_CASE("packed copies split over threads write every byte once, where it belo
   CHECK(gear::detail::copy_threads_for(std::int64_t{1} << 40) >= 1);
 }
 
+TEST_CASE("large inserts (copied on several threads) land byte for byte") {
+  using big_spec = gear::spec<gear::column<"frame", std::uint8_t, 65536>, gear::column<"r", float>>;
+  gear::replay_buffer<big_spec, gear::storage::host> buf{gear::capacity{24}, gear::max_length{12}};
+  std::mt19937_64 gen(5);
+  const auto lens = random_lengths(gen, 20, 12);
+  std::int64_t steps = 0;
+  for (auto l : lens) steps += l;
+  REQUIRE(steps * 65536 >= 2 * gear::detail::parallel_copy_grain);  // several threads
+  std::vector<std::uint8_t> frames(static_cast<std::size_t>(steps * 65536));
+  for (auto& b : frames) b = static_cast<std::uint8_t>(gen());
+  std::vector<float> r(static_cast<std::size_t>(steps));
+  for (auto& x : r) x = static_cast<float>(gen() % 1000);
+  std::vector<gear::key> keys(lens.size());
+  buf.insert({lens, {gear::input(frames.data(), {65536}), gear::input(r.data())}}, keys);
+  auto ref = buf.ref(gear::op::write_steps{});
+  std::int64_t at = 0;
+  for (std::size_t i = 0; i < lens.size(); ++i) {
+    for (std::int64_t t = 0; t < lens[i]; ++t, ++at) {
+      REQUIRE(std::memcmp(ref.step<0>(std::int64_t(keys[i].slot), t), frames.data() + at * 65536,
+                          65536) == 0);
+      REQUIRE(*ref.step<1>(std::int64_t(keys[i].slot), t) == r[static_cast<std::size_t>(at)]);
+    }
+  }
+}
+
 // ---- static properties ------------------------------------------------------------------------
 
 TEST_CASE("refs are trivially copyable; owners are move-only") {

@@ -41,6 +41,7 @@
 #include <gear/batch.hpp>
 #include <gear/detail/cuda.hpp>
 #include <gear/detail/gather.hpp>
+#include <gear/detail/host_copy.hpp>
 #include <gear/detail/memory.hpp>
 #include <gear/detail/scatter.hpp>
 #include <gear/error.hpp>
@@ -633,23 +634,38 @@ class replay_buffer {
                           cuda::stream_ref stream) {
     const auto count = r.count;
     if (in.source == memory_kind::host) {
-      bool cpu_writes = false;
-      for (std::size_t c = 0; c < num_columns; ++c) cpu_writes |= host_accessible(placement[c]);
+      std::int64_t steps = 0, cpu_bytes = 0;
+      for (std::int64_t len : in.lengths) steps += len;
+      for (std::size_t c = 0; c < num_columns; ++c)
+        if (host_accessible(placement[c])) cpu_bytes += steps * Spec::step_bytes[c];
       // Earlier stream work may still read the evicted occupants of these slots.
-      if (on_device && cpu_writes) synchronize(stream);
+      if (on_device && cpu_bytes > 0) synchronize(stream);
+      // GPU-resident columns: one stream-ordered copy per trajectory.
       for (std::size_t c = 0; c < num_columns; ++c) {
+        if (host_accessible(placement[c])) continue;
         const auto* src = static_cast<const std::byte*>(in.columns[c].data);
-        const std::int64_t step = Spec::step_bytes[c];
         for (std::int64_t i = 0; i < count; ++i) {
-          const auto bytes = static_cast<std::size_t>(in.lengths[static_cast<std::size_t>(i)] * step);
-          if (host_accessible(placement[c])) {
-            std::memcpy(host_columns_[c].at(r.slot(i), 0), src, bytes);
-          } else {
-            GEAR_CUDA_TRY(cudaMemcpyAsync(host_columns_[c].at(r.slot(i), 0), src, bytes,
-                                          cudaMemcpyHostToDevice, stream.get()));
-          }
+          const auto bytes =
+              static_cast<std::size_t>(in.lengths[static_cast<std::size_t>(i)] * Spec::step_bytes[c]);
+          GEAR_CUDA_TRY(cudaMemcpyAsync(host_columns_[c].at(r.slot(i), 0), src, bytes,
+                                        cudaMemcpyHostToDevice, stream.get()));
           src += bytes;
         }
+      }
+      // Host-resident columns: by the CPU, on several threads when the copy is large.
+      if (cpu_bytes > 0) {
+        const unsigned parts = detail::copy_threads_for(cpu_bytes);
+        detail::parallel_for(parts, [&](unsigned part) {
+          for (std::size_t c = 0; c < num_columns; ++c) {
+            if (!host_accessible(placement[c])) continue;
+            detail::copy_packed_share(
+                static_cast<const std::byte*>(in.columns[c].data), in.lengths, Spec::step_bytes[c],
+                [&](std::size_t i) {
+                  return host_columns_[c].at(r.slot(static_cast<std::int64_t>(i)), 0);
+                },
+                part, parts);
+          }
+        });
       }
       return;
     }
