@@ -201,9 +201,9 @@ TEST_CASE("packed copies split over threads write every byte once, where it belo
 
 TEST_CASE("large inserts (copied on several threads) land byte for byte") {
   using big_spec = gear::spec<gear::column<"frame", std::uint8_t, 65536>, gear::column<"r", float>>;
-  gear::replay_buffer<big_spec, gear::storage::host> buf{gear::capacity{24}, gear::max_length{12}};
+  gear::replay_buffer<big_spec, gear::storage::host> buf{gear::capacity{48}, gear::max_length{12}};
   std::mt19937_64 gen(5);
-  const auto lens = random_lengths(gen, 20, 12);
+  const auto lens = random_lengths(gen, 40, 12);
   std::int64_t steps = 0;
   for (auto l : lens) steps += l;
   REQUIRE(steps * 65536 >= 2 * gear::detail::parallel_copy_grain);  // several threads
