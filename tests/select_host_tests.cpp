@@ -1,0 +1,348 @@
+// Selection suite, host side: prioritized and recency selection on storage::host buffers, the sum
+// tree maths the kernels share, and the statistical tests (chi-square at significance 0.001, fixed
+// printed seeds, each with a power check that the same test rejects a planted wrong distribution).
+
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+
+#include "select_common.hpp"
+
+using namespace select_test;
+using per_buffer = gear::replay_buffer<spec, gear::storage::host, gear::select::prioritized>;
+using recent_buffer = gear::replay_buffer<spec, gear::storage::host, gear::select::recency>;
+
+namespace {
+
+/// Draws `calls` batches of `rows` and counts each slot; checks the reported probability of every
+/// row against `want` (by slot) to 1e-5 relative.
+template <class Buffer>
+std::vector<double> draw_counts(Buffer& buf, gear::rng& g, std::int64_t rows, int calls,
+                                const std::vector<double>& want_by_slot, double* worst_p) {
+  std::vector<double> counts(static_cast<std::size_t>(buf.capacity()), 0);
+  auto b = buf.make_batch(gear::batch_size{rows}, gear::window_length{1});
+  for (int c = 0; c < calls; ++c) {
+    buf.sample(b, gear::window{1}, g);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const auto slot = static_cast<std::size_t>(b.slots_data()[r]);
+      counts[slot] += 1;
+      const double want = want_by_slot[slot];
+      *worst_p = std::max(*worst_p, std::abs(b.probabilities_data()[r] - want) / want);
+    }
+  }
+  return counts;
+}
+
+}  // namespace
+
+// ---- sum tree maths ---------------------------------------------------------------------------
+
+TEST_CASE("sum tree shape: every node's 16 children lie inside the padded next level") {
+  for (std::int64_t cap : {1, 2, 15, 16, 17, 255, 256, 257, 4095, 4096, 4097, 100000, 1 << 24,
+                           (1 << 24) + 1}) {
+    const auto s = gear::detail::make_sum_tree_shape(cap);
+    INFO("capacity " << cap);
+    REQUIRE(s.count[0] == 1);
+    REQUIRE(s.count[s.levels - 1] == cap);
+    REQUIRE(s.offset[0] == 0);
+    for (int d = 0; d + 1 < s.levels; ++d) {
+      REQUIRE(s.count[d] == (s.count[d + 1] + 15) / 16);
+      REQUIRE(s.offset[d + 1] % 16 == 0);
+      REQUIRE(s.offset[d + 1] >= s.offset[d] + s.count[d]);
+      REQUIRE(s.offset[d + 1] + s.count[d] * 16 <= (d + 2 < s.levels ? s.offset[d + 2] : s.total));
+    }
+  }
+  CHECK(gear::detail::make_sum_tree_shape(1 << 24).levels == 7);  // root + 6 levels of 16
+  CHECK(gear::detail::make_sum_tree_shape(std::int64_t{1} << 40).levels <= gear::detail::sum_tree_max_levels);
+}
+
+TEST_CASE("sum_tree_find returns the leaf whose prefix interval holds u, never a zero leaf") {
+  const std::uint64_t seed = 101;
+  INFO("seed " << seed);
+  std::mt19937_64 gen(seed);
+  for (std::int64_t cap : {1, 3, 16, 17, 300, 5000}) {
+    const auto s = gear::detail::make_sum_tree_shape(cap);
+    std::vector<double> tree(static_cast<std::size_t>(s.total), 0.0), leaves(static_cast<std::size_t>(cap));
+    for (std::int64_t i = 0; i < cap; ++i)
+      tree[static_cast<std::size_t>(s.leaf(i))] = leaves[static_cast<std::size_t>(i)] =
+          (gen() % 4 == 0 && cap > 1) ? 0.0 : std::ldexp(double(gen() % 1000 + 1), -int(gen() % 8));
+    if (std::all_of(leaves.begin(), leaves.end(), [](double v) { return v == 0; })) continue;
+    gear::detail::sum_tree_rebuild(tree.data(), s);
+    std::vector<double> prefix(leaves.size() + 1, 0.0);
+    for (std::size_t i = 0; i < leaves.size(); ++i) prefix[i + 1] = prefix[i] + leaves[i];
+    for (int k = 0; k < 2000; ++k) {
+      const double u = gear::detail::unit_interval(gen()) * tree[0];
+      const auto slot = gear::detail::sum_tree_find(tree.data(), s, u);
+      REQUIRE(slot >= 0);
+      REQUIRE(slot < cap);
+      REQUIRE(leaves[static_cast<std::size_t>(slot)] > 0);
+      // Dyadic leaves: every sum is exact, so the interval is exact too.
+      REQUIRE(prefix[static_cast<std::size_t>(slot)] <= u);
+      REQUIRE(u < prefix[static_cast<std::size_t>(slot) + 1]);
+    }
+    // u at or beyond the root (rounding) still lands on the last positive leaf.
+    const auto last = gear::detail::sum_tree_find(tree.data(), s, tree[0] * 2);
+    REQUIRE(leaves[static_cast<std::size_t>(last)] > 0);
+  }
+}
+
+// ---- prioritized ------------------------------------------------------------------------------
+
+TEST_CASE("prioritized: 10^6 draws follow p^alpha / sum p^alpha (chi-square, 0.001); power check") {
+  const std::uint64_t seed = 20261202;
+  const double alpha = 0.7, beta = 0.5;
+  MESSAGE("prioritized host chi-square seed " << seed);
+  const std::int64_t n = 300;
+  per_buffer buf{gear::capacity{n}, gear::max_length{1}, gear::select::prioritized{alpha, beta}};
+  const auto keys = insert_ids(buf, 0, n);
+  const auto p = random_priorities(seed, static_cast<std::size_t>(n));
+  buf.update_priorities(keys, p);
+  const auto want = exact_probabilities(p, alpha);  // slot i holds keys[i] (fresh buffer)
+  gear::rng g{seed};
+  double worst_p = 0;
+  const int calls = 245;
+  const std::int64_t rows = 4096;  // 1,003,520 draws
+  const auto counts = draw_counts(buf, g, rows, calls, want, &worst_p);
+  const double draws = double(calls) * rows;
+  CHECK(worst_p < 1e-5);
+  for (std::size_t i = 0; i < p.size(); ++i)
+    if (p[i] == 0) CHECK(counts[i] == 0);
+  const auto fit = chi2_test(counts, want, draws);
+  MESSAGE("chi2 " << fit.statistic << " df " << fit.df << " critical(0.001) " << fit.critical);
+  CHECK_FALSE(fit.rejects());
+  // Power: the same counts against the distribution of a slightly different alpha.
+  const auto planted = exact_probabilities(p, alpha * 0.97);
+  const auto wrong = chi2_test(counts, planted, draws);
+  MESSAGE("planted alpha " << alpha * 0.97 << ": chi2 " << wrong.statistic);
+  CHECK(wrong.rejects());
+}
+
+TEST_CASE("prioritized: importance weights equal (N P_i)^-beta / max over the batch to 1e-5") {
+  const std::uint64_t seed = 7;
+  INFO("seed " << seed);
+  const std::int64_t n = 1000;
+  per_buffer buf{gear::capacity{n}, gear::max_length{1}, gear::select::prioritized{0.6, 0.4}};
+  const auto keys = insert_ids(buf, 0, n);
+  const auto p = random_priorities(seed, static_cast<std::size_t>(n));
+  buf.update_priorities(keys, p);
+  gear::rng g{seed};
+  for (double beta : {0.0, 0.4, 1.0}) {
+    buf.selection_state().set_exponents(0.6, beta);
+    const auto P = exact_probabilities(p, 0.6);
+    auto b = buf.make_batch(gear::batch_size{513}, gear::window_length{1});
+    buf.sample(b, gear::window{1}, g);
+    double max_w = 0;
+    for (std::int64_t r = 0; r < 513; ++r)
+      max_w = std::max(max_w, std::pow(double(n) * P[static_cast<std::size_t>(b.slots_data()[r])], -beta));
+    for (std::int64_t r = 0; r < 513; ++r) {
+      const double w = std::pow(double(n) * P[static_cast<std::size_t>(b.slots_data()[r])], -beta) / max_w;
+      REQUIRE(std::abs(b.weights_data()[r] - w) <= 1e-5 * w);
+    }
+  }
+}
+
+TEST_CASE("prioritized: new items enter at the largest priority so far; eviction removes theirs") {
+  per_buffer buf{gear::capacity{4}, gear::max_length{1}, gear::select::prioritized{1.0, 0.5}};
+  auto& st = buf.selection_state();
+  auto k = insert_ids(buf, 0, 2);
+  CHECK(st.priority(0) == 1.0f);
+  CHECK(st.priority(2) < 0);  // never reserved: no priority, leaf 0
+  CHECK(st.total() == 2.0);
+  const std::vector<float> p{3.0f, 0.5f};
+  buf.update_priorities(k, p);
+  CHECK(st.max_priority() == 3.0f);
+  insert_ids(buf, 2, 3);  // ticket 4 evicts slot 0
+  CHECK(st.priority(0) == 3.0f);
+  CHECK(st.priority(1) == 0.5f);
+  CHECK(st.total() == 3.0 * 3 + 0.5);
+  // A pending slot (open writer) is never drawn.
+  {
+    auto w = buf.make_writer();  // reserves slot 1, evicting its trajectory
+    CHECK(st.leaf(1) == 0.0);
+    gear::rng g{3};
+    auto b = buf.make_batch(gear::batch_size{2000}, gear::window_length{1});
+    buf.sample(b, gear::window{1}, g);
+    for (std::int64_t r = 0; r < 2000; ++r) REQUIRE(b.slots_data()[r] != 1);
+  }
+  CHECK(st.leaf(1) == 0.0);  // abandoned
+}
+
+TEST_CASE("prioritized: duplicate keys in one update, last write wins") {
+  per_buffer buf{gear::capacity{8}, gear::max_length{1}, gear::select::prioritized{0.5, 0.5}};
+  const auto k = insert_ids(buf, 0, 8);
+  const std::vector<gear::key> ks{k[2], k[5], k[2], k[5], k[2]};
+  const std::vector<float> ps{4.0f, 9.0f, 16.0f, 1.0f, 0.25f};
+  buf.update_priorities(ks, ps);
+  auto& st = buf.selection_state();
+  CHECK(st.priority(2) == 0.25f);
+  CHECK(st.priority(5) == 1.0f);
+  CHECK(st.leaf(2) == doctest::Approx(0.5));
+  CHECK(st.total() == doctest::Approx(6 * 1.0 + 0.5 + 1.0));
+  CHECK(st.max_priority() == 16.0f);  // the largest given, even though overwritten
+}
+
+TEST_CASE("prioritized: stale, out-of-range keys and bad priorities change nothing") {
+  const std::uint64_t seed = 99;
+  INFO("seed " << seed);
+  per_buffer buf{gear::capacity{50}, gear::max_length{1}, gear::select::prioritized{0.8, 0.6}};
+  const auto old_keys = insert_ids(buf, 0, 50);
+  const auto keys = insert_ids(buf, 50, 20);  // evicts old_keys[0..20)
+  const auto& st = buf.selection_state();
+  auto sample_once = [&] {
+    gear::rng g{seed};
+    auto b = buf.make_batch(gear::batch_size{300}, gear::window_length{1});
+    buf.sample(b, gear::window{1}, g);
+    return std::make_tuple(std::vector<std::int64_t>(b.slots_data(), b.slots_data() + 300),
+                           std::vector<float>(b.probabilities_data(), b.probabilities_data() + 300),
+                           std::vector<float>(b.weights_data(), b.weights_data() + 300));
+  };
+  const std::vector<float> ok{2.0f, 3.0f};
+  buf.update_priorities(std::vector<gear::key>{keys[0], old_keys[30]}, ok);
+  const auto before = sample_once();
+  const auto nodes = st.nodes();
+  const auto size = buf.size();
+  const float max_before = st.max_priority();
+  auto expect = [&](gear::errc code, std::vector<gear::key> ks, std::vector<float> ps) {
+    CHECK(gear_test::code_of([&] { buf.update_priorities(ks, ps); }) == code);
+    CHECK(st.nodes() == nodes);
+    CHECK(st.max_priority() == max_before);
+    CHECK(buf.size() == size);
+    CHECK(sample_once() == before);
+  };
+  expect(gear::errc::stale_key, {keys[1], old_keys[3]}, {5.0f, 5.0f});
+  gear::key far = keys[1];
+  far.slot = 50;
+  expect(gear::errc::key_out_of_range, {keys[1], far}, {5.0f, 5.0f});
+  expect(gear::errc::invalid_priority, {keys[1], keys[2]}, {100.0f, std::nanf("")});
+  expect(gear::errc::invalid_priority, {keys[1], keys[2]}, {100.0f, -1.0f});
+  expect(gear::errc::invalid_priority, {keys[1], keys[2]}, {100.0f, INFINITY});
+  expect(gear::errc::invalid_argument, {keys[1], keys[2]}, {100.0f});
+  CHECK(gear_test::code_of([&] { buf.selection_state().set_exponents(-1, 0.5); }) ==
+        gear::errc::invalid_argument);
+  CHECK(sample_once() == before);
+}
+
+TEST_CASE("prioritized: all-zero priorities fall back to uniform; alpha 0 is uniform") {
+  per_buffer buf{gear::capacity{10}, gear::max_length{1}, gear::select::prioritized{0.6, 0.4}};
+  const auto k = insert_ids(buf, 0, 10);
+  buf.update_priorities(k, std::vector<float>(10, 0.0f));
+  gear::rng g{5};
+  auto b = buf.make_batch(gear::batch_size{64}, gear::window_length{1});
+  buf.sample(b, gear::window{1}, g);
+  for (int r = 0; r < 64; ++r) {
+    CHECK(b.probabilities_data()[r] == doctest::Approx(0.1));
+    CHECK(b.weights_data()[r] == 1.0f);
+  }
+  std::vector<float> p(10, 1.0f);
+  p[3] = 1000.0f;
+  buf.update_priorities(k, p);
+  buf.selection_state().set_exponents(0.0, 0.4);
+  buf.sample(b, gear::window{1}, g);
+  for (int r = 0; r < 64; ++r) CHECK(b.probabilities_data()[r] == doctest::Approx(0.1));
+  buf.selection_state().set_exponents(1.0, 0.4);
+  CHECK(buf.selection_state().total() == doctest::Approx(1009.0));
+}
+
+TEST_CASE("prioritized: stratified draws keep the marginal distribution (chi-square, 0.001)") {
+  const std::uint64_t seed = 31337;
+  MESSAGE("stratified host seed " << seed);
+  const std::int64_t n = 200;
+  per_buffer buf{gear::capacity{n}, gear::max_length{1},
+                 gear::select::prioritized{.alpha = 1.0, .beta = 0.4, .stratified = true}};
+  const auto keys = insert_ids(buf, 0, n);
+  const auto p = random_priorities(seed, static_cast<std::size_t>(n));
+  buf.update_priorities(keys, p);
+  const auto want = exact_probabilities(p, 1.0);
+  gear::rng g{seed};
+  double worst = 0;
+  const auto counts = draw_counts(buf, g, 1000, 1000, want, &worst);
+  const auto fit = chi2_test(counts, want, 1e6);
+  MESSAGE("stratified chi2 " << fit.statistic << " critical " << fit.critical);
+  CHECK_FALSE(fit.rejects());
+  CHECK(chi2_test(counts, exact_probabilities(p, 0.95), 1e6).rejects());
+}
+
+TEST_CASE("prioritized: 10^7 updates leave the root equal to a fresh fp64 sum (1e-9) and the tree "
+          "equal to one rebuilt from its leaves") {
+  const std::uint64_t seed = 424242;
+  INFO("seed " << seed);
+  const std::int64_t n = 1 << 16;
+  gear::select::prioritized policy{0.6, 0.4};
+  gear::select::prioritized::state<gear::exec::host> st(policy, n);
+  gear::slot_table t;
+  t.capacity = n;
+  st.on_commit(t, 0, n, gear::detail::no_stream());
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<double> lg(std::log(1e-4), std::log(1e4));
+  std::vector<gear::key> ks(1024);
+  std::vector<float> ps(1024);
+  for (int round = 0; round < 10'000'000 / 1024 + 1; ++round) {
+    for (std::size_t i = 0; i < ks.size(); ++i) {
+      ks[i].slot = gen() % n;
+      ps[i] = static_cast<float>(std::exp(lg(gen)));
+    }
+    st.update(t, ks, ps, gear::detail::no_stream());
+  }
+  long double fresh = 0;
+  for (std::int64_t i = 0; i < n; ++i) fresh += std::pow(static_cast<long double>(st.priority(i)), 0.6L);
+  const double rel = std::abs(static_cast<double>((st.total() - fresh) / fresh));
+  MESSAGE("root " << st.total() << " fresh " << static_cast<double>(fresh) << " relative " << rel);
+  CHECK(rel < 1e-9);
+  auto rebuilt = st.nodes();
+  gear::detail::sum_tree_rebuild(rebuilt.data(), st.shape());
+  CHECK(rebuilt == st.nodes());
+}
+
+// ---- recency ----------------------------------------------------------------------------------
+
+TEST_CASE("recency: uniform over the newest K committed (chi-square, 0.001); power check") {
+  const std::uint64_t seed = 555;
+  MESSAGE("recency host chi-square seed " << seed);
+  const std::int64_t cap = 100, K = 37;
+  recent_buffer buf{gear::capacity{cap}, gear::max_length{1}, gear::select::recency{K}};
+  for (std::int32_t first : {0, 100, 200}) insert_ids(buf, first, first == 200 ? 50 : 100);
+  // tickets 0..249; the newest 37 are 213..249
+  std::vector<double> want(static_cast<std::size_t>(cap), 0.0), planted = want;
+  for (std::uint64_t t = 250 - K; t < 250; ++t) want[t % cap] = 1.0 / K;
+  for (std::uint64_t t = 250 - K - 1; t < 250; ++t) planted[t % cap] = 1.0 / (K + 1);
+  gear::rng g{seed};
+  double worst = 0;
+  const auto counts = draw_counts(buf, g, 4096, 245, want, &worst);
+  CHECK(worst < 1e-6);
+  double outside = 0;
+  for (std::size_t s = 0; s < want.size(); ++s)
+    if (want[s] == 0) outside += counts[s];
+  CHECK(outside == 0);
+  std::vector<double> c, w, pl;
+  for (std::size_t s = 0; s < want.size(); ++s)
+    if (planted[s] > 0) c.push_back(counts[s]), w.push_back(want[s]), pl.push_back(planted[s]);
+  const auto fit = chi2_test(c, w, 4096.0 * 245);
+  MESSAGE("chi2 " << fit.statistic << " df " << fit.df << " critical " << fit.critical);
+  CHECK_FALSE(fit.rejects());
+  CHECK(chi2_test(c, pl, 4096.0 * 245).rejects());
+}
+
+TEST_CASE("recency: pending slots are skipped and counted out; K beyond the size is all") {
+  recent_buffer buf{gear::capacity{20}, gear::max_length{1}, gear::select::recency{5}};
+  insert_ids(buf, 0, 12);
+  auto w = buf.make_writer();  // ticket 12 pending: candidates are tickets 8..11
+  gear::rng g{9};
+  auto b = buf.make_batch(gear::batch_size{1000}, gear::window_length{1});
+  buf.sample(b, gear::window{1}, g);
+  for (int r = 0; r < 1000; ++r) {
+    REQUIRE(b.slots_data()[r] >= 8);
+    REQUIRE(b.slots_data()[r] <= 11);
+    REQUIRE(b.probabilities_data()[r] == doctest::Approx(0.25));
+  }
+  std::int32_t v = 7;
+  w.append(&v);
+  w.commit();
+  buf.selection_state().set_newest(1000);
+  buf.sample(b, gear::window{1}, g);
+  for (int r = 0; r < 1000; ++r) REQUIRE(b.probabilities_data()[r] == doctest::Approx(1.0 / 13));
+  CHECK(gear_test::code_of([&] { buf.selection_state().set_newest(0); }) ==
+        gear::errc::invalid_argument);
+}
