@@ -50,7 +50,8 @@ set title 'gear sample + gather, $storage storage, windows of 64 steps'
 set xlabel 'step size (bytes)'
 set ylabel '$ylabel'
 set logscale x 2
-set yrange [0:*]
+set yrange [0:${limit:+$limit * 1.1}]
+set offsets graph 0.03, graph 0.03, 0, 0
 set key bottom right
 set grid
 plot $joined
