@@ -238,6 +238,39 @@ TEST_CASE_TEMPLATE("writer and eviction on GPU storage", Storage, gear::storage:
   for (auto key : h.keys) CHECK(buf.contains(key));
 }
 
+using big_spec = gear::spec<gear::column<"frame", std::uint8_t, 65536>, gear::column<"r", float>>;
+
+TEST_CASE_TEMPLATE("large host inserts (staged on several threads) land byte for byte", Storage,
+                   gear::storage::device, gear::storage::pinned_host,
+                   gear::storage::mixed<gear::storage::device, gear::storage::pinned_host>) {
+  stream_holder s;
+  gear::replay_buffer<big_spec, Storage> buf{gear::capacity{48}, gear::max_length{12}};
+  std::mt19937_64 gen(6);
+  std::vector<std::int64_t> lens(40);
+  for (auto& l : lens) l = 1 + static_cast<std::int64_t>(gen() % 12);
+  std::int64_t steps = 0;
+  for (auto l : lens) steps += l;
+  std::vector<std::uint8_t> frames(static_cast<std::size_t>(steps * 65536));
+  for (auto& b : frames) b = static_cast<std::uint8_t>(gen());
+  std::vector<float> r(static_cast<std::size_t>(steps));
+  for (auto& x : r) x = static_cast<float>(gen() % 1000);
+  std::vector<gear::key> keys(lens.size());
+  for (int round = 0; round < 2; ++round)  // the second round reuses the staging memory
+    buf.insert({lens, {gear::input(frames.data(), {65536}), gear::input(r.data())}}, keys, s);
+  auto ref = buf.ref(gear::op::write_steps{});
+  std::vector<std::uint8_t> frame(65536);
+  float reward = 0;
+  std::int64_t at = 0;
+  for (std::size_t i = 0; i < lens.size(); ++i)
+    for (std::int64_t t = 0; t < lens[i]; ++t, ++at) {
+      const auto slot = static_cast<std::int64_t>(keys[i].slot);
+      GEAR_CUDA_TRY(cudaMemcpy(frame.data(), ref.step<0>(slot, t), 65536, cudaMemcpyDefault));
+      GEAR_CUDA_TRY(cudaMemcpy(&reward, ref.step<1>(slot, t), 4, cudaMemcpyDefault));
+      REQUIRE(std::memcmp(frame.data(), frames.data() + at * 65536, 65536) == 0);
+      REQUIRE(reward == r[static_cast<std::size_t>(at)]);
+    }
+}
+
 TEST_CASE("uniform on the device: chi-square at significance 0.001 over 10^6 draws") {
   stream_holder s;
   gear::replay_buffer<spec, gear::storage::device> buf{gear::capacity{1200}, gear::max_length{1}};

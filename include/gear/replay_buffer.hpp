@@ -630,87 +630,122 @@ class replay_buffer {
   }
 
   /// Copies validated trajectories into the reserved slots.
+  ///   host source:   host-resident columns by the CPU (several threads when large); GPU-resident
+  ///                  columns staged into mapped pinned memory by the CPU, then one scatter launch
+  ///   device source: one scatter launch for all columns
   void write_trajectories(const trajectories<Spec>& in, const reservation& r,
                           cuda::stream_ref stream) {
-    const auto count = r.count;
-    if (in.source == memory_kind::host) {
-      std::int64_t steps = 0, cpu_bytes = 0;
-      for (std::int64_t len : in.lengths) steps += len;
+    if (in.source == memory_kind::device) {
+      std::array<const std::byte*, num_columns> sources{};
       for (std::size_t c = 0; c < num_columns; ++c)
-        if (host_accessible(placement[c])) cpu_bytes += steps * Spec::step_bytes[c];
-      // Earlier stream work may still read the evicted occupants of these slots.
-      if (on_device && cpu_bytes > 0) synchronize(stream);
-      // GPU-resident columns: one stream-ordered copy per trajectory.
-      for (std::size_t c = 0; c < num_columns; ++c) {
-        if (host_accessible(placement[c])) continue;
-        const auto* src = static_cast<const std::byte*>(in.columns[c].data);
-        for (std::int64_t i = 0; i < count; ++i) {
-          const auto bytes =
-              static_cast<std::size_t>(in.lengths[static_cast<std::size_t>(i)] * Spec::step_bytes[c]);
-          GEAR_CUDA_TRY(cudaMemcpyAsync(host_columns_[c].at(r.slot(i), 0), src, bytes,
-                                        cudaMemcpyHostToDevice, stream.get()));
-          src += bytes;
-        }
-      }
-      // Host-resident columns: by the CPU, on several threads when the copy is large.
-      if (cpu_bytes > 0) {
-        const unsigned parts = detail::copy_threads_for(cpu_bytes);
-        detail::parallel_for(parts, [&](unsigned part) {
-          for (std::size_t c = 0; c < num_columns; ++c) {
-            if (!host_accessible(placement[c])) continue;
-            detail::copy_packed_share(
-                static_cast<const std::byte*>(in.columns[c].data), in.lengths, Spec::step_bytes[c],
-                [&](std::size_t i) {
-                  return host_columns_[c].at(r.slot(static_cast<std::int64_t>(i)), 0);
-                },
-                part, parts);
-          }
-        });
-      }
+        sources[c] = static_cast<const std::byte*>(in.columns[c].data);
+      scatter(sources, in.lengths, r, stream);
       return;
     }
+    std::int64_t steps = 0, cpu_bytes = 0, gpu_bytes = 0;
+    for (std::int64_t len : in.lengths) steps += len;
+    for (std::size_t c = 0; c < num_columns; ++c)
+      (host_accessible(placement[c]) ? cpu_bytes : gpu_bytes) +=
+          align_up(steps * Spec::step_bytes[c], segment_alignment);
+    // Earlier stream work may still read the evicted occupants of these slots.
+    if (on_device && cpu_bytes > 0) synchronize(stream);
+    if (gpu_bytes > 0) {
+      // Stage GPU-resident columns, packed as given, in mapped pinned memory.
+      std::byte* staged = reserve_staging(r.count, gpu_bytes);
+      std::array<const std::byte*, num_columns> sources{};
+      std::array<std::byte*, num_columns> targets{};
+      for (std::size_t c = 0; c < num_columns; ++c) {
+        if (host_accessible(placement[c])) continue;
+        targets[c] = staged;
+        sources[c] = staged;
+        staged += align_up(steps * Spec::step_bytes[c], segment_alignment);
+      }
+      const std::int64_t total[] = {steps};
+      detail::parallel_for(detail::copy_threads_for(gpu_bytes), [&](unsigned part) {
+        const unsigned parts = detail::copy_threads_for(gpu_bytes);
+        for (std::size_t c = 0; c < num_columns; ++c)
+          if (targets[c] != nullptr)
+            detail::copy_packed_share(static_cast<const std::byte*>(in.columns[c].data), total,
+                                      Spec::step_bytes[c], [&](std::size_t) { return targets[c]; },
+                                      part, parts);
+      });
+      for (auto& source : sources)
+        if (source != nullptr) source = device_view_of_staging(source);
+      scatter(sources, in.lengths, r, stream);
+    }
+    if (cpu_bytes > 0) {
+      const unsigned parts = detail::copy_threads_for(cpu_bytes);
+      detail::parallel_for(parts, [&](unsigned part) {
+        for (std::size_t c = 0; c < num_columns; ++c) {
+          if (!host_accessible(placement[c])) continue;
+          detail::copy_packed_share(
+              static_cast<const std::byte*>(in.columns[c].data), in.lengths, Spec::step_bytes[c],
+              [&](std::size_t i) { return host_columns_[c].at(r.slot(static_cast<std::int64_t>(i)), 0); },
+              part, parts);
+        }
+      });
+    }
+  }
+
+  /// Waits until the previous scatter has read the staging memory, grows it to hold the rows table
+  /// of `count` trajectories plus `data_bytes`, and returns where the data part starts (CPU
+  /// address). Grows only when an insert is larger than any before.
+  std::byte* reserve_staging(std::int64_t count, std::int64_t data_bytes) {
+    if (staging_ready_.get() != nullptr) GEAR_CUDA_TRY(cudaEventSynchronize(staging_ready_.get()));
+    else staging_ready_ = detail::event::make();
+    const auto rows_bytes = static_cast<std::size_t>(
+        align_up(count * std::int64_t{sizeof(detail::scatter_row)}, segment_alignment));
+    const std::size_t bytes = rows_bytes + static_cast<std::size_t>(data_bytes);
+    if (staging_.size() < bytes)
+      staging_ = detail::allocation(memory_kind::pinned_host, std::max(bytes, staging_.size() * 2));
+    return staging_.data() + rows_bytes;
+  }
+  [[nodiscard]] const std::byte* device_view_of_staging(const std::byte* p) const noexcept {
+    return staging_.device_data() + (p - staging_.data());
+  }
+
+  /// One scatter launch writing, for every column with a source, trajectory i (packed, lengths[i]
+  /// steps) into slot r.slot(i). The rows table lives at the head of the mapped pinned staging, read
+  /// by the kernel zero-copy; an event keeps the next insert from overwriting it too early.
+  void scatter(const std::array<const std::byte*, num_columns>& sources,
+               std::span<const std::int64_t> lengths, const reservation& r,
+               cuda::stream_ref stream) {
     if constexpr (on_device) {
 #if defined(GEAR_DEVICE_BACKEND)
-      scatter_from_device(in, r, stream);
+      // Waits for the last scatter; never reallocates memory just staged for this one.
+      (void)reserve_staging(r.count, 0);
+      auto* rows = staging_.template as<detail::scatter_row>();
+      detail::scatter_args args;
+      args.count = r.count;
+      std::int64_t at = 0;
+      for (std::int64_t i = 0; i < r.count; ++i) {
+        const std::int64_t len = lengths[static_cast<std::size_t>(i)];
+        rows[i] = {r.slot(i), at, len};
+        at += len;
+        args.max_count_length = std::max(args.max_count_length, len);
+      }
+      args.rows = staging_.template device_as<detail::scatter_row>();
+      for (std::size_t c = 0; c < num_columns; ++c)
+        if (sources[c] != nullptr)
+          args.columns[args.num_columns++] = {sources[c], kernel_columns_[c].base,
+                                              kernel_columns_[c].slot_stride,
+                                              kernel_columns_[c].step_bytes};
+      detail::scatter_on_device(args, stream);
+      GEAR_CUDA_TRY(cudaEventRecord(staging_ready_.get(), stream.get()));
 #else
       static_assert(detail::dependent_false<Storage>,
                     "gear: GPU storage needs <gear/gear.cuh>, compiled by nvcc");
 #endif
+    } else {
+      (void)sources, (void)lengths, (void)r, (void)stream;
     }
   }
 
-#if defined(GEAR_DEVICE_BACKEND)
-  /// One scatter launch for all columns. The rows table lives in mapped pinned staging that the
-  /// kernel reads zero-copy; an event keeps the next insert from overwriting it too early.
-  void scatter_from_device(const trajectories<Spec>& in, const reservation& r,
-                           cuda::stream_ref stream) {
-    const auto bytes = static_cast<std::size_t>(r.count) * sizeof(detail::scatter_row);
-    if (staging_ready_.get() != nullptr) GEAR_CUDA_TRY(cudaEventSynchronize(staging_ready_.get()));
-    if (staging_.size() < bytes)
-      staging_ = detail::allocation(memory_kind::pinned_host, std::max(bytes, staging_.size() * 2));
-    if (staging_ready_.get() == nullptr) staging_ready_ = detail::event::make();
-    auto* rows = staging_.template as<detail::scatter_row>();
-    detail::scatter_args args;
-    args.num_columns = static_cast<int>(num_columns);
-    args.count = r.count;
-    std::int64_t at = 0;
-    for (std::int64_t i = 0; i < r.count; ++i) {
-      const std::int64_t len = in.lengths[static_cast<std::size_t>(i)];
-      rows[i] = {r.slot(i), at, len};
-      at += len;
-      args.max_count_length = std::max(args.max_count_length, len);
-    }
-    args.rows = staging_.template device_as<detail::scatter_row>();
-    for (std::size_t c = 0; c < num_columns; ++c)
-      args.columns[c] = {static_cast<const std::byte*>(in.columns[c].data), kernel_columns_[c].base,
-                         kernel_columns_[c].slot_stride, kernel_columns_[c].step_bytes};
-    detail::scatter_on_device(args, stream);
-    GEAR_CUDA_TRY(cudaEventRecord(staging_ready_.get(), stream.get()));
-  }
-
+  // Mapped pinned staging for scatters (rows table, then staged column data) and the event that
+  // says when the last scatter has read it. Declared in every translation unit, GPU backend or not,
+  // so that the class has one layout.
   detail::allocation staging_;
   detail::event staging_ready_;
-#endif
 
   std::int64_t capacity_;
   std::int64_t max_length_;
