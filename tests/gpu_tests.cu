@@ -264,8 +264,8 @@ TEST_CASE_TEMPLATE("large host inserts (staged on several threads) land byte for
   for (std::size_t i = 0; i < lens.size(); ++i)
     for (std::int64_t t = 0; t < lens[i]; ++t, ++at) {
       const auto slot = static_cast<std::int64_t>(keys[i].slot);
-      GEAR_CUDA_TRY(cudaMemcpy(frame.data(), ref.step<0>(slot, t), 65536, cudaMemcpyDefault));
-      GEAR_CUDA_TRY(cudaMemcpy(&reward, ref.step<1>(slot, t), 4, cudaMemcpyDefault));
+      GEAR_CUDA_TRY(cudaMemcpy(frame.data(), ref.template step<0>(slot, t), 65536, cudaMemcpyDefault));
+      GEAR_CUDA_TRY(cudaMemcpy(&reward, ref.template step<1>(slot, t), 4, cudaMemcpyDefault));
       REQUIRE(std::memcmp(frame.data(), frames.data() + at * 65536, 65536) == 0);
       REQUIRE(reward == r[static_cast<std::size_t>(at)]);
     }
