@@ -28,41 +28,17 @@ namespace gear::select {
 
 /// Device side: one kernel launch, stream-ordered, never synchronises.
 template <>
-class recency::state<exec::device> {
+class recency::state<exec::device> : public detail::recency_state_base {
  public:
-  state(const recency& policy, std::int64_t capacity) : policy_(policy), committed_(capacity) {
-    detail::validate_newest(policy.newest);
-  }
-
-  /// Changes K. Throws errc::invalid_argument below 1.
-  void set_newest(std::int64_t newest) {
-    detail::validate_newest(newest);
-    policy_.newest = newest;
-  }
-  [[nodiscard]] std::int64_t newest() const noexcept { return policy_.newest; }
-
-  void validate(const slot_table& t, std::int64_t) const {
-    detail::validate_recency(t, committed_, policy_.newest);
-  }
+  using recency_state_base::recency_state_base;
 
   void select(const slot_table& t, const selection_request& r, cuda::stream_ref stream) {
-    const detail::recency_window w = detail::make_recency_window(t, committed_, policy_.newest);
+    const detail::recency_window w = window(t);
     constexpr int threads = detail::tuning::select_threads;
     const auto blocks = static_cast<unsigned>((r.batch + threads - 1) / threads);
     detail::recency_select_kernel<<<blocks, threads, 0, stream.get()>>>(t, r, w);
     GEAR_CHECK_LAUNCH("recency_select_kernel");
   }
-
-  void on_commit(const slot_table&, std::uint64_t first, std::int64_t count, cuda::stream_ref) {
-    committed_.set(first, count, true);
-  }
-  void on_evict(const slot_table&, std::uint64_t first, std::int64_t count, cuda::stream_ref) {
-    committed_.set(first, count, false);
-  }
-
- private:
-  recency policy_;
-  detail::committed_slots committed_;
 };
 
 }  // namespace gear::select

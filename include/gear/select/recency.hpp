@@ -116,37 +116,24 @@ inline void validate_newest(std::int64_t newest) {
           "recency needs newest >= 1, got " + std::to_string(newest));
 }
 
-}  // namespace gear::detail
-
-namespace gear::select {
-
-/// Host side: a loop over rows.
-template <>
-class recency::state<exec::host> {
+/// What the host and device states of recency share: K, the committed-slot counts and the
+/// buffer's hooks that keep them current. The two states differ only in how they select.
+class recency_state_base {
  public:
-  state(const recency& policy, std::int64_t capacity) : policy_(policy), committed_(capacity) {
-    detail::validate_newest(policy.newest);
+  recency_state_base(const select::recency& policy, std::int64_t capacity)
+      : policy_(policy), committed_(capacity) {
+    validate_newest(policy.newest);
   }
 
   /// Changes K. Throws errc::invalid_argument below 1.
   void set_newest(std::int64_t newest) {
-    detail::validate_newest(newest);
+    validate_newest(newest);
     policy_.newest = newest;
   }
   [[nodiscard]] std::int64_t newest() const noexcept { return policy_.newest; }
 
   void validate(const slot_table& t, std::int64_t) const {
-    detail::validate_recency(t, committed_, policy_.newest);
-  }
-
-  void select(const slot_table& t, const selection_request& r, cuda::stream_ref) {
-    const detail::recency_window w = detail::make_recency_window(t, committed_, policy_.newest);
-    const float p = 1.0f / static_cast<float>(w.candidates);
-    for (std::int64_t row = 0; row < r.batch; ++row) {
-      r.slots[row] = detail::recency_row(t, r, w, row);
-      r.probabilities[row] = p;
-      r.weights[row] = 1.0f;
-    }
+    validate_recency(t, committed_, policy_.newest);
   }
 
   void on_commit(const slot_table&, std::uint64_t first, std::int64_t count, cuda::stream_ref) {
@@ -156,9 +143,36 @@ class recency::state<exec::host> {
     committed_.set(first, count, false);
   }
 
+ protected:
+  [[nodiscard]] recency_window window(const slot_table& t) const {
+    return make_recency_window(t, committed_, policy_.newest);
+  }
+
  private:
-  recency policy_;
-  detail::committed_slots committed_;
+  select::recency policy_;
+  committed_slots committed_;
+};
+
+
+}  // namespace gear::detail
+
+namespace gear::select {
+
+/// Host side: a loop over rows.
+template <>
+class recency::state<exec::host> : public detail::recency_state_base {
+ public:
+  using recency_state_base::recency_state_base;
+
+  void select(const slot_table& t, const selection_request& r, cuda::stream_ref) {
+    const detail::recency_window w = window(t);
+    const float p = 1.0f / static_cast<float>(w.candidates);
+    for (std::int64_t row = 0; row < r.batch; ++row) {
+      r.slots[row] = detail::recency_row(t, r, w, row);
+      r.probabilities[row] = p;
+      r.weights[row] = 1.0f;
+    }
+  }
 };
 
 }  // namespace gear::select
