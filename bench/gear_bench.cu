@@ -191,7 +191,12 @@ void record(benchmark::State& state, table_row row) {
     state.counters["met"] = ratio >= row.target_ratio ? 1 : 0;
   }
   row.operation = g_name;
-  g_rows.push_back(std::move(row));
+  // Google Benchmark runs a benchmark several times while it sizes the iteration count; the
+  // table keeps the last run, the one it reports.
+  if (!g_rows.empty() && g_rows.back().operation == row.operation)
+    g_rows.back() = std::move(row);
+  else
+    g_rows.push_back(std::move(row));
 }
 
 void print_table() {

@@ -310,7 +310,6 @@ class replay_buffer {
     request.weights = out.weights_data();
     request.scratch = out.scratch_data();
     request.scratch_size = out.scratch_size();
-    clear_scratch(out, stream);
     selection_state_->select(table, request, stream);
 
     detail::gather_args args;
@@ -520,14 +519,6 @@ class replay_buffer {
     else (void)stream;
   }
 
-  void clear_scratch(batch_type& out, cuda::stream_ref stream) const {
-    const auto bytes = static_cast<std::size_t>(out.scratch_size()) * sizeof(std::uint64_t);
-    if constexpr (on_device)
-      GEAR_CUDA_TRY(cudaMemsetAsync(out.scratch_data(), 0, bytes, stream.get()));
-    else
-      std::memset(out.scratch_data(), 0, bytes);
-  }
-
   // ---- validation --------------------------------------------------------------------------
 
   void check_slot(std::int64_t slot) const {
@@ -705,8 +696,8 @@ class replay_buffer {
   }
 
   /// One scatter launch writing, for every column with a source, trajectory i (packed, lengths[i]
-  /// steps) into slot r.slot(i). The rows table lives at the head of the mapped pinned staging, read
-  /// by the kernel zero-copy; an event keeps the next insert from overwriting it too early.
+  /// steps) into slot r.slot(i). The rows table is written at the head of the pinned staging and
+  /// copied to device memory; an event keeps the next insert from overwriting staging too early.
   void scatter(const std::array<const std::byte*, num_columns>& sources,
                std::span<const std::int64_t> lengths, const reservation& r,
                cuda::stream_ref stream) {
@@ -724,7 +715,13 @@ class replay_buffer {
         at += len;
         args.max_count_length = std::max(args.max_count_length, len);
       }
-      args.rows = staging_.template device_as<detail::scatter_row>();
+      // Every block reads its row: from device memory, not over PCIe.
+      const std::size_t rows_bytes = static_cast<std::size_t>(r.count) * sizeof(detail::scatter_row);
+      if (device_rows_.size() < rows_bytes)
+        device_rows_ = detail::allocation(memory_kind::device, std::max(rows_bytes, 2 * device_rows_.size()));
+      GEAR_CUDA_TRY(cudaMemcpyAsync(device_rows_.data(), rows, rows_bytes, cudaMemcpyHostToDevice,
+                                    stream.get()));
+      args.rows = device_rows_.template as<detail::scatter_row>();
       for (std::size_t c = 0; c < num_columns; ++c)
         if (sources[c] != nullptr)
           args.columns[args.num_columns++] = {sources[c], kernel_columns_[c].base,
@@ -745,6 +742,7 @@ class replay_buffer {
   // says when the last scatter has read it. Declared in every translation unit, GPU backend or not,
   // so that the class has one layout.
   detail::allocation staging_;
+  detail::allocation device_rows_;
   detail::event staging_ready_;
 
   std::int64_t capacity_;

@@ -255,6 +255,8 @@ class prioritized::state<exec::device> {
     constexpr int threads = detail::tuning::select_threads;
     const unsigned blocks = detail::blocks_for(r.batch, threads);
     const auto* nodes = nodes_.as<const double>();
+    // Scratch word 0 collects the batch's smallest probability; it starts at 0 (no minimum yet).
+    GEAR_CUDA_TRY(cudaMemsetAsync(r.scratch, 0, sizeof(std::uint64_t), stream.get()));
     detail::prioritized_select_kernel<<<blocks, threads, 0, stream.get()>>>(t, r, nodes, shape_,
                                                                             policy_.stratified);
     GEAR_CHECK_LAUNCH("prioritized_select_kernel");

@@ -33,6 +33,10 @@ class uniform::state<exec::device> {
   }
 
   void select(const slot_table& t, const selection_request& r, cuda::stream_ref stream) {
+    if (!policy_.replacement)  // the claim set starts empty
+      GEAR_CUDA_TRY(cudaMemsetAsync(r.scratch, 0,
+                                    static_cast<std::size_t>(r.scratch_size) * sizeof(std::uint64_t),
+                                    stream.get()));
     constexpr int threads = detail::tuning::select_threads;
     const auto blocks = static_cast<unsigned>((r.batch + threads - 1) / threads);
     detail::uniform_select_kernel<<<blocks, threads, 0, stream.get()>>>(t, r, policy_.replacement);

@@ -61,7 +61,8 @@ struct selection_request {
   std::int64_t* slots = nullptr;      ///< out: [batch] selected slots
   float* probabilities = nullptr;     ///< out: [batch] probability each row had of being drawn
   float* weights = nullptr;           ///< out: [batch] importance weights (1 where not applicable)
-  std::uint64_t* scratch = nullptr;   ///< zeroed workspace of scratch_size words
+  std::uint64_t* scratch = nullptr;   ///< workspace of scratch_size words, contents unspecified:
+                                      ///< a policy that needs zeros clears what it uses
   std::int64_t scratch_size = 0;      ///< a power of two >= 2 * batch
 };
 

@@ -11,6 +11,7 @@
 // The host and device states draw the same numbers from the same rng_draw, so with replacement
 // they select the same slots.
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -78,6 +79,7 @@ class uniform::state<exec::host> {
   }
 
   void select(const slot_table& t, const selection_request& r, cuda::stream_ref) {
+    if (!policy_.replacement) std::fill_n(r.scratch, r.scratch_size, std::uint64_t{0});
     const float p = 1.0f / static_cast<float>(t.live);
     for (std::int64_t row = 0; row < r.batch; ++row) {
       r.slots[row] = detail::uniform_row(t, r, policy_.replacement, row);
