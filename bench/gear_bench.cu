@@ -707,7 +707,9 @@ template <std::int64_t StepBytes, class Storage>
 void register_sample_family() {
   const std::string tag =
       std::string(storage_name(Storage{})) + "/step:" + std::to_string(StepBytes);
-  for (std::int64_t batch : {256, 1024}) {
+  // Small steps also at batch 4096, where launch latency no longer dominates.
+  for (std::int64_t batch : {256, 1024, 4096}) {
+    if (batch == 4096 && StepBytes > 1024) continue;
     add("sample/" + tag, bm_sample<StepBytes, Storage>, true)
         ->Arg(batch)->ArgName("batch")->UseManualTime()->MinTime(gpu_min_time)
         ->Unit(benchmark::kMicrosecond);
