@@ -27,7 +27,8 @@ std::vector<std::int64_t> random_lengths(std::mt19937_64& gen, std::size_t n, st
   return out;
 }
 
-std::vector<gear::key> insert(host_buffer& buf, model& m, const std::vector<std::int64_t>& lens) {
+template <class Buffer>
+std::vector<gear::key> insert(Buffer& buf, model& m, const std::vector<std::int64_t>& lens) {
   packed p(m.next_id, lens);
   m.next_id += lens.size();
   std::vector<gear::key> keys(lens.size());
@@ -46,24 +47,25 @@ struct fingerprint {
   bool operator==(const fingerprint&) const = default;
 };
 
-fingerprint take_fingerprint(const host_buffer& buf) {
+template <class Buffer>
+fingerprint take_fingerprint(const Buffer& buf) {
   fingerprint f{buf.size(), buf.tickets_issued(), {}, {}, {}};
   auto r = buf.ref(gear::op::write_steps{});
   for (std::int64_t s = 0; s < buf.capacity(); ++s) {
     f.lengths.push_back(buf.length(s));
     f.generations.push_back(buf.generation(s));
     for (std::int64_t t = 0; t < buf.length(s); ++t) {
-      const auto* o = reinterpret_cast<const std::byte*>(r.step<0>(s, t));
+      const auto* o = reinterpret_cast<const std::byte*>(r.template step<0>(s, t));
       f.bytes.insert(f.bytes.end(), o, o + spec::step_bytes[0]);
-      const auto* i = reinterpret_cast<const std::byte*>(r.step<3>(s, t));
+      const auto* i = reinterpret_cast<const std::byte*>(r.template step<3>(s, t));
       f.bytes.insert(f.bytes.end(), i, i + spec::step_bytes[3]);
     }
   }
   return f;
 }
 
-template <class F>
-void expect_error(host_buffer& buf, gear::errc code, F&& f) {
+template <class Buffer, class F>
+void expect_error(Buffer& buf, gear::errc code, F&& f) {
   const fingerprint before = take_fingerprint(buf);
   bool thrown = false;
   try {
@@ -512,6 +514,153 @@ TEST_CASE("the same seed gives the same batch") {
   CHECK(ha.columns == hb.columns);
   buf.sample(b, w, g2);  // the next call of the stream differs
   CHECK(copy_host_batch(b).keys != ha.keys);
+}
+
+
+// ---- removal: erase, max_times_sampled, queues ------------------------------------------------
+
+namespace {
+/// Samples batches of `rows` until the buffer is empty; returns how often each id came back.
+template <class Buffer>
+std::map<std::uint64_t, int> drain(Buffer& buf, const model& m, std::int64_t rows, int max_calls) {
+  std::map<std::uint64_t, int> seen;
+  auto out = buf.make_batch(gear::batch_size{rows}, gear::window_length{1});
+  gear::rng g{77};
+  for (int call = 0; call < max_calls && buf.size() > 0; ++call) {
+    buf.sample(out, gear::window{}, g);
+    const host_batch h = copy_host_batch(out);
+    for (auto k : h.keys) ++seen[m.id(k)];
+  }
+  return seen;
+}
+}  // namespace
+
+TEST_CASE("erase removes trajectories: stale keys, never sampled, errors change nothing") {
+  host_buffer buf{gear::capacity{8}, gear::max_length{3}};
+  model m;
+  const auto keys = insert(buf, m, {1, 2, 3, 1, 2});
+  const std::vector<gear::key> gone{keys[1], keys[3]};
+  buf.erase(gone);
+  CHECK(buf.size() == 3);
+  CHECK(!buf.contains(keys[1]));
+  CHECK(!buf.contains(keys[3]));
+  CHECK(buf.length(static_cast<std::int64_t>(keys[1].slot)) == 0);
+  auto out = buf.make_batch(gear::batch_size{1000}, gear::window_length{1});
+  gear::rng g{3};
+  buf.sample(out, gear::window{}, g);
+  for (auto k : out.keys()) CHECK((k == keys[0] || k == keys[2] || k == keys[4]));
+  expect_error(buf, gear::errc::stale_key, [&] { buf.erase(gone); });
+  const std::vector<gear::key> twice{keys[0], keys[0]};
+  expect_error(buf, gear::errc::stale_key, [&] { buf.erase(twice); });
+  const std::vector<gear::key> mixed{keys[0], {99, 0, 0}};
+  expect_error(buf, gear::errc::key_out_of_range, [&] { buf.erase(mixed); });
+  // The ring reuses erased slots when it reaches them: tickets 5..9 take slots 5, 6, 7, 0, 1,
+  // evicting keys[0] (slot 0) and refilling erased slot 1.
+  insert(buf, m, {1, 1, 1, 1, 1});
+  CHECK(buf.size() == 7);
+  CHECK(!buf.contains(keys[0]));
+  CHECK(buf.contains(keys[2]));
+}
+
+TEST_CASE("max_times_sampled: each trajectory returned exactly k times, then removed") {
+  SUBCASE("k = 1 without replacement drains every trajectory once") {
+    host_buffer buf{gear::capacity{64}, gear::max_length{1}, gear::select::uniform{false}};
+    model m;
+    insert(buf, m, std::vector<std::int64_t>(50, 1));
+    buf.set_max_times_sampled(1);
+    const auto seen = drain(buf, m, 10, 100);
+    CHECK(buf.size() == 0);
+    CHECK(seen.size() == 50);
+    for (auto [id, n] : seen) CHECK(n == 1);
+  }
+  SUBCASE("k = 3 with replacement, one row at a time") {
+    host_buffer buf{gear::capacity{32}, gear::max_length{1}};
+    model m;
+    insert(buf, m, std::vector<std::int64_t>(20, 1));
+    buf.set_max_times_sampled(3);
+    const auto seen = drain(buf, m, 1, 1000);
+    CHECK(buf.size() == 0);
+    CHECK(seen.size() == 20);
+    for (auto [id, n] : seen) CHECK(n == 3);
+  }
+  SUBCASE("with prioritized selection: removed trajectories lose their priority") {
+    gear::replay_buffer<spec, gear::storage::host, gear::select::prioritized> buf{
+        gear::capacity{32}, gear::max_length{1}, gear::select::prioritized{0.6, 0.4}};
+    model m;
+    packed p(1, std::vector<std::int64_t>(20, 1));
+    std::vector<gear::key> keys(20);
+    buf.insert(p.input(), keys);
+    for (std::size_t i = 0; i < 20; ++i) m.record(keys[i], p.ids[i], 1);
+    std::vector<float> priorities(20);
+    for (std::size_t i = 0; i < 20; ++i) priorities[i] = 0.5f + static_cast<float>(i);
+    buf.update_priorities(keys, priorities);
+    buf.set_max_times_sampled(2);
+    const auto seen = drain(buf, m, 1, 1000);
+    CHECK(buf.size() == 0);
+    CHECK(seen.size() == 20);
+    for (auto [id, n] : seen) CHECK(n == 2);
+  }
+  SUBCASE("with recency selection") {
+    gear::replay_buffer<spec, gear::storage::host, gear::select::recency> buf{
+        gear::capacity{32}, gear::max_length{1}, gear::select::recency{8}};
+    model m;
+    insert(buf, m, std::vector<std::int64_t>(8, 1));
+    buf.set_max_times_sampled(1);
+    const auto seen = drain(buf, m, 1, 1000);
+    CHECK(buf.size() == 0);
+    CHECK(seen.size() == 8);
+  }
+  SUBCASE("a negative limit is refused") {
+    host_buffer buf{gear::capacity{4}, gear::max_length{1}};
+    CHECK(code_of([&] { buf.set_max_times_sampled(-1); }) == gear::errc::invalid_argument);
+    CHECK(buf.max_times_sampled() == 0);
+  }
+}
+
+TEST_CASE_TEMPLATE("fifo and lifo return each trajectory once, in order", Policy, gear::select::fifo,
+                   gear::select::lifo) {
+  constexpr bool oldest_first = std::is_same_v<Policy, gear::select::fifo>;
+  gear::replay_buffer<spec, gear::storage::host, Policy> buf{gear::capacity{16}, gear::max_length{6}};
+  model m;
+  std::mt19937_64 gen(8);
+  std::vector<std::uint64_t> order;  // ids in the order the policy must return them
+  std::vector<std::uint64_t> stored;
+  auto add = [&](std::size_t n) {
+    const auto first = m.next_id;
+    packed p(first, random_lengths(gen, n, 6));
+    m.next_id += n;
+    std::vector<gear::key> keys(n);
+    buf.insert(p.input(), keys);
+    for (std::size_t i = 0; i < n; ++i) {
+      m.record(keys[i], p.ids[i], p.lengths[i]);
+      stored.push_back(p.ids[i]);
+    }
+  };
+  auto take = [&](std::int64_t rows) {
+    auto out = buf.make_batch(gear::batch_size{rows}, gear::window_length{6});
+    gear::rng g{1};
+    const gear::window w{6};
+    buf.sample(out, w, g);
+    const host_batch h = copy_host_batch(out);
+    REQUIRE(m.check(h, w).empty());
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::uint64_t want = oldest_first ? stored.front() : stored.back();
+      CHECK(m.id(h.keys[r]) == want);
+      CHECK(h.probabilities[r] == 1.0f);
+      if (oldest_first) stored.erase(stored.begin());
+      else stored.pop_back();
+    }
+  };
+  add(5);
+  take(2);
+  add(3);
+  take(4);
+  CHECK(buf.size() == 2);
+  auto out = buf.make_batch(gear::batch_size{3}, gear::window_length{6});
+  gear::rng g{1};
+  expect_error(buf, gear::errc::not_enough_items, [&] { buf.sample(out, gear::window{6}, g); });
+  take(2);
+  CHECK(buf.size() == 0);
 }
 
 // ---- errors: each one named, each leaves the buffer as it was ------------------------------------

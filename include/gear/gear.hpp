@@ -14,6 +14,7 @@
 #include <gear/rng.hpp>
 #include <gear/select/concept.hpp>
 #include <gear/select/prioritized.hpp>
+#include <gear/select/queue.hpp>
 #include <gear/select/recency.hpp>
 #include <gear/select/uniform.hpp>
 #include <gear/spec.hpp>

@@ -279,7 +279,9 @@ class replay_buffer {
 
   /// Selects out.batch_size() trajectories and gathers window w of each into `out` with one
   /// fused launch for all columns (plus one for selection). Consumes one draw of g. Stream-ordered,
-  /// does not synchronise (sample does). Allocates nothing.
+  /// does not synchronise (sample does) unless trajectories are removed after k returns
+  /// (set_max_times_sampled, or a consuming policy such as select::fifo): then it reads back the
+  /// rows it drew. Allocates nothing in the steady state.
   /// Throws (leaving the buffer, out and g unchanged): errc::empty_buffer, errc::empty_window,
   /// errc::window_out_of_range, errc::batch_mismatch, errc::not_enough_items (policy-specific),
   /// errc::cuda_error.
@@ -336,6 +338,7 @@ class replay_buffer {
     } else {
       detail::gather_on_host(args);
     }
+    if (consume_limit() > 0) count_samples(out, stream);
   }
   /// sample_async, then synchronises the stream.
   void sample(batch_type& out, const window& w, rng& g, cuda::stream_ref stream) {
@@ -346,6 +349,50 @@ class replay_buffer {
     requires(!on_device)
   {
     sample_async(out, w, g, detail::no_stream());
+  }
+
+  // ---- removal ----------------------------------------------------------------------------------
+
+  /// Removes the trajectories `keys` (host memory): their keys become stale, sampling no longer
+  /// returns them, and their slots stay empty until the ring reaches them again. Stream-ordered;
+  /// does not synchronise. Throws (removing nothing): errc::key_out_of_range, errc::stale_key
+  /// (which includes a key named twice).
+  void erase_async(std::span<const key> keys, cuda::stream_ref stream) {
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      check_key(keys[i]);
+      for (std::size_t j = 0; j < i; ++j)
+        GEAR_REQUIRE(keys[j] != keys[i], errc::stale_key,
+                     "key (slot " + std::to_string(keys[i].slot) + ") is named twice");
+    }
+    for (const key& k : keys) remove_slot(static_cast<std::int64_t>(k.slot), stream);
+  }
+  void erase(std::span<const key> keys, cuda::stream_ref stream) {
+    erase_async(keys, stream);
+    synchronize(stream);
+  }
+  void erase(std::span<const key> keys)
+    requires(!on_device)
+  {
+    erase_async(keys, detail::no_stream());
+  }
+
+  /// Removes every trajectory once it has been returned by `k` samples (0: never, the default).
+  /// Works with every selection policy. A row counts as one return, so with replacement one batch
+  /// may return a trajectory more often than it had returns left; it is removed after that batch.
+  /// With a limit set, sample_async synchronises the stream (it reads back the rows it drew).
+  /// Counts start with the next sample. Throws errc::invalid_argument for k < 0.
+  void set_max_times_sampled(std::int64_t k) {
+    GEAR_REQUIRE(k >= 0, errc::invalid_argument,
+                 "max_times_sampled must be >= 0, got " + std::to_string(k));
+    if (k > 0) start_counting();
+    max_times_sampled_ = k;
+  }
+  [[nodiscard]] std::int64_t max_times_sampled() const noexcept { return max_times_sampled_; }
+  /// How often the trajectory in `slot` has been returned since it was committed (counted while
+  /// a limit is set, or for a consuming policy). Throws errc::key_out_of_range.
+  [[nodiscard]] std::int64_t times_sampled(std::int64_t slot) const {
+    check_slot(slot);
+    return times_sampled_.size() == 0 ? 0 : times_sampled_.template as<std::int64_t>()[slot];
   }
 
   // ---- priorities ----------------------------------------------------------------------------
@@ -417,6 +464,7 @@ class replay_buffer {
         std::min<std::uint64_t>(next_ticket_, static_cast<std::uint64_t>(capacity_)));
     t.live = live_;
     t.next_ticket = next_ticket_;
+    t.host_lengths = lengths_host();
     return t;
   }
 
@@ -574,6 +622,56 @@ class replay_buffer {
 
   // ---- mutation (inputs already validated) -------------------------------------------------
 
+  /// Allocates the per-slot return counts, zeroed, the first time they are needed.
+  void start_counting() {
+    if (times_sampled_.size() != 0) return;
+    times_sampled_ = detail::allocation(memory_kind::host,
+                                        static_cast<std::size_t>(capacity_) * sizeof(std::int64_t));
+    std::memset(times_sampled_.data(), 0, times_sampled_.size());
+  }
+
+  /// Removes the committed trajectory in `slot` (already validated).
+  void remove_slot(std::int64_t slot, cuda::stream_ref stream) {
+    const std::uint64_t ticket = tickets_host()[slot];
+    if constexpr (requires { selection_state_->on_evict(slot_table{}, ticket, 1, stream); })
+      selection_state_->on_evict(selection_table(), ticket, 1, stream);
+    states_host()[slot] = detail::slot_state::empty;
+    lengths_host()[slot] = 0;
+    ++generations_host()[slot];
+    --live_;
+    publish_metadata(ticket, 1, stream);
+  }
+
+  /// Returns before removal: the policy's own (a consuming policy such as fifo returns each item
+  /// once) or the user's max_times_sampled; 0 for no limit.
+  [[nodiscard]] std::int64_t consume_limit() const noexcept {
+    if constexpr (requires { Selection::consumes; })
+      if (Selection::consumes) return 1;
+    return max_times_sampled_;
+  }
+
+  /// Counts the rows of a finished sample and removes trajectories that reached the limit.
+  void count_samples(const batch_type& out, cuda::stream_ref stream) {
+    start_counting();
+    const std::int64_t* slots = out.slots_data();
+    if constexpr (on_device) {
+      const auto bytes = static_cast<std::size_t>(out.batch_size()) * sizeof(std::int64_t);
+      if (sampled_slots_.size() < bytes)
+        sampled_slots_ = detail::allocation(memory_kind::pinned_host, bytes);
+      GEAR_CUDA_TRY(cudaMemcpyAsync(sampled_slots_.data(), slots, bytes, cudaMemcpyDeviceToHost,
+                                    stream.get()));
+      synchronize(stream);
+      slots = sampled_slots_.template as<std::int64_t>();
+    }
+    auto* counts = times_sampled_.template as<std::int64_t>();
+    const std::int64_t limit = consume_limit();
+    for (std::int64_t row = 0; row < out.batch_size(); ++row) {
+      const std::int64_t slot = slots[row];
+      if (slot < 0 || states_host()[slot] != detail::slot_state::committed) continue;
+      if (++counts[slot] >= limit) remove_slot(slot, stream);
+    }
+  }
+
   /// Takes the next `count` tickets' slots: evicts their committed occupants, bumps reused slots'
   /// generations, marks them pending. Host metadata, and the selection policy's on_evict hook.
   reservation reserve_slots(std::int64_t count, cuda::stream_ref stream) {
@@ -586,6 +684,7 @@ class replay_buffer {
       if (r.first_ticket + static_cast<std::uint64_t>(i) >= static_cast<std::uint64_t>(capacity_))
         ++generations_host()[slot];
       lengths_host()[slot] = 0;
+      if (times_sampled_.size() != 0) times_sampled_.template as<std::int64_t>()[slot] = 0;
       tickets_host()[slot] = r.first_ticket + static_cast<std::uint64_t>(i);
       states_host()[slot] = detail::slot_state::pending;
     }
@@ -756,6 +855,9 @@ class replay_buffer {
   detail::allocation device_meta_;
   std::uint64_t next_ticket_ = 0;
   std::int64_t live_ = 0;
+  std::int64_t max_times_sampled_ = 0;
+  detail::allocation times_sampled_;  // [capacity] returns per slot, once counting is on
+  detail::allocation sampled_slots_;  // pinned: a GPU batch's rows, read back for counting
   std::optional<typename Selection::template state<space>> selection_state_;
 };
 

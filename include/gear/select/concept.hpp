@@ -24,7 +24,10 @@
 //   void on_evict(const slot_table& table, std::uint64_t first_ticket, std::int64_t count,
 //                 cuda::stream_ref s);    // those slots are about to be overwritten
 //
-// slot_table points at metadata in the memory of Space. Ticket t (an insertion sequence number)
+// A policy may also declare `static constexpr bool consumes = true;`: the buffer then removes every
+// trajectory a sample returns (each is returned once), as a queue or stack does.
+//
+// slot_table points at metadata in the memory of Space (and at the host's copy of the lengths). Ticket t (an insertion sequence number)
 // lives in slot t % capacity. A user-written policy follows the same contract and plugs in as the
 // third template argument of replay_buffer, with no change to gear.
 
@@ -52,6 +55,7 @@ struct slot_table {
   std::int64_t occupied = 0;                   ///< slots [0, occupied) have ever been reserved
   std::int64_t live = 0;                       ///< committed slots (length > 0)
   std::uint64_t next_ticket = 0;               ///< ticket the next reservation gets
+  const std::int64_t* host_lengths = nullptr;  ///< the host's copy of lengths (host memory always)
 };
 
 /// What select() must produce.
