@@ -336,6 +336,86 @@ TEST_CASE("gear's kernels link from two translation units") {
   CHECK(sample_in_second_unit(s) == 2);
 }
 
+/// Samples batches of `rows` until the buffer is empty; how often each id came back.
+template <class Buffer>
+std::map<std::uint64_t, int> drain(Buffer& buf, const model& m, std::int64_t rows, int max_calls,
+                                   cuda::stream_ref s) {
+  std::map<std::uint64_t, int> seen;
+  auto out = buf.make_batch(gear::batch_size{rows}, gear::window_length{1});
+  gear::rng g{77};
+  for (int call = 0; call < max_calls && buf.size() > 0; ++call) {
+    buf.sample(out, gear::window{}, g, s);
+    for (auto k : copy_device_batch(out).keys) ++seen[m.id(k)];
+  }
+  return seen;
+}
+
+TEST_CASE_TEMPLATE("removal on GPU storage: erase, max_times_sampled, fifo and lifo", Storage,
+                   gear::storage::device, gear::storage::pinned_host) {
+  stream_holder s;
+  SUBCASE("erase") {
+    gear::replay_buffer<spec, Storage> buf{gear::capacity{8}, gear::max_length{3}};
+    model m;
+    const auto keys = insert(buf, m, {1, 2, 3}, s, false);
+    const std::vector<gear::key> gone{keys[1]};
+    buf.erase(gone, s);
+    CHECK(buf.size() == 2);
+    CHECK(code_of([&] { buf.erase(gone, s); }) == gear::errc::stale_key);
+    auto out = buf.make_batch(gear::batch_size{2000}, gear::window_length{1});
+    gear::rng g{2};
+    buf.sample(out, gear::window{}, g, s);
+    for (auto k : copy_device_batch(out).keys) CHECK((k == keys[0] || k == keys[2]));
+  }
+  SUBCASE("max_times_sampled = 1 without replacement drains every trajectory once") {
+    gear::replay_buffer<spec, Storage> buf{gear::capacity{64}, gear::max_length{1},
+                                           gear::select::uniform{false}};
+    model m;
+    insert(buf, m, std::vector<std::int64_t>(50, 1), s, false);
+    buf.set_max_times_sampled(1);
+    const auto seen = drain(buf, m, 10, 100, s);
+    CHECK(buf.size() == 0);
+    CHECK(seen.size() == 50);
+    for (auto [id, n] : seen) CHECK(n == 1);
+  }
+  SUBCASE("max_times_sampled = 2 with prioritized selection on the device") {
+    gear::replay_buffer<spec, Storage, gear::select::prioritized> buf{
+        gear::capacity{32}, gear::max_length{1}, gear::select::prioritized{0.6, 0.4}};
+    model m;
+    const auto keys = insert(buf, m, std::vector<std::int64_t>(20, 1), s, false);
+    std::vector<float> priorities(20);
+    for (std::size_t i = 0; i < 20; ++i) priorities[i] = 0.5f + static_cast<float>(i);
+    buf.update_priorities(keys, priorities, s);
+    buf.set_max_times_sampled(2);
+    const auto seen = drain(buf, m, 1, 1000, s);
+    CHECK(buf.size() == 0);
+    CHECK(seen.size() == 20);
+    for (auto [id, n] : seen) CHECK(n == 2);
+  }
+  SUBCASE("fifo and lifo") {
+    gear::replay_buffer<spec, Storage, gear::select::fifo> queue{gear::capacity{16},
+                                                                gear::max_length{4}};
+    gear::replay_buffer<spec, Storage, gear::select::lifo> stack{gear::capacity{16},
+                                                                gear::max_length{4}};
+    model mq, ms;
+    insert(queue, mq, {4, 3, 2, 1, 4, 3}, s, false);
+    insert(stack, ms, {4, 3, 2, 1, 4, 3}, s, true);
+    auto out = queue.make_batch(gear::batch_size{4}, gear::window_length{4});
+    gear::rng g{1};
+    const gear::window w{4};
+    queue.sample(out, w, g, s);
+    host_batch h = copy_device_batch(out);
+    CHECK(mq.check(h, w).empty());
+    for (std::size_t r = 0; r < 4; ++r) CHECK(mq.id(h.keys[r]) == 1 + r);
+    stack.sample(out, w, g, s);
+    h = copy_device_batch(out);
+    CHECK(ms.check(h, w).empty());
+    for (std::size_t r = 0; r < 4; ++r) CHECK(ms.id(h.keys[r]) == 6 - r);
+    CHECK(queue.size() == 2);
+    CHECK(stack.size() == 2);
+    CHECK(code_of([&] { queue.sample(out, w, g, s); }) == gear::errc::not_enough_items);
+  }
+}
+
 int main(int argc, char** argv) {
   if (!gear::detail::gpu_available()) {
     // Without a GPU, GPU storage must refuse clearly rather than crash.
