@@ -22,13 +22,19 @@
 //   void on_commit(const slot_table& table, std::uint64_t first_ticket, std::int64_t count,
 //                  cuda::stream_ref s);   // slots of tickets [first_ticket, +count) went live
 //   void on_evict(const slot_table& table, std::uint64_t first_ticket, std::int64_t count,
-//                 cuda::stream_ref s);    // those slots are about to be overwritten
+//                 cuda::stream_ref s);    // those slots are about to be overwritten or
+//                                         // removed (erase, max_times_sampled)
+//
+//   void update(const slot_table& table, std::span<const key> keys,
+//               std::span<const float> priorities, cuda::stream_ref s);
+//       priorities for live keys (already checked by the buffer); replay_buffer::update_priorities
+//       exists only for policies that provide it;
 //
 // A policy may also declare `static constexpr bool consumes = true;`: the buffer then removes every
 // trajectory a sample returns (each is returned once), as a queue or stack does.
 //
-// slot_table points at metadata in the memory of Space (and at the host's copy of the lengths). Ticket t (an insertion sequence number)
-// lives in slot t % capacity. A user-written policy follows the same contract and plugs in as the
+// slot_table points at metadata in the memory of Space (and at the host's copy of the lengths).
+// Ticket t (an insertion sequence number) lives in slot t % capacity. A user-written policy follows the same contract and plugs in as the
 // third template argument of replay_buffer, with no change to gear.
 
 #include <concepts>
