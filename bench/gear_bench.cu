@@ -12,8 +12,6 @@
 //
 // Without a GPU only the host/... benchmarks are registered (the CI smoke test runs them).
 
-#include <gear/gear.cuh>
-
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -21,6 +19,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <gear/gear.cuh>
 #include <memory>
 #include <random>
 #include <span>
@@ -173,7 +172,7 @@ struct table_row {
   std::string operation;
   double figure = 0;  // GB/s
   std::string limit_name;
-  double limit = 0;   // GB/s, 0 if none
+  double limit = 0;  // GB/s, 0 if none
   std::string target;
   double target_ratio = 0;  // 0: no target
 };
@@ -239,7 +238,8 @@ limit_buffers& limits() {
 }
 
 /// Median of `reps` timed GPU copies, in seconds.
-double time_copy(void* dst, const void* src, std::int64_t bytes, cudaMemcpyKind kind, int reps = 5) {
+double time_copy(void* dst, const void* src, std::int64_t bytes, cudaMemcpyKind kind,
+                 int reps = 5) {
   auto& c = clock_();
   std::vector<double> t;
   for (int i = 0; i < reps + 1; ++i) {
@@ -254,14 +254,14 @@ double time_copy(void* dst, const void* src, std::int64_t bytes, cudaMemcpyKind 
 /// Device-to-device cudaMemcpy, bytes read + written per second, in GB/s.
 double d2d_limit() {
   auto& l = limits();
-  return 2.0 * limit_bytes / time_copy(l.dev_b.data(), l.dev_a.data(), limit_bytes,
-                                       cudaMemcpyDeviceToDevice) / 1e9;
+  return 2.0 * limit_bytes /
+         time_copy(l.dev_b.data(), l.dev_a.data(), limit_bytes, cudaMemcpyDeviceToDevice) / 1e9;
 }
 /// Pinned host-to-device cudaMemcpy, GB/s.
 double h2d_limit() {
   auto& l = limits();
-  return double(limit_bytes) / time_copy(l.dev_b.data(), l.pinned.data(), limit_bytes,
-                                         cudaMemcpyHostToDevice) / 1e9;
+  return double(limit_bytes) /
+         time_copy(l.dev_b.data(), l.pinned.data(), limit_bytes, cudaMemcpyHostToDevice) / 1e9;
 }
 /// memcpy of `bytes` from pageable to pinned memory with up to 16 threads, GB/s (median of 3).
 double memcpy_mt_limit(std::int64_t bytes) {
@@ -360,8 +360,8 @@ std::string check_rows(const std::uint8_t* rows, std::int64_t batch, std::int64_
     const auto slot = static_cast<std::int64_t>(header >> 32);
     const auto start = static_cast<std::int64_t>(header & 0xFFFFFFFFu);
     if (slot >= max_slot || start > trajectory_steps - window_steps)
-      return "row " + std::to_string(r) + ": header names slot " + std::to_string(slot) +
-             " step " + std::to_string(start);
+      return "row " + std::to_string(r) + ": header names slot " + std::to_string(slot) + " step " +
+             std::to_string(start);
     if (keys != nullptr && keys[r].slot != static_cast<std::uint64_t>(slot))
       return "row " + std::to_string(r) + ": key slot " + std::to_string(keys[r].slot) +
              ", data of slot " + std::to_string(slot);
@@ -386,8 +386,8 @@ std::string check_device_batch(const Batch& out, const std::uint8_t* data, std::
   std::vector<std::uint8_t> mask(static_cast<std::size_t>(b * window_steps));
   GEAR_CUDA_TRY(cudaMemcpy(keys.data(), out.keys().data(), keys.size() * sizeof(gear::key),
                            cudaMemcpyDeviceToHost));
-  GEAR_CUDA_TRY(cudaMemcpy(mask.data(), out.mask().data_handle(), mask.size(),
-                           cudaMemcpyDeviceToHost));
+  GEAR_CUDA_TRY(
+      cudaMemcpy(mask.data(), out.mask().data_handle(), mask.size(), cudaMemcpyDeviceToHost));
   for (std::int64_t r : {std::int64_t{0}, b / 2, b - 1}) {
     std::vector<std::uint8_t> row(static_cast<std::size_t>(row_bytes));
     GEAR_CUDA_TRY(cudaMemcpy(row.data(), data + r * row_bytes, row.size(), cudaMemcpyDeviceToHost));
@@ -434,8 +434,8 @@ void bm_sample(benchmark::State& state) {
   const double s = time_gpu(state, reps, [&] { t.buf.sample_async(out, w, g, c.stream); });
   state.counters["us_per_sample"] = s * 1e6;
   auto [target, ratio] = sample_target(device, StepBytes);
-  record(state, {"", moved / s / 1e9, device ? "D2D copy (r+w)" : "H2D pinned copy", limit,
-                 target, ratio});
+  record(state, {"", moved / s / 1e9, device ? "D2D copy (r+w)" : "H2D pinned copy", limit, target,
+                 ratio});
 }
 
 /// Baseline: one thread per byte, rows given as (slot, first step).
@@ -454,8 +454,9 @@ __global__ void naive_gather_kernel(const std::uint8_t* base, std::int64_t slot_
 void rows_of_batch(const std::uint8_t* data, std::int64_t batch, std::int64_t step_bytes,
                    std::vector<std::int64_t>& slots, std::vector<std::int64_t>& starts) {
   std::vector<std::uint64_t> headers(static_cast<std::size_t>(batch));
-  GEAR_CUDA_TRY(cudaMemcpy2D(headers.data(), 8, data, static_cast<std::size_t>(window_steps * step_bytes),
-                             8, static_cast<std::size_t>(batch), cudaMemcpyDeviceToHost));
+  GEAR_CUDA_TRY(cudaMemcpy2D(headers.data(), 8, data,
+                             static_cast<std::size_t>(window_steps * step_bytes), 8,
+                             static_cast<std::size_t>(batch), cudaMemcpyDeviceToHost));
   slots.resize(headers.size());
   starts.resize(headers.size());
   for (std::size_t i = 0; i < headers.size(); ++i) {
@@ -474,25 +475,27 @@ void bm_naive_gather(benchmark::State& state) {
   auto out = t.buf.make_batch(gear::batch_size{batch}, gear::window_length{window_steps});
   gear::rng g{7};
   auto& c = clock_();
-  t.buf.sample(out, {.length = window_steps, .offset = 0, .from = gear::anchor::random}, g, c.stream);
+  t.buf.sample(out, {.length = window_steps, .offset = 0, .from = gear::anchor::random}, g,
+               c.stream);
   const auto* ours = reinterpret_cast<const std::uint8_t*>(out.template column<0>().data_handle());
   std::vector<std::int64_t> slots, starts;
   rows_of_batch(ours, batch, StepBytes, slots, starts);
   gear::detail::allocation rows(gear::memory_kind::device, 2 * slots.size() * sizeof(std::int64_t));
   auto* d_slots = rows.as<std::int64_t>();
   GEAR_CUDA_TRY(cudaMemcpy(d_slots, slots.data(), slots.size() * 8, cudaMemcpyHostToDevice));
-  GEAR_CUDA_TRY(cudaMemcpy(d_slots + batch, starts.data(), starts.size() * 8, cudaMemcpyHostToDevice));
+  GEAR_CUDA_TRY(
+      cudaMemcpy(d_slots + batch, starts.data(), starts.size() * 8, cudaMemcpyHostToDevice));
   const std::int64_t row_bytes = window_steps * StepBytes;
-  gear::detail::allocation dst(gear::memory_kind::device, static_cast<std::size_t>(batch * row_bytes));
+  gear::detail::allocation dst(gear::memory_kind::device,
+                               static_cast<std::size_t>(batch * row_bytes));
   const auto ref = t.buf.ref(gear::op::write_steps{});
   const auto* base = reinterpret_cast<const std::uint8_t*>(ref.template step<0>(0, 0));
   const std::int64_t stride =
       reinterpret_cast<const std::uint8_t*>(ref.template step<0>(1, 0)) - base;
   const auto blocks = static_cast<unsigned>((batch * row_bytes + 255) / 256);
   auto launch = [&] {
-    naive_gather_kernel<<<blocks, 256, 0, c.stream>>>(base, stride, StepBytes, d_slots,
-                                                      d_slots + batch, batch,
-                                                      dst.as<std::uint8_t>());
+    naive_gather_kernel<<<blocks, 256, 0, c.stream>>>(
+        base, stride, StepBytes, d_slots, d_slots + batch, batch, dst.as<std::uint8_t>());
   };
   launch();
   GEAR_CHECK_LAUNCH("naive_gather_kernel");
@@ -504,7 +507,8 @@ void bm_naive_gather(benchmark::State& state) {
       GEAR_CUDA_TRY(cudaMemcpy(a.data(), ours + r * row_bytes, a.size(), cudaMemcpyDeviceToHost));
       GEAR_CUDA_TRY(cudaMemcpy(b.data(), dst.as<std::uint8_t>() + r * row_bytes, b.size(),
                                cudaMemcpyDeviceToHost));
-      if (a != b) return fail(state, "naive gather differs from gear's at row " + std::to_string(r));
+      if (a != b)
+        return fail(state, "naive gather differs from gear's at row " + std::to_string(r));
       if (auto e = check_rows(b.data(), 1, StepBytes, nullptr, nullptr, t.slots); !e.empty())
         return fail(state, e);
     }
@@ -526,22 +530,25 @@ void bm_cpu_pipeline(benchmark::State& state) {
   const auto ref = t.buf.ref(gear::op::write_steps{});
   // Mapped pinned memory has one address for CPU and GPU (unified addressing, 64-bit Linux).
   const auto* base = reinterpret_cast<const std::uint8_t*>(ref.template step<0>(0, 0));
-  const std::int64_t stride = reinterpret_cast<const std::uint8_t*>(ref.template step<0>(1, 0)) - base;
+  const std::int64_t stride =
+      reinterpret_cast<const std::uint8_t*>(ref.template step<0>(1, 0)) - base;
   const std::int64_t row_bytes = window_steps * StepBytes;
   gear::detail::allocation staging(gear::memory_kind::pinned_host,
                                    static_cast<std::size_t>(batch * row_bytes));
-  gear::detail::allocation dst(gear::memory_kind::device, static_cast<std::size_t>(batch * row_bytes));
+  gear::detail::allocation dst(gear::memory_kind::device,
+                               static_cast<std::size_t>(batch * row_bytes));
   std::mt19937_64 gen(11);
   auto& c = clock_();
   auto once = [&] {
     for (std::int64_t r = 0; r < batch; ++r) {
       const auto slot = static_cast<std::int64_t>(gen() % static_cast<std::uint64_t>(t.slots));
-      const auto start =
-          static_cast<std::int64_t>(gen() % static_cast<std::uint64_t>(trajectory_steps - window_steps + 1));
+      const auto start = static_cast<std::int64_t>(
+          gen() % static_cast<std::uint64_t>(trajectory_steps - window_steps + 1));
       std::memcpy(staging.data() + r * row_bytes, base + slot * stride + start * StepBytes,
                   static_cast<std::size_t>(row_bytes));
     }
-    GEAR_CUDA_TRY(cudaMemcpyAsync(dst.data(), staging.data(), static_cast<std::size_t>(batch * row_bytes),
+    GEAR_CUDA_TRY(cudaMemcpyAsync(dst.data(), staging.data(),
+                                  static_cast<std::size_t>(batch * row_bytes),
                                   cudaMemcpyHostToDevice, c.stream));
     GEAR_CUDA_TRY(cudaStreamSynchronize(c.stream));
   };
@@ -562,8 +569,8 @@ void bm_cpu_pipeline(benchmark::State& state) {
     state.SetIterationTime(s);
     times.push_back(s);
   }
-  record(state, {"", double(batch) * row_bytes / median(times) / 1e9, "H2D pinned copy", limit,
-                 "", 0});
+  record(state,
+         {"", double(batch) * row_bytes / median(times) / 1e9, "H2D pinned copy", limit, "", 0});
 }
 
 // ---- insert -----------------------------------------------------------------------------------
@@ -594,7 +601,8 @@ void bm_insert_device(benchmark::State& state) {
   {
     const auto ref = buf.ref(gear::op::write_steps{});
     std::vector<std::uint8_t> a(static_cast<std::size_t>(trajectory_bytes)), b(a.size());
-    GEAR_CUDA_TRY(cudaMemcpy(a.data(), ref.template step<0>(static_cast<std::int64_t>(keys.back().slot), 0),
+    GEAR_CUDA_TRY(cudaMemcpy(a.data(),
+                             ref.template step<0>(static_cast<std::int64_t>(keys.back().slot), 0),
                              a.size(), cudaMemcpyDeviceToHost));
     GEAR_CUDA_TRY(cudaMemcpy(b.data(), src.as<std::uint8_t>() + (count - 1) * trajectory_bytes,
                              b.size(), cudaMemcpyDeviceToHost));
@@ -672,7 +680,8 @@ void bm_host_sample(benchmark::State& state) {
     benchmark::DoNotOptimize(out.column<0>().data_handle());
   }
   const double bytes = double(batch) * window_steps * 256;
-  state.counters["GBps"] = benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GBps"] =
+      benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void bm_host_insert(benchmark::State& state) {
@@ -688,8 +697,8 @@ void bm_host_insert(benchmark::State& state) {
   if (std::memcmp(ref.step<0>(static_cast<std::int64_t>(keys.back().slot), 0),
                   src.data() + (count - 1) * trajectory_steps * 256, trajectory_steps * 256) != 0)
     return fail(state, "stored trajectory differs from its source");
-  state.counters["GBps"] = benchmark::Counter(double(src.size()) / 1e9,
-                                              benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GBps"] =
+      benchmark::Counter(double(src.size()) / 1e9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // ---- registration -----------------------------------------------------------------------------
@@ -711,14 +720,23 @@ void register_sample_family() {
   for (std::int64_t batch : {256, 1024, 4096}) {
     if (batch == 4096 && StepBytes > 1024) continue;
     add("sample/" + tag, bm_sample<StepBytes, Storage>, true)
-        ->Arg(batch)->ArgName("batch")->UseManualTime()->MinTime(gpu_min_time)
+        ->Arg(batch)
+        ->ArgName("batch")
+        ->UseManualTime()
+        ->MinTime(gpu_min_time)
         ->Unit(benchmark::kMicrosecond);
     add("naive_gather/" + tag, bm_naive_gather<StepBytes, Storage>, true)
-        ->Arg(batch)->ArgName("batch")->UseManualTime()->MinTime(gpu_min_time)
+        ->Arg(batch)
+        ->ArgName("batch")
+        ->UseManualTime()
+        ->MinTime(gpu_min_time)
         ->Unit(benchmark::kMicrosecond);
     if constexpr (std::is_same_v<Storage, gear::storage::pinned_host>)
       add("cpu_pipeline/" + tag, bm_cpu_pipeline<StepBytes>, true)
-          ->Arg(batch)->ArgName("batch")->UseManualTime()->MinTime(gpu_min_time)
+          ->Arg(batch)
+          ->ArgName("batch")
+          ->UseManualTime()
+          ->MinTime(gpu_min_time)
           ->Unit(benchmark::kMicrosecond);
   }
 }
@@ -726,9 +744,13 @@ void register_sample_family() {
 template <std::int64_t StepBytes>
 void register_insert() {
   add("insert/device_from_device/step:" + std::to_string(StepBytes), bm_insert_device<StepBytes>)
-      ->UseManualTime()->MinTime(gpu_min_time)->Unit(benchmark::kMicrosecond);
+      ->UseManualTime()
+      ->MinTime(gpu_min_time)
+      ->Unit(benchmark::kMicrosecond);
   add("insert/pinned_host_from_host/step:" + std::to_string(StepBytes), bm_insert_pinned<StepBytes>)
-      ->UseManualTime()->MinTime(gpu_min_time)->Unit(benchmark::kMicrosecond);
+      ->UseManualTime()
+      ->MinTime(gpu_min_time)
+      ->Unit(benchmark::kMicrosecond);
 }
 
 void register_gpu_benchmarks() {
@@ -752,8 +774,7 @@ void register_gpu_benchmarks() {
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  add("host/sample/step:256", bm_host_sample, true)
-      ->Arg(64)->ArgName("batch")->MinTime(0.05);
+  add("host/sample/step:256", bm_host_sample, true)->Arg(64)->ArgName("batch")->MinTime(0.05);
   add("host/insert/step:256", bm_host_insert)->MinTime(0.05);
   const bool gpu = gear::detail::gpu_available();
   if (gpu) {

@@ -9,9 +9,8 @@
 // The reported probability q/K' + (1-q)/N assumes every one of the newest K' = min(K, stored)
 // reservations is committed (writers commit promptly); rows that land on a pending slot redraw.
 
-#include <gear/gear.cuh>
-
 #include <cstdio>
+#include <gear/gear.cuh>
 #include <vector>
 
 struct recent_mix {
@@ -26,12 +25,15 @@ struct recent_mix {
 GEAR_HD inline void recent_mix_row(const gear::slot_table& t, const gear::selection_request& r,
                                    std::int64_t newest, double q, std::int64_t row) {
   const auto window = static_cast<std::uint64_t>(newest < t.occupied ? newest : t.occupied);
-  const bool recent = gear::detail::unit_interval(r.draw.extra(static_cast<std::uint64_t>(row), 0)) < q;
+  const bool recent =
+      gear::detail::unit_interval(r.draw.extra(static_cast<std::uint64_t>(row), 0)) < q;
   std::int64_t slot = -1;
   for (std::uint32_t attempt = 0; attempt < (1u << 20) && slot < 0; ++attempt) {
     const std::uint64_t ticket =
-        recent ? t.next_ticket - window + r.draw.below(window, static_cast<std::uint64_t>(row), attempt)
-               : r.draw.below(static_cast<std::uint64_t>(t.occupied), static_cast<std::uint64_t>(row), attempt);
+        recent ? t.next_ticket - window +
+                     r.draw.below(window, static_cast<std::uint64_t>(row), attempt)
+               : r.draw.below(static_cast<std::uint64_t>(t.occupied),
+                              static_cast<std::uint64_t>(row), attempt);
     const auto s = static_cast<std::int64_t>(ticket % static_cast<std::uint64_t>(t.capacity));
     if (t.lengths[s] > 0) slot = s;
   }
@@ -56,6 +58,7 @@ class recent_mix::state<gear::exec::host> {
   void select(const gear::slot_table& t, const gear::selection_request& r, cuda::stream_ref) {
     for (std::int64_t row = 0; row < r.batch; ++row) recent_mix_row(t, r, p_.newest, p_.q, row);
   }
+
  private:
   recent_mix p_;
 };
@@ -66,9 +69,11 @@ class recent_mix::state<gear::exec::device> {
   state(const recent_mix& p, std::int64_t) : p_(p) {}
   void validate(const gear::slot_table&, std::int64_t) const {}
   void select(const gear::slot_table& t, const gear::selection_request& r, cuda::stream_ref s) {
-    recent_mix_kernel<<<static_cast<unsigned>((r.batch + 255) / 256), 256, 0, s.get()>>>(t, r, p_.newest, p_.q);
+    recent_mix_kernel<<<static_cast<unsigned>((r.batch + 255) / 256), 256, 0, s.get()>>>(
+        t, r, p_.newest, p_.q);
     GEAR_CHECK_LAUNCH("recent_mix_kernel");  // every launch checked
   }
+
  private:
   recent_mix p_;
 };

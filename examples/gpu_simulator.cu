@@ -8,14 +8,12 @@
 // Storage is mixed: the large observation column lives in pinned host memory (capacity bounded by
 // RAM, gathered zero-copy), the small ones on the device. Needs a GPU; exits 77 without one.
 
-#include <gear/gear.cuh>
-
 #include <cstdio>
+#include <gear/gear.cuh>
 #include <vector>
 
 using spec = gear::spec<gear::column<"obs", float, 64>,  // 256 B per step
-                        gear::column<"reward", float>,
-                        gear::column<"done", bool>>;
+                        gear::column<"reward", float>, gear::column<"done", bool>>;
 using storage = gear::storage::mixed<gear::storage::pinned_host,  // obs
                                      gear::storage::device,       // reward
                                      gear::storage::device>;      // done
@@ -48,7 +46,7 @@ int main() {
     const std::int64_t envs = 1024, steps = 200;
     const gear::reservation r = buf.reserve(envs, stream);
     simulate<<<static_cast<unsigned>(envs), 128, 0, stream>>>(buf.ref(gear::op::write_steps{}), r,
-                                                                steps);
+                                                              steps);
     GEAR_CHECK_LAUNCH("simulate");
     std::vector<std::int64_t> lengths(envs, steps);
     std::vector<gear::key> keys(envs);
@@ -66,7 +64,8 @@ int main() {
     }
     const gear::key actor_key = writer.commit();
     std::printf("actor committed slot %llu (50 steps); buffer holds %lld trajectories\n",
-                static_cast<unsigned long long>(actor_key.slot), static_cast<long long>(buf.size()));
+                static_cast<unsigned long long>(actor_key.slot),
+                static_cast<long long>(buf.size()));
 
     // Learner: windows of 32 random steps.
     auto batch = buf.make_batch(gear::batch_size{512}, gear::window_length{32});
@@ -74,7 +73,8 @@ int main() {
     buf.sample(batch, gear::window{.length = 32, .from = gear::anchor::random}, rng, stream);
     std::vector<float> first_obs(512);
     GEAR_CUDA_TRY(cudaMemcpy2D(first_obs.data(), sizeof(float), batch.column<"obs">().data_handle(),
-                               32 * 64 * sizeof(float), sizeof(float), 512, cudaMemcpyDeviceToHost));
+                               32 * 64 * sizeof(float), sizeof(float), 512,
+                               cudaMemcpyDeviceToHost));
     std::vector<gear::key> sampled(512);
     GEAR_CUDA_TRY(cudaMemcpy(sampled.data(), batch.keys().data(), 512 * sizeof(gear::key),
                              cudaMemcpyDeviceToHost));
@@ -84,7 +84,8 @@ int main() {
       const float env = k == actor_key ? -1.0f : static_cast<float>(k.slot - r.slot(0));
       wrong += static_cast<int>(first_obs[row]) != static_cast<int>(env);
     }
-    std::printf("learner sampled 512 x 32 windows; %d rows disagree with their trajectory\n", wrong);
+    std::printf("learner sampled 512 x 32 windows; %d rows disagree with their trajectory\n",
+                wrong);
     GEAR_CUDA_TRY(cudaStreamDestroy(stream));
     return wrong == 0 ? 0 : 1;
   } catch (const gear::error& e) {

@@ -5,10 +5,9 @@
 //
 // Runs on the GPU (device storage) when there is one, otherwise on the CPU with host storage.
 
-#include <gear/gear.cuh>
-
 #include <cmath>
 #include <cstdio>
+#include <gear/gear.cuh>
 #include <vector>
 
 using spec = gear::spec<gear::column<"obs", float, 8>, gear::column<"reward", float>>;
@@ -20,7 +19,8 @@ __global__ void fake_td_errors(const float* rewards, const std::uint8_t* mask, c
   const std::int64_t row = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
   if (row >= rows) return;
   float sum = 0;
-  for (std::int64_t j = 0; j < length; ++j) sum += mask[row * length + j] ? fabsf(rewards[row * length + j]) : 0.0f;
+  for (std::int64_t j = 0; j < length; ++j)
+    sum += mask[row * length + j] ? fabsf(rewards[row * length + j]) : 0.0f;
   td[row] = sum / static_cast<float>(length) * (0.5f + 0.5f * weights[row]);
 }
 
@@ -29,7 +29,8 @@ int run(cuda::stream_ref stream) {
   using buffer = gear::replay_buffer<spec, Storage, gear::select::prioritized>;
   constexpr bool gpu = buffer::on_device;
   // 1. alpha = 0.6, beta starts at 0.4 and is annealed to 1 below.
-  buffer buf{gear::capacity{4096}, gear::max_length{32}, gear::select::prioritized{.alpha = 0.6, .beta = 0.4}};
+  buffer buf{gear::capacity{4096}, gear::max_length{32},
+             gear::select::prioritized{.alpha = 0.6, .beta = 0.4}};
 
   // 2. Synthetic trajectories: trajectory i has rewards of size about i % 7 (some matter more).
   const std::int64_t count = 512, T = 32;
@@ -52,21 +53,26 @@ int run(cuda::stream_ref stream) {
   for (int step = 0; step < steps; ++step) {
     const double beta = 0.4 + 0.6 * step / (steps - 1);  // anneal beta -> 1
     buf.selection_state().set_exponents(0.6, beta, stream);
-    buf.sample(batch, gear::window{.length = L, .offset = 0, .from = gear::anchor::random}, rng, stream);
+    buf.sample(batch, gear::window{.length = L, .offset = 0, .from = gear::anchor::random}, rng,
+               stream);
     auto rewards = batch.template column<"reward">();
     if constexpr (gpu) {
       fake_td_errors<<<(B + 127) / 128, 128, 0, stream.get()>>>(
-          rewards.data_handle(), batch.mask().data_handle(), batch.weights().data(), B, L, td_device);
+          rewards.data_handle(), batch.mask().data_handle(), batch.weights().data(), B, L,
+          td_device);
       GEAR_CHECK_LAUNCH("fake_td_errors");
       // update_priorities takes host spans: bring the keys and the new priorities over.
-      GEAR_CUDA_TRY(cudaMemcpyAsync(td.data(), td_device, B * sizeof(float), cudaMemcpyDeviceToHost, stream.get()));
+      GEAR_CUDA_TRY(cudaMemcpyAsync(td.data(), td_device, B * sizeof(float), cudaMemcpyDeviceToHost,
+                                    stream.get()));
       GEAR_CUDA_TRY(cudaMemcpyAsync(batch_keys.data(), batch.keys().data(), B * sizeof(gear::key),
                                     cudaMemcpyDeviceToHost, stream.get()));
       GEAR_CUDA_TRY(cudaStreamSynchronize(stream.get()));
     } else {
       for (std::int64_t r = 0; r < B; ++r) {
         float sum = 0;
-        for (std::int64_t j = 0; j < L; ++j) sum += batch.mask().data_handle()[r * L + j] ? std::fabs(rewards.data_handle()[r * L + j]) : 0.0f;
+        for (std::int64_t j = 0; j < L; ++j)
+          sum += batch.mask().data_handle()[r * L + j] ? std::fabs(rewards.data_handle()[r * L + j])
+                                                       : 0.0f;
         td[r] = sum / L * (0.5f + 0.5f * batch.weights()[r]);
         batch_keys[r] = batch.keys()[r];
       }
@@ -81,7 +87,8 @@ int run(cuda::stream_ref stream) {
   buf.sample(batch, gear::window{.length = L}, rng, stream);
   std::vector<float> probs(B);
   if constexpr (gpu)
-    GEAR_CUDA_TRY(cudaMemcpy(probs.data(), batch.probabilities().data(), B * sizeof(float), cudaMemcpyDeviceToHost));
+    GEAR_CUDA_TRY(cudaMemcpy(probs.data(), batch.probabilities().data(), B * sizeof(float),
+                             cudaMemcpyDeviceToHost));
   else
     for (std::int64_t r = 0; r < B; ++r) probs[r] = batch.probabilities()[r];
   float lo = probs[0], hi = probs[0];

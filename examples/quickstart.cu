@@ -3,23 +3,21 @@
 // Runs on the GPU (device storage) when there is one, otherwise on the CPU with host storage; the
 // code is the same apart from the storage policy in the buffer's type.
 
-#include <gear/gear.cuh>
-
 #include <cstdio>
+#include <gear/gear.cuh>
 #include <numeric>
 #include <vector>
 
 // 1. Say what a trajectory holds: named columns, element type, per-step shape.
 using atari_spec = gear::spec<gear::column<"obs", std::uint8_t, 4, 84, 84>,  // frame stack
-                              gear::column<"action", std::int32_t>,
-                              gear::column<"reward", float>,
+                              gear::column<"action", std::int32_t>, gear::column<"reward", float>,
                               gear::column<"done", bool>>;
 
 template <class Storage>
 int run(const char* where, cuda::stream_ref stream) {
   // 2. Pick the policies at compile time and size the buffer at run time.
-  using buffer = gear::replay_buffer<atari_spec, Storage, gear::select::uniform,
-                                     gear::transport::local>;
+  using buffer =
+      gear::replay_buffer<atari_spec, Storage, gear::select::uniform, gear::transport::local>;
   buffer buf{gear::capacity{256}, gear::max_length{100}};
   std::printf("gear %s: buffer of %lld slots x %lld steps, running on the %s\n",
               gear::version_string, static_cast<long long>(buf.capacity()),
@@ -51,8 +49,8 @@ int run(const char* where, cuda::stream_ref stream) {
   // 4. Sample: 32 windows of the last 64 steps, left-padded like a causal transformer wants.
   auto batch = buf.make_batch(gear::batch_size{32}, gear::window_length{64});
   gear::rng rng{2026};
-  const gear::window window{.length = 64, .offset = 0, .from = gear::anchor::end,
-                            .padding = gear::pad::head};
+  const gear::window window{
+      .length = 64, .offset = 0, .from = gear::anchor::end, .padding = gear::pad::head};
   buf.sample(batch, window, rng, stream);
 
   // 5. Read the results: mdspans [B, L, shape...] in the buffer's batch memory.
@@ -60,8 +58,8 @@ int run(const char* where, cuda::stream_ref stream) {
   std::vector<std::uint8_t> mask(static_cast<std::size_t>(32 * 64));
   std::vector<float> reward_rows(static_cast<std::size_t>(32 * 64));
   if constexpr (buffer::on_device) {
-    GEAR_CUDA_TRY(cudaMemcpy(mask.data(), batch.mask().data_handle(), mask.size(),
-                             cudaMemcpyDeviceToHost));
+    GEAR_CUDA_TRY(
+        cudaMemcpy(mask.data(), batch.mask().data_handle(), mask.size(), cudaMemcpyDeviceToHost));
     GEAR_CUDA_TRY(cudaMemcpy(reward_rows.data(), rewards.data_handle(),
                              reward_rows.size() * sizeof(float), cudaMemcpyDeviceToHost));
   } else {
@@ -70,9 +68,10 @@ int run(const char* where, cuda::stream_ref stream) {
   }
   std::int64_t valid = 0;
   for (auto m : mask) valid += m;
-  std::printf("sampled %lld x %lld windows: %lld of %lld positions hold steps (the rest is padding)\n",
-              static_cast<long long>(rewards.extent(0)), static_cast<long long>(rewards.extent(1)),
-              static_cast<long long>(valid), static_cast<long long>(mask.size()));
+  std::printf(
+      "sampled %lld x %lld windows: %lld of %lld positions hold steps (the rest is padding)\n",
+      static_cast<long long>(rewards.extent(0)), static_cast<long long>(rewards.extent(1)),
+      static_cast<long long>(valid), static_cast<long long>(mask.size()));
   std::printf("row 0 ends with rewards %.1f %.1f %.1f\n", reward_rows[61], reward_rows[62],
               reward_rows[63]);
   return valid > 0 ? 0 : 1;

@@ -4,9 +4,8 @@
 // an episode, left-padded) uniformly from the newest K episodes only, with select::recency.
 // Runs on the GPU (device storage) when there is one, otherwise on the CPU with host storage.
 
-#include <gear/gear.cuh>
-
 #include <cstdio>
+#include <gear/gear.cuh>
 #include <vector>
 
 using spec = gear::spec<gear::column<"token", std::int32_t>, gear::column<"episode", std::int32_t>>;
@@ -19,7 +18,8 @@ int run(cuda::stream_ref stream) {
   const std::int64_t L = 64, B = 32;
   auto batch = buf.make_batch(gear::batch_size{B}, gear::window_length{L});
   gear::rng rng{11};
-  const gear::window context{.length = L, .offset = 0, .from = gear::anchor::end, .padding = gear::pad::head};
+  const gear::window context{
+      .length = L, .offset = 0, .from = gear::anchor::end, .padding = gear::pad::head};
   std::int32_t episode = 0;
   for (int iteration = 0; iteration < 50; ++iteration) {
     // 2. Actors: 40 new episodes of 40..127 steps; every step records its episode number.
@@ -43,13 +43,15 @@ int run(cuda::stream_ref stream) {
   std::vector<std::int32_t> ep(B * L);
   const auto* src = batch.template column<"episode">().data_handle();
   if constexpr (buffer::on_device)
-    GEAR_CUDA_TRY(cudaMemcpy(ep.data(), src, ep.size() * sizeof(std::int32_t), cudaMemcpyDeviceToHost));
+    GEAR_CUDA_TRY(
+        cudaMemcpy(ep.data(), src, ep.size() * sizeof(std::int32_t), cudaMemcpyDeviceToHost));
   else
     std::copy(src, src + ep.size(), ep.begin());
   // The last position of a head-padded context always holds a step: its episode number.
   for (std::int64_t r = 0; r < B; ++r) max_age = std::max(max_age, episode - 1 - ep[r * L + L - 1]);
-  std::printf("%d episodes inserted, %lld stored; contexts came from episodes at most %d old (K = 100)\n",
-              episode, static_cast<long long>(buf.size()), max_age);
+  std::printf(
+      "%d episodes inserted, %lld stored; contexts came from episodes at most %d old (K = 100)\n",
+      episode, static_cast<long long>(buf.size()), max_age);
   return max_age < 100 ? 0 : 1;
 }
 

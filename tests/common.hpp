@@ -2,14 +2,13 @@
 // Shared by the host and gpu suites: the test spec, trajectory data whose every byte says where it
 // came from, an independent reference of what a sampled row must hold, and statistics helpers.
 
-#include <gear/gear.hpp>
-
 #include <algorithm>
 #include <cmath>
-#include <string>
 #include <cstdint>
 #include <cstring>
+#include <gear/gear.hpp>
 #include <map>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -17,13 +16,14 @@ namespace gear_test {
 
 // Columns of several sizes and element types: 16-byte-multiple steps, 4-byte steps and 1-byte
 // steps, so that the gather's 16-, 4- and 1-byte paths are all exercised.
-using spec = gear::spec<gear::column<"obs", float, 2, 3>,     // 24 B per step
-                        gear::column<"action", std::int32_t>,  // 4 B
-                        gear::column<"done", bool>,            // 1 B
+using spec = gear::spec<gear::column<"obs", float, 2, 3>,          // 24 B per step
+                        gear::column<"action", std::int32_t>,      // 4 B
+                        gear::column<"done", bool>,                // 1 B
                         gear::column<"image", std::uint8_t, 64>>;  // 64 B
 
 /// The byte at (trajectory id, step, byte index within the step) of column c.
-GEAR_HD inline std::uint8_t pattern(std::uint64_t id, std::int64_t step, std::int64_t byte, std::size_t c) {
+GEAR_HD inline std::uint8_t pattern(std::uint64_t id, std::int64_t step, std::int64_t byte,
+                                    std::size_t c) {
   std::uint64_t h = id * 0x9E3779B97F4A7C15ull ^ static_cast<std::uint64_t>(step) * 0xC2B2AE3Dull ^
                     static_cast<std::uint64_t>(byte) * 0x165667B1ull ^ (c + 1) * 0x27D4EB2Full;
   h ^= h >> 29;
@@ -80,7 +80,8 @@ inline row_reference reference_row(const gear::window& w, std::int64_t len, std:
   for (std::int64_t j = 0; j < w.length; ++j)
     if (first + j >= 0 && first + j < len) valid.push_back(first + j);
   row_reference r{std::vector<std::int64_t>(static_cast<std::size_t>(w.length), -1)};
-  const std::int64_t shift = w.padding == gear::pad::head ? w.length - std::int64_t(valid.size()) : 0;
+  const std::int64_t shift =
+      w.padding == gear::pad::head ? w.length - std::int64_t(valid.size()) : 0;
   for (std::size_t k = 0; k < valid.size(); ++k) r.steps[shift + k] = valid[k];
   return r;
 }

@@ -58,16 +58,15 @@ std::vector<gear::key> insert(Buffer& buf, model& m, const std::vector<std::int6
   } else {
     buf.insert(p.input(), keys, s);
   }
-  for (std::size_t i = 0; i < keys.size(); ++i)
-    m.record(keys[i], p.ids[i], p.lengths[i]);
+  for (std::size_t i = 0; i < keys.size(); ++i) m.record(keys[i], p.ids[i], p.lengths[i]);
   return keys;
 }
 
 template <class Batch>
 void poison(const Batch& b, cuda::stream_ref s) {
   for (std::size_t c = 0; c < spec::num_columns; ++c)
-    GEAR_CUDA_TRY(cudaMemsetAsync(b.column_data(c), 0xAB,
-                                  b.batch_size() * b.window_length() * spec::step_bytes[c], s.get()));
+    GEAR_CUDA_TRY(cudaMemsetAsync(
+        b.column_data(c), 0xAB, b.batch_size() * b.window_length() * spec::step_bytes[c], s.get()));
   GEAR_CUDA_TRY(cudaMemsetAsync(b.mask_data(), 0xAB, b.batch_size() * b.window_length(), s.get()));
   GEAR_CUDA_TRY(cudaMemsetAsync(b.keys_data(), 0xAB, b.batch_size() * sizeof(gear::key), s.get()));
 }
@@ -83,7 +82,8 @@ host_batch copy_device_batch(const Batch& b) {
   };
   h.columns.resize(spec::num_columns);
   for (std::size_t c = 0; c < spec::num_columns; ++c)
-    get(h.columns[c], b.column_data(c), static_cast<std::size_t>(h.rows * h.length * spec::step_bytes[c]));
+    get(h.columns[c], b.column_data(c),
+        static_cast<std::size_t>(h.rows * h.length * spec::step_bytes[c]));
   get(h.mask, b.mask_data(), static_cast<std::size_t>(h.rows * h.length));
   get(h.keys, b.keys_data(), static_cast<std::size_t>(h.rows));
   get(h.probabilities, b.probabilities_data(), static_cast<std::size_t>(h.rows));
@@ -203,8 +203,7 @@ TEST_CASE_TEMPLATE("a kernel writes steps through ref, then commit publishes the
   gear::rng g{3};
   const gear::window w{16, 0, gear::anchor::end, gear::pad::head};
   buf.sample(out, w, g, s);
-  const std::string err =
-      m.check(copy_device_batch(out), w);
+  const std::string err = m.check(copy_device_batch(out), w);
   CHECK_MESSAGE(err.empty(), err);
 }
 
@@ -264,7 +263,8 @@ TEST_CASE_TEMPLATE("large host inserts (staged on several threads) land byte for
   for (std::size_t i = 0; i < lens.size(); ++i)
     for (std::int64_t t = 0; t < lens[i]; ++t, ++at) {
       const auto slot = static_cast<std::int64_t>(keys[i].slot);
-      GEAR_CUDA_TRY(cudaMemcpy(frame.data(), ref.template step<0>(slot, t), 65536, cudaMemcpyDefault));
+      GEAR_CUDA_TRY(
+          cudaMemcpy(frame.data(), ref.template step<0>(slot, t), 65536, cudaMemcpyDefault));
       GEAR_CUDA_TRY(cudaMemcpy(&reward, ref.template step<1>(slot, t), 4, cudaMemcpyDefault));
       REQUIRE(std::memcmp(frame.data(), frames.data() + at * 65536, 65536) == 0);
       REQUIRE(reward == r[static_cast<std::size_t>(at)]);
@@ -318,7 +318,8 @@ TEST_CASE("GPU-side errors leave the buffer unchanged") {
   CHECK(code_of([&] { buf.insert(as_host, k, s); }) == gear::errc::wrong_memory);
   // A batch in host memory given to a GPU buffer.
   gear::batch<spec> host_out(gear::memory_kind::host, gear::batch_size{2}, gear::window_length{2});
-  CHECK(code_of([&] { buf.sample(host_out, gear::window{2}, g, s); }) == gear::errc::batch_mismatch);
+  CHECK(code_of([&] { buf.sample(host_out, gear::window{2}, g, s); }) ==
+        gear::errc::batch_mismatch);
   CHECK(g.calls() == 0);
   // A failing CUDA call becomes errc::cuda_error with the call's text.
   CHECK(code_of([&] { GEAR_CUDA_TRY(cudaSetDevice(1 << 20)); }) == gear::errc::cuda_error);
@@ -393,9 +394,9 @@ TEST_CASE_TEMPLATE("removal on GPU storage: erase, max_times_sampled, fifo and l
   }
   SUBCASE("fifo and lifo") {
     gear::replay_buffer<spec, Storage, gear::select::fifo> queue{gear::capacity{16},
-                                                                gear::max_length{4}};
+                                                                 gear::max_length{4}};
     gear::replay_buffer<spec, Storage, gear::select::lifo> stack{gear::capacity{16},
-                                                                gear::max_length{4}};
+                                                                 gear::max_length{4}};
     model mq, ms;
     insert(queue, mq, {4, 3, 2, 1, 4, 3}, s, false);
     insert(stack, ms, {4, 3, 2, 1, 4, 3}, s, true);

@@ -4,19 +4,18 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <gear/detail/host_copy.hpp>
 #include <map>
 #include <random>
 #include <set>
 #include <type_traits>
 #include <utility>
 
-#include <gear/detail/host_copy.hpp>
-
 #include "common.hpp"
 
 using namespace gear_test;
-using host_buffer = gear::replay_buffer<spec, gear::storage::host, gear::select::uniform,
-                                        gear::transport::local>;
+using host_buffer =
+    gear::replay_buffer<spec, gear::storage::host, gear::select::uniform, gear::transport::local>;
 
 namespace {
 
@@ -119,7 +118,8 @@ TEST_CASE("plan_window keeps every copy inside the trajectory and the row") {
                 std::int64_t valid = 0;
                 for (auto s : ref.steps) valid += s >= 0;
                 REQUIRE(p.count == valid);
-                if (valid > 0) REQUIRE(ref.steps[static_cast<std::size_t>(p.dst_pos)] == p.src_step);
+                if (valid > 0)
+                  REQUIRE(ref.steps[static_cast<std::size_t>(p.dst_pos)] == p.src_step);
               } else if (len - L > off) {
                 REQUIRE(p.count == L);
                 REQUIRE(p.src_step >= off);
@@ -140,8 +140,8 @@ TEST_CASE("Philox-4x32-10 known-answer vectors (Random123)") {
   CHECK(b.y == 0x41c83b0eu);
   CHECK(b.z == 0xa20bc7c6u);
   CHECK(b.w == 0x6d5451fdu);
-  const auto c = philox({0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}, 0xa4093822u,
-                        0x299f31d0u);
+  const auto c =
+      philox({0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}, 0xa4093822u, 0x299f31d0u);
   CHECK(c.x == 0xd16cfe09u);
   CHECK(c.y == 0x94fdccebu);
   CHECK(c.z == 0x5001e420u);
@@ -183,7 +183,8 @@ TEST_CASE("packed copies split over threads write every byte once, where it belo
     // Destination: trajectory i at offset 64 * 50 * step * i, the gaps must stay untouched.
     const std::int64_t stride = 50 * step + 64;
     for (unsigned parts : {1u, 2u, 3u, 7u}) {
-      std::vector<std::byte> dst(static_cast<std::size_t>(stride * std::int64_t(lens.size())), std::byte{0xEE});
+      std::vector<std::byte> dst(static_cast<std::size_t>(stride * std::int64_t(lens.size())),
+                                 std::byte{0xEE});
       auto dst_of = [&](std::size_t i) { return dst.data() + stride * std::int64_t(i); };
       gear::detail::parallel_for(parts, [&](unsigned t) {
         gear::detail::copy_packed_share(src.data(), lens, step, dst_of, t, parts);
@@ -260,24 +261,25 @@ TEST_CASE("insert then sample: every window shape returns the right bytes") {
       for (std::int64_t off : {0, 3, 39})
         for (auto from : {gear::anchor::start, gear::anchor::end, gear::anchor::random})
           for (auto padding : {gear::pad::head, gear::pad::tail}) {
-              host_buffer::batch_type out = buf.make_batch(gear::batch_size{16}, gear::window_length{L});
-              // Poison the outputs so stale bytes cannot pass.
-              std::memset(out.column_data(0), 0xAB, static_cast<std::size_t>(16 * L * 24));
-              std::memset(out.mask_data(), 0xAB, static_cast<std::size_t>(16 * L));
-              const gear::window w{L, off, from, padding};
-              gear::rng g{seed * 1000 + static_cast<std::uint64_t>(L)};
-              buf.sample(out, w, g);
-              CHECK(g.calls() == 1);
-              const host_batch h = copy_host_batch(out);
-              const std::string err = m.check(h, w);
-              REQUIRE_MESSAGE(err.empty(), err << " L=" << L << " off=" << off
-                                               << " from=" << int(from) << " pad=" << int(padding));
-              for (std::int64_t r = 0; r < 16; ++r) {
-                CHECK(buf.contains(h.keys[r]));
-                CHECK(h.probabilities[r] == doctest::Approx(1.0 / 37));
-                CHECK(h.weights[r] == 1.0f);
-              }
+            host_buffer::batch_type out =
+                buf.make_batch(gear::batch_size{16}, gear::window_length{L});
+            // Poison the outputs so stale bytes cannot pass.
+            std::memset(out.column_data(0), 0xAB, static_cast<std::size_t>(16 * L * 24));
+            std::memset(out.mask_data(), 0xAB, static_cast<std::size_t>(16 * L));
+            const gear::window w{L, off, from, padding};
+            gear::rng g{seed * 1000 + static_cast<std::uint64_t>(L)};
+            buf.sample(out, w, g);
+            CHECK(g.calls() == 1);
+            const host_batch h = copy_host_batch(out);
+            const std::string err = m.check(h, w);
+            REQUIRE_MESSAGE(err.empty(), err << " L=" << L << " off=" << off
+                                             << " from=" << int(from) << " pad=" << int(padding));
+            for (std::int64_t r = 0; r < 16; ++r) {
+              CHECK(buf.contains(h.keys[r]));
+              CHECK(h.probabilities[r] == doctest::Approx(1.0 / 37));
+              CHECK(h.weights[r] == 1.0f);
             }
+          }
   }
 }
 
@@ -412,7 +414,8 @@ TEST_CASE("reserve, write through ref, commit (the GPU-simulator path, on the ho
   CHECK_MESSAGE(err.empty(), err);
 }
 
-// ---- uniform selection: distributions -------------------------------------------------------------
+// ---- uniform selection: distributions
+// -------------------------------------------------------------
 
 TEST_CASE("uniform with replacement: chi-square at significance 0.001 over 10^6 draws") {
   // 1000 live trajectories among 1200 reserved slots (200 pending holes must never be drawn).
@@ -516,7 +519,6 @@ TEST_CASE("the same seed gives the same batch") {
   CHECK(copy_host_batch(b).keys != ha.keys);
 }
 
-
 // ---- removal: erase, max_times_sampled, queues ------------------------------------------------
 
 namespace {
@@ -617,10 +619,11 @@ TEST_CASE("max_times_sampled: each trajectory returned exactly k times, then rem
   }
 }
 
-TEST_CASE_TEMPLATE("fifo and lifo return each trajectory once, in order", Policy, gear::select::fifo,
-                   gear::select::lifo) {
+TEST_CASE_TEMPLATE("fifo and lifo return each trajectory once, in order", Policy,
+                   gear::select::fifo, gear::select::lifo) {
   constexpr bool oldest_first = std::is_same_v<Policy, gear::select::fifo>;
-  gear::replay_buffer<spec, gear::storage::host, Policy> buf{gear::capacity{16}, gear::max_length{6}};
+  gear::replay_buffer<spec, gear::storage::host, Policy> buf{gear::capacity{16},
+                                                             gear::max_length{6}};
   model m;
   std::mt19937_64 gen(8);
   std::vector<std::uint64_t> order;  // ids in the order the policy must return them
@@ -647,8 +650,10 @@ TEST_CASE_TEMPLATE("fifo and lifo return each trajectory once, in order", Policy
       const std::uint64_t want = oldest_first ? stored.front() : stored.back();
       CHECK(m.id(h.keys[r]) == want);
       CHECK(h.probabilities[r] == 1.0f);
-      if (oldest_first) stored.erase(stored.begin());
-      else stored.pop_back();
+      if (oldest_first)
+        stored.erase(stored.begin());
+      else
+        stored.pop_back();
     }
   };
   add(5);
@@ -663,7 +668,8 @@ TEST_CASE_TEMPLATE("fifo and lifo return each trajectory once, in order", Policy
   CHECK(buf.size() == 0);
 }
 
-// ---- errors: each one named, each leaves the buffer as it was ------------------------------------
+// ---- errors: each one named, each leaves the buffer as it was
+// ------------------------------------
 
 TEST_CASE("bad input: a gear::error with its code, and the buffer unchanged") {
   host_buffer buf{gear::capacity{8}, gear::max_length{6}};
@@ -760,12 +766,14 @@ TEST_CASE("bad input: a gear::error with its code, and the buffer unchanged") {
     expect_error(buf, gear::errc::empty_window, [&] { buf.sample(out0, gear::window{0}, g); });
   }
   SUBCASE("window offset beyond max_length") {
-    expect_error(buf, gear::errc::window_out_of_range,
-                 [&] { buf.sample(out1, gear::window{3, 6}, g); });
+    expect_error(buf, gear::errc::window_out_of_range, [&] {
+      buf.sample(out1, gear::window{3, 6}, g);
+    });
   }
   SUBCASE("negative window offset") {
-    expect_error(buf, gear::errc::window_out_of_range,
-                 [&] { buf.sample(out1, gear::window{3, -1}, g); });
+    expect_error(buf, gear::errc::window_out_of_range, [&] {
+      buf.sample(out1, gear::window{3, -1}, g);
+    });
   }
   SUBCASE("batch made for another window length") {
     expect_error(buf, gear::errc::batch_mismatch, [&] { buf.sample(out1, gear::window{4}, g); });
@@ -825,13 +833,17 @@ TEST_CASE("bad input: a gear::error with its code, and the buffer unchanged") {
 }
 
 TEST_CASE("bad construction arguments") {
-  CHECK(code_of([] { host_buffer b{gear::capacity{0}, gear::max_length{4}}; }) ==
-        gear::errc::invalid_argument);
-  CHECK(code_of([] { host_buffer b{gear::capacity{4}, gear::max_length{0}}; }) ==
-        gear::errc::invalid_argument);
-  CHECK(code_of([] { host_buffer::batch_type b(gear::memory_kind::host, gear::batch_size{0},
-                                               gear::window_length{1}); }) ==
-        gear::errc::invalid_argument);
-  CHECK(code_of([] { (void)gear::input(static_cast<const float*>(nullptr), {1, 1, 1, 1, 1, 1, 1}); }) ==
-        gear::errc::wrong_shape);
+  CHECK(code_of([] {
+          host_buffer b{gear::capacity{0}, gear::max_length{4}};
+        }) == gear::errc::invalid_argument);
+  CHECK(code_of([] {
+          host_buffer b{gear::capacity{4}, gear::max_length{0}};
+        }) == gear::errc::invalid_argument);
+  CHECK(code_of([] {
+          host_buffer::batch_type b(gear::memory_kind::host, gear::batch_size{0},
+                                    gear::window_length{1});
+        }) == gear::errc::invalid_argument);
+  CHECK(code_of([] {
+          (void)gear::input(static_cast<const float*>(nullptr), {1, 1, 1, 1, 1, 1, 1});
+        }) == gear::errc::wrong_shape);
 }

@@ -2,11 +2,10 @@
 // Shared by the selection suites (select_host_tests.cpp, select_gpu_tests.cu): a one-column spec,
 // inserting numbered trajectories, and the chi-square check with its stated significance.
 
-#include <gear/gear.hpp>
-
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <gear/gear.hpp>
 #include <numeric>
 #include <random>
 #include <string>

@@ -8,7 +8,6 @@
 
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
-
 #include <thrust/binary_search.h>
 #include <thrust/device_vector.h>
 #include <thrust/execution_policy.h>
@@ -76,7 +75,8 @@ void check_device_tree(const per_state& st, const std::vector<float>& raw, doubl
   for (std::size_t i = 0; i < raw.size(); ++i) {
     REQUIRE(dev_raw[i] == raw[i]);
     const double want = gear::detail::priority_leaf(raw[i], alpha);
-    const double got = nodes[static_cast<std::size_t>(st.shape().leaf(static_cast<std::int64_t>(i)))];
+    const double got =
+        nodes[static_cast<std::size_t>(st.shape().leaf(static_cast<std::int64_t>(i)))];
     worst = std::max(worst, want == 0 ? std::abs(got) : std::abs(got - want) / want);
   }
   CHECK(worst < 1e-12);
@@ -207,7 +207,8 @@ TEST_CASE("prioritized (device): 10^6 random updates with duplicates keep the tr
   GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
   check_device_tree(buf.selection_state(), raw, alpha, s);
   long double fresh = 0;
-  for (float p : raw) fresh += std::pow(static_cast<long double>(p), static_cast<long double>(alpha));
+  for (float p : raw)
+    fresh += std::pow(static_cast<long double>(p), static_cast<long double>(alpha));
   const double root = buf.selection_state().total(s);
   const double rel = std::abs(static_cast<double>((root - fresh) / fresh));
   MESSAGE("device root " << root << " fresh " << static_cast<double>(fresh) << " relative " << rel);
@@ -292,7 +293,8 @@ TEST_CASE("P3 / P3u: prioritized select and update, N = 2^24, B = 4096" * doctes
     st.update(t, ks, std::span<const float>(raw.data() + at, ks.size()), s);
   }
   GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
-  auto out = gear::batch<spec>(gear::memory_kind::device, gear::batch_size{B}, gear::window_length{1});
+  auto out =
+      gear::batch<spec>(gear::memory_kind::device, gear::batch_size{B}, gear::window_length{1});
   gear::selection_request r;
   r.batch = B;
   r.slots = out.slots_data();
@@ -336,7 +338,8 @@ TEST_CASE("P3 / P3u: prioritized select and update, N = 2^24, B = 4096" * doctes
   host.on_commit(t, 0, n, gear::detail::no_stream());
   for (std::int64_t at = 0; at < n; at += std::int64_t(ks.size())) {
     for (std::size_t i = 0; i < ks.size(); ++i) ks[i].slot = std::uint64_t(at) + i;
-    host.update(t, ks, std::span<const float>(raw.data() + at, ks.size()), gear::detail::no_stream());
+    host.update(t, ks, std::span<const float>(raw.data() + at, ks.size()),
+                gear::detail::no_stream());
   }
   std::vector<std::int64_t> hs(B);
   std::vector<float> hp(B), hw(B);
@@ -349,23 +352,36 @@ TEST_CASE("P3 / P3u: prioritized select and update, N = 2^24, B = 4096" * doctes
     hr.draw = g.next();
     const auto t0 = std::chrono::steady_clock::now();
     host.select(t, hr, gear::detail::no_stream());
-    cpu.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    cpu.push_back(
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
   }
   std::sort(cpu.begin(), cpu.end());
   std::vector<double> cpu_up;
   for (int i = 0; i < 21; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     host.update(t, uk, up, gear::detail::no_stream());
-    cpu_up.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    cpu_up.push_back(
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
   }
   std::sort(cpu_up.begin(), cpu_up.end());
   std::printf("\nP3/P3u, N = 2^24, B = 4096 (median GPU time, CUDA events)\n");
   std::printf("| figure | value | ratio |\n|---|---|---|\n");
-  std::printf("| P3 prioritized select + weights (3 launches) | %.1f us | target <= 30 us |\n", select_us);
-  std::printf("| baseline thrust inclusive_scan + upper_bound, all N | %.1f us | %.1fx faster (target >= 3x) |\n", scan_us, scan_us / select_us);
-  std::printf("| baseline one-thread CPU sum tree select (gear host state) | %.1f us | %.1fx faster (target >= 50x) |\n", cpu[cpu.size() / 2], cpu[cpu.size() / 2] / select_us);
-  std::printf("| P3u prioritized update, 10%% duplicates (incl. host staging + H2D) | %.1f us | target <= 20 us |\n", update_us);
-  std::printf("| baseline one-thread CPU sum tree update | %.1f us | %.1fx |\n", cpu_up[cpu_up.size() / 2], cpu_up[cpu_up.size() / 2] / update_us);
+  std::printf("| P3 prioritized select + weights (3 launches) | %.1f us | target <= 30 us |\n",
+              select_us);
+  std::printf(
+      "| baseline thrust inclusive_scan + upper_bound, all N | %.1f us | %.1fx faster (target >= "
+      "3x) |\n",
+      scan_us, scan_us / select_us);
+  std::printf(
+      "| baseline one-thread CPU sum tree select (gear host state) | %.1f us | %.1fx faster "
+      "(target >= 50x) |\n",
+      cpu[cpu.size() / 2], cpu[cpu.size() / 2] / select_us);
+  std::printf(
+      "| P3u prioritized update, 10%% duplicates (incl. host staging + H2D) | %.1f us | target <= "
+      "20 us |\n",
+      update_us);
+  std::printf("| baseline one-thread CPU sum tree update | %.1f us | %.1fx |\n",
+              cpu_up[cpu_up.size() / 2], cpu_up[cpu_up.size() / 2] / update_us);
   std::fflush(stdout);
 }
 
@@ -381,7 +397,8 @@ int main(int argc, char** argv) {
         return 1;
       }
     }
-    std::printf("select_gpu_tests: no GPU; device storage correctly refused (no_device); skipping\n");
+    std::printf(
+        "select_gpu_tests: no GPU; device storage correctly refused (no_device); skipping\n");
     return 77;
   }
   doctest::Context context(argc, argv);

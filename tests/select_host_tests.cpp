@@ -41,8 +41,8 @@ std::vector<double> draw_counts(Buffer& buf, gear::rng& g, std::int64_t rows, in
 // ---- sum tree maths ---------------------------------------------------------------------------
 
 TEST_CASE("sum tree shape: every node's 16 children lie inside the padded next level") {
-  for (std::int64_t cap : {1, 2, 15, 16, 17, 255, 256, 257, 4095, 4096, 4097, 100000, 1 << 24,
-                           (1 << 24) + 1}) {
+  for (std::int64_t cap :
+       {1, 2, 15, 16, 17, 255, 256, 257, 4095, 4096, 4097, 100000, 1 << 24, (1 << 24) + 1}) {
     const auto s = gear::detail::make_sum_tree_shape(cap);
     INFO("capacity " << cap);
     REQUIRE(s.count[0] == 1);
@@ -56,7 +56,8 @@ TEST_CASE("sum tree shape: every node's 16 children lie inside the padded next l
     }
   }
   CHECK(gear::detail::make_sum_tree_shape(1 << 24).levels == 7);  // root + 6 levels of 16
-  CHECK(gear::detail::make_sum_tree_shape(std::int64_t{1} << 40).levels <= gear::detail::sum_tree_max_levels);
+  CHECK(gear::detail::make_sum_tree_shape(std::int64_t{1} << 40).levels <=
+        gear::detail::sum_tree_max_levels);
 }
 
 TEST_CASE("sum_tree_find returns the leaf whose prefix interval holds u, never a zero leaf") {
@@ -65,7 +66,8 @@ TEST_CASE("sum_tree_find returns the leaf whose prefix interval holds u, never a
   std::mt19937_64 gen(seed);
   for (std::int64_t cap : {1, 3, 16, 17, 300, 5000}) {
     const auto s = gear::detail::make_sum_tree_shape(cap);
-    std::vector<double> tree(static_cast<std::size_t>(s.total), 0.0), leaves(static_cast<std::size_t>(cap));
+    std::vector<double> tree(static_cast<std::size_t>(s.total), 0.0),
+        leaves(static_cast<std::size_t>(cap));
     for (std::int64_t i = 0; i < cap; ++i)
       tree[static_cast<std::size_t>(s.leaf(i))] = leaves[static_cast<std::size_t>(i)] =
           (gen() % 4 == 0 && cap > 1) ? 0.0 : std::ldexp(double(gen() % 1000 + 1), -int(gen() % 8));
@@ -136,9 +138,11 @@ TEST_CASE("prioritized: importance weights equal (N P_i)^-beta / max over the ba
     buf.sample(b, gear::window{1}, g);
     double max_w = 0;
     for (std::int64_t r = 0; r < 513; ++r)
-      max_w = std::max(max_w, std::pow(double(n) * P[static_cast<std::size_t>(b.slots_data()[r])], -beta));
+      max_w = std::max(max_w,
+                       std::pow(double(n) * P[static_cast<std::size_t>(b.slots_data()[r])], -beta));
     for (std::int64_t r = 0; r < 513; ++r) {
-      const double w = std::pow(double(n) * P[static_cast<std::size_t>(b.slots_data()[r])], -beta) / max_w;
+      const double w =
+          std::pow(double(n) * P[static_cast<std::size_t>(b.slots_data()[r])], -beta) / max_w;
       REQUIRE(std::abs(b.weights_data()[r] - w) <= 1e-5 * w);
     }
   }
@@ -265,8 +269,9 @@ TEST_CASE("prioritized: stratified draws keep the marginal distribution (chi-squ
   CHECK(chi2_test(counts, exact_probabilities(p, 0.95), 1e6).rejects());
 }
 
-TEST_CASE("prioritized: 10^7 updates leave the root equal to a fresh fp64 sum (1e-9) and the tree "
-          "equal to one rebuilt from its leaves") {
+TEST_CASE(
+    "prioritized: 10^7 updates leave the root equal to a fresh fp64 sum (1e-9) and the tree "
+    "equal to one rebuilt from its leaves") {
   const std::uint64_t seed = 424242;
   INFO("seed " << seed);
   const std::int64_t n = 1 << 16;
@@ -287,7 +292,8 @@ TEST_CASE("prioritized: 10^7 updates leave the root equal to a fresh fp64 sum (1
     st.update(t, ks, ps, gear::detail::no_stream());
   }
   long double fresh = 0;
-  for (std::int64_t i = 0; i < n; ++i) fresh += std::pow(static_cast<long double>(st.priority(i)), 0.6L);
+  for (std::int64_t i = 0; i < n; ++i)
+    fresh += std::pow(static_cast<long double>(st.priority(i)), 0.6L);
   const double rel = std::abs(static_cast<double>((st.total() - fresh) / fresh));
   MESSAGE("root " << st.total() << " fresh " << static_cast<double>(fresh) << " relative " << rel);
   CHECK(rel < 1e-9);

@@ -14,17 +14,15 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <string>
-
 #include <cuda/std/mdspan>
 #include <cuda/std/span>
-
 #include <gear/detail/claim.hpp>
 #include <gear/detail/memory.hpp>
 #include <gear/error.hpp>
 #include <gear/key.hpp>
 #include <gear/spec.hpp>
 #include <gear/strong_types.hpp>
+#include <string>
 
 namespace gear {
 
@@ -40,13 +38,14 @@ class batch {
   using mask_view = cuda::std::mdspan<const std::uint8_t, cuda::std::dextents<std::int64_t, 2>>;
 
   /// Allocates a batch of `rows` rows of `length` steps in memory of kind `where`.
-  /// Throws errc::invalid_argument for rows or length below 1, errc::out_of_memory, errc::cuda_error.
+  /// Throws errc::invalid_argument for rows or length below 1, errc::out_of_memory,
+  /// errc::cuda_error.
   batch(memory_kind where, gear::batch_size rows, gear::window_length length)
       : rows_(rows.value), length_(length.value) {
     GEAR_REQUIRE(rows_ >= 1, errc::invalid_argument,
-                    "batch size must be at least 1, got " + std::to_string(rows_));
+                 "batch size must be at least 1, got " + std::to_string(rows_));
     GEAR_REQUIRE(length_ >= 1, errc::invalid_argument,
-                    "window length must be at least 1, got " + std::to_string(length_));
+                 "window length must be at least 1, got " + std::to_string(length_));
     std::size_t at = 0;
     auto reserve = [&at](std::int64_t bytes) {
       const std::size_t here = at;
@@ -80,7 +79,8 @@ class batch {
   template <fixed_string Name>
   [[nodiscard]] auto column() const noexcept {
     constexpr std::size_t i = Spec::index_of(Name.view());
-    static_assert(i < num_columns, "gear::batch::column<Name>: the spec has no column of that name");
+    static_assert(i < num_columns,
+                  "gear::batch::column<Name>: the spec has no column of that name");
     return column<i>();
   }
   /// [B, L]: 1 where a position holds a step of the trajectory, 0 where it is padding.
@@ -109,7 +109,9 @@ class batch {
   [[nodiscard]] std::uint8_t* mask_data() const noexcept {
     return reinterpret_cast<std::uint8_t*>(base() + mask_offset_);
   }
-  [[nodiscard]] key* keys_data() const noexcept { return reinterpret_cast<key*>(base() + keys_offset_); }
+  [[nodiscard]] key* keys_data() const noexcept {
+    return reinterpret_cast<key*>(base() + keys_offset_);
+  }
   [[nodiscard]] std::int64_t* slots_data() const noexcept {
     return reinterpret_cast<std::int64_t*>(base() + slots_offset_);
   }
@@ -125,7 +127,9 @@ class batch {
   [[nodiscard]] std::int64_t scratch_size() const noexcept { return scratch_size_; }
 
  private:
-  static constexpr std::int64_t align_up_256(std::int64_t x) noexcept { return (x + 255) / 256 * 256; }
+  static constexpr std::int64_t align_up_256(std::int64_t x) noexcept {
+    return (x + 255) / 256 * 256;
+  }
   [[nodiscard]] std::byte* base() const noexcept { return memory_.device_data(); }
 
   std::int64_t rows_;

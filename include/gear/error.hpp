@@ -39,28 +39,50 @@ enum class errc {
 /// A short, stable name for each code ("stale_key", ...).
 constexpr std::string_view to_string(errc code) noexcept {
   switch (code) {
-    case errc::invalid_argument: return "invalid_argument";
-    case errc::empty_buffer: return "empty_buffer";
-    case errc::not_enough_items: return "not_enough_items";
-    case errc::stale_key: return "stale_key";
-    case errc::key_out_of_range: return "key_out_of_range";
-    case errc::empty_trajectory: return "empty_trajectory";
-    case errc::trajectory_too_long: return "trajectory_too_long";
-    case errc::wrong_type: return "wrong_type";
-    case errc::wrong_shape: return "wrong_shape";
-    case errc::null_pointer: return "null_pointer";
-    case errc::misaligned_pointer: return "misaligned_pointer";
-    case errc::wrong_memory: return "wrong_memory";
-    case errc::empty_window: return "empty_window";
-    case errc::window_out_of_range: return "window_out_of_range";
-    case errc::batch_mismatch: return "batch_mismatch";
-    case errc::writer_full: return "writer_full";
-    case errc::invalid_reservation: return "invalid_reservation";
-    case errc::invalid_priority: return "invalid_priority";
-    case errc::no_device: return "no_device";
-    case errc::out_of_memory: return "out_of_memory";
-    case errc::cuda_error: return "cuda_error";
-    case errc::transport_error: return "transport_error";
+    case errc::invalid_argument:
+      return "invalid_argument";
+    case errc::empty_buffer:
+      return "empty_buffer";
+    case errc::not_enough_items:
+      return "not_enough_items";
+    case errc::stale_key:
+      return "stale_key";
+    case errc::key_out_of_range:
+      return "key_out_of_range";
+    case errc::empty_trajectory:
+      return "empty_trajectory";
+    case errc::trajectory_too_long:
+      return "trajectory_too_long";
+    case errc::wrong_type:
+      return "wrong_type";
+    case errc::wrong_shape:
+      return "wrong_shape";
+    case errc::null_pointer:
+      return "null_pointer";
+    case errc::misaligned_pointer:
+      return "misaligned_pointer";
+    case errc::wrong_memory:
+      return "wrong_memory";
+    case errc::empty_window:
+      return "empty_window";
+    case errc::window_out_of_range:
+      return "window_out_of_range";
+    case errc::batch_mismatch:
+      return "batch_mismatch";
+    case errc::writer_full:
+      return "writer_full";
+    case errc::invalid_reservation:
+      return "invalid_reservation";
+    case errc::invalid_priority:
+      return "invalid_priority";
+    case errc::no_device:
+      return "no_device";
+    case errc::out_of_memory:
+      return "out_of_memory";
+    case errc::cuda_error:
+      return "cuda_error";
+    case errc::transport_error:
+      return "transport_error";
   }
   return "unknown";
 }
@@ -82,7 +104,8 @@ class error : public std::runtime_error {
 
 /// Throws gear::error(code, message) unless condition holds. The message expression is evaluated
 /// only on failure, so checks in hot paths cost a comparison and build no string.
-#define GEAR_REQUIRE(condition, code, message)                            \
-  do {                                                                    \
-    if (!(condition)) [[unlikely]] throw ::gear::error((code), (message)); \
+#define GEAR_REQUIRE(condition, code, message) \
+  do {                                         \
+    if (!(condition)) [[unlikely]]             \
+      throw ::gear::error((code), (message));  \
   } while (0)

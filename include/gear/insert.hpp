@@ -7,14 +7,13 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <initializer_list>
-#include <span>
-#include <string>
-
 #include <gear/detail/memory.hpp>
 #include <gear/dtype.hpp>
 #include <gear/error.hpp>
 #include <gear/spec.hpp>
+#include <initializer_list>
+#include <span>
+#include <string>
 
 namespace gear {
 
@@ -29,11 +28,11 @@ struct column_input {
 
 /// Describes packed column data: `input(obs, {4, 84, 84})`, `input(reward)` for scalars.
 template <class T>
-  requires is_element_type_v<T>
-column_input input(const T* data, std::initializer_list<std::int64_t> shape = {}) {
+requires is_element_type_v<T> column_input input(const T* data,
+                                                 std::initializer_list<std::int64_t> shape = {}) {
   column_input in{data, dtype_of<T>, static_cast<int>(shape.size()), {}};
   GEAR_REQUIRE(shape.size() <= max_rank, errc::wrong_shape,
-                  "a per-step shape has at most 6 dimensions");
+               "a per-step shape has at most 6 dimensions");
   std::size_t i = 0;
   for (std::int64_t e : shape) in.shape[i++] = e;
   return in;
@@ -56,10 +55,11 @@ namespace detail {
 template <trajectory_spec Spec, std::size_t C>
 void check_column_input(const column_input& in) {
   using col = typename Spec::template column_t<C>;
-  GEAR_REQUIRE(in.data != nullptr, errc::null_pointer, "column '" + std::string(col::name) + "': data is null");
+  GEAR_REQUIRE(in.data != nullptr, errc::null_pointer,
+               "column '" + std::string(col::name) + "': data is null");
   GEAR_REQUIRE(in.type == col::type, errc::wrong_type,
-          "column '" + std::string(col::name) + "': expected " + std::string(to_string(col::type)) + ", got " +
-              std::string(to_string(in.type)));
+               "column '" + std::string(col::name) + "': expected " +
+                   std::string(to_string(col::type)) + ", got " + std::string(to_string(in.type)));
   const bool same = in.rank == static_cast<int>(col::rank) &&
                     std::equal(col::shape.begin(), col::shape.end(), in.shape.begin());
   if (!same) {
@@ -73,8 +73,8 @@ void check_column_input(const column_input& in) {
                                        ", the spec says " + show(col::shape.data(), col::rank));
   }
   GEAR_REQUIRE(reinterpret_cast<std::uintptr_t>(in.data) % sizeof(typename col::element_type) == 0,
-          errc::misaligned_pointer,
-          "column '" + std::string(col::name) + "': data is not aligned to its element size");
+               errc::misaligned_pointer,
+               "column '" + std::string(col::name) + "': data is not aligned to its element size");
 }
 
 }  // namespace detail

@@ -2,7 +2,6 @@
 // Keys name one stored trajectory: its shard, slot and the slot's generation when it was written.
 
 #include <cstdint>
-
 #include <gear/config.hpp>
 
 namespace gear {

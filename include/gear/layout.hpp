@@ -14,7 +14,6 @@
 
 #include <cstddef>
 #include <cstdint>
-
 #include <gear/config.hpp>
 
 namespace gear {
@@ -37,9 +36,9 @@ GEAR_HD constexpr std::int64_t segment_bytes(std::int64_t step_bytes,
 
 /// Where one column's bytes start and how far apart its slots are.
 struct column_geometry {
-  std::byte* base = nullptr;       ///< column segment of slot 0 (host or device address)
-  std::int64_t slot_stride = 0;    ///< bytes from one slot to the next in this column's region
-  std::int64_t step_bytes = 0;     ///< bytes of one step
+  std::byte* base = nullptr;     ///< column segment of slot 0 (host or device address)
+  std::int64_t slot_stride = 0;  ///< bytes from one slot to the next in this column's region
+  std::int64_t step_bytes = 0;   ///< bytes of one step
 
   /// Address of step `step` of slot `slot`.
   GEAR_HD constexpr std::byte* at(std::int64_t slot, std::int64_t step) const noexcept {

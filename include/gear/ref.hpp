@@ -14,11 +14,10 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
-#include <tuple>
-#include <type_traits>
-
 #include <gear/config.hpp>
 #include <gear/layout.hpp>
+#include <tuple>
+#include <type_traits>
 
 namespace gear {
 
@@ -62,7 +61,10 @@ class buffer_ref {
   buffer_ref(const std::array<detail::column_geometry, num_columns>& columns,
              const std::int64_t* lengths, const std::uint32_t* generations,
              const std::uint64_t* tickets, std::int64_t capacity, std::int64_t max_length)
-      : lengths_(lengths), generations_(generations), tickets_(tickets), capacity_(capacity),
+      : lengths_(lengths),
+        generations_(generations),
+        tickets_(tickets),
+        capacity_(capacity),
         max_length_(max_length) {
     for (std::size_t c = 0; c < num_columns; ++c) columns_[c] = columns[c];
   }
@@ -73,27 +75,21 @@ class buffer_ref {
   /// Step t of column I of `slot`; write into it (requires op::write_steps). Write only slots of
   /// a reservation that is not yet committed.
   template <std::size_t I>
-    requires can_write
-  GEAR_HD typename Elements::template at<I>* step(std::int64_t slot, std::int64_t t) const noexcept {
+  requires can_write GEAR_HD typename Elements::template at<I>* step(
+      std::int64_t slot, std::int64_t t) const noexcept {
     return reinterpret_cast<typename Elements::template at<I>*>(columns_[I].at(slot, t));
   }
 
   /// Committed length of `slot`, 0 if empty or pending (requires op::read_metadata).
-  GEAR_HD std::int64_t length(std::int64_t slot) const noexcept
-    requires can_read
-  {
+  GEAR_HD std::int64_t length(std::int64_t slot) const noexcept requires can_read {
     return lengths_[slot];
   }
   /// Generation of `slot` (requires op::read_metadata).
-  GEAR_HD std::uint32_t generation(std::int64_t slot) const noexcept
-    requires can_read
-  {
+  GEAR_HD std::uint32_t generation(std::int64_t slot) const noexcept requires can_read {
     return generations_[slot];
   }
   /// Insertion sequence number of the trajectory in `slot` (requires op::read_metadata).
-  GEAR_HD std::uint64_t ticket(std::int64_t slot) const noexcept
-    requires can_read
-  {
+  GEAR_HD std::uint64_t ticket(std::int64_t slot) const noexcept requires can_read {
     return tickets_[slot];
   }
 

@@ -28,13 +28,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <cuda/stream_ref>
 #include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
-
-#include <cuda/stream_ref>
 
 #define GEAR_REPLAY_BUFFER_INCLUDED 1
 
@@ -116,15 +115,14 @@ class replay_buffer {
         max_length_(length.value),
         selection_(std::move(selection)),
         transport_(std::move(transport)) {
-    GEAR_REQUIRE(capacity_ >= 1 && capacity_ <= (std::int64_t{1} << 40),
-                    errc::invalid_argument,
-                    "capacity must be in [1, 2^40], got " + std::to_string(capacity_));
+    GEAR_REQUIRE(capacity_ >= 1 && capacity_ <= (std::int64_t{1} << 40), errc::invalid_argument,
+                 "capacity must be in [1, 2^40], got " + std::to_string(capacity_));
     GEAR_REQUIRE(max_length_ >= 1, errc::invalid_argument,
-                    "max_length must be at least 1, got " + std::to_string(max_length_));
+                 "max_length must be at least 1, got " + std::to_string(max_length_));
     if constexpr (on_device)
       GEAR_REQUIRE(detail::gpu_available(), errc::no_device,
-                      "this storage policy needs a CUDA GPU and none is usable; use "
-                      "gear::storage::host on machines without one");
+                   "this storage policy needs a CUDA GPU and none is usable; use "
+                   "gear::storage::host on machines without one");
     allocate_regions();
     allocate_metadata();
     selection_state_.emplace(selection_, capacity_);
@@ -167,14 +165,13 @@ class replay_buffer {
   }
   /// Throws errc::key_out_of_range or errc::stale_key unless contains(k).
   void check_key(const key& k) const {
-    GEAR_REQUIRE(k.shard == transport_.shard_id() &&
-                        k.slot < static_cast<std::uint64_t>(capacity_),
-                    errc::key_out_of_range,
-                    "key (shard " + std::to_string(k.shard) + ", slot " + std::to_string(k.slot) +
-                        ") is not in this shard of " + std::to_string(capacity_) + " slots");
+    GEAR_REQUIRE(k.shard == transport_.shard_id() && k.slot < static_cast<std::uint64_t>(capacity_),
+                 errc::key_out_of_range,
+                 "key (shard " + std::to_string(k.shard) + ", slot " + std::to_string(k.slot) +
+                     ") is not in this shard of " + std::to_string(capacity_) + " slots");
     GEAR_REQUIRE(contains(k), errc::stale_key,
-                    "key (slot " + std::to_string(k.slot) + ", generation " +
-                        std::to_string(k.generation) + ") names a trajectory no longer stored");
+                 "key (slot " + std::to_string(k.slot) + ", generation " +
+                     std::to_string(k.generation) + ") names a trajectory no longer stored");
   }
 
   // ---- insert ------------------------------------------------------------------------------
@@ -199,9 +196,7 @@ class replay_buffer {
     insert_async(in, keys_out, stream);
     synchronize(stream);
   }
-  void insert(const trajectories<Spec>& in, std::span<key> keys_out)
-    requires(!on_device)
-  {
+  void insert(const trajectories<Spec>& in, std::span<key> keys_out) requires(!on_device) {
     insert_async(in, keys_out, detail::no_stream());
   }
 
@@ -213,16 +208,14 @@ class replay_buffer {
   /// Throws errc::invalid_argument (count outside [1, capacity]), errc::cuda_error.
   [[nodiscard]] reservation reserve(std::int64_t count, cuda::stream_ref stream) {
     GEAR_REQUIRE(count >= 1 && count <= capacity_, errc::invalid_argument,
-                    "reserve count must be in [1, " + std::to_string(capacity_) + "], got " +
-                        std::to_string(count));
+                 "reserve count must be in [1, " + std::to_string(capacity_) + "], got " +
+                     std::to_string(count));
     const reservation r = reserve_slots(count, stream);
     publish_metadata(r.first_ticket, count, stream);
     synchronize(stream);
     return r;
   }
-  [[nodiscard]] reservation reserve(std::int64_t count)
-    requires(!on_device)
-  {
+  [[nodiscard]] reservation reserve(std::int64_t count) requires(!on_device) {
     return reserve(count, detail::no_stream());
   }
 
@@ -234,29 +227,27 @@ class replay_buffer {
   void commit_async(const reservation& r, std::span<const std::int64_t> lengths,
                     std::span<key> keys_out, cuda::stream_ref stream) {
     GEAR_REQUIRE(r.capacity == capacity_ && r.count >= 1 &&
-                        static_cast<std::int64_t>(lengths.size()) == r.count &&
-                        static_cast<std::int64_t>(keys_out.size()) >= r.count,
-                    errc::invalid_argument,
-                    "commit needs one length and one key per reserved slot");
+                     static_cast<std::int64_t>(lengths.size()) == r.count &&
+                     static_cast<std::int64_t>(keys_out.size()) >= r.count,
+                 errc::invalid_argument, "commit needs one length and one key per reserved slot");
     for (std::int64_t i = 0; i < r.count; ++i) {
       const std::int64_t slot = r.slot(i);
-      GEAR_REQUIRE(tickets_host()[slot] == r.first_ticket + static_cast<std::uint64_t>(i) &&
-                          states_host()[slot] == detail::slot_state::pending,
-                      errc::invalid_reservation,
-                      "slot " + std::to_string(slot) +
-                          " was overwritten, abandoned or already committed");
+      GEAR_REQUIRE(
+          tickets_host()[slot] == r.first_ticket + static_cast<std::uint64_t>(i) &&
+              states_host()[slot] == detail::slot_state::pending,
+          errc::invalid_reservation,
+          "slot " + std::to_string(slot) + " was overwritten, abandoned or already committed");
     }
     check_lengths(lengths);
     commit_slots(r, lengths, keys_out, stream);
   }
-  void commit(const reservation& r, std::span<const std::int64_t> lengths,
-              std::span<key> keys_out, cuda::stream_ref stream) {
+  void commit(const reservation& r, std::span<const std::int64_t> lengths, std::span<key> keys_out,
+              cuda::stream_ref stream) {
     commit_async(r, lengths, keys_out, stream);
     synchronize(stream);
   }
-  void commit(const reservation& r, std::span<const std::int64_t> lengths, std::span<key> keys_out)
-    requires(!on_device)
-  {
+  void commit(const reservation& r, std::span<const std::int64_t> lengths,
+              std::span<key> keys_out) requires(!on_device) {
     commit_async(r, lengths, keys_out, detail::no_stream());
   }
 
@@ -264,9 +255,7 @@ class replay_buffer {
   [[nodiscard]] writer<replay_buffer> make_writer(cuda::stream_ref stream) {
     return writer<replay_buffer>(*this, stream);
   }
-  [[nodiscard]] writer<replay_buffer> make_writer()
-    requires(!on_device)
-  {
+  [[nodiscard]] writer<replay_buffer> make_writer() requires(!on_device) {
     return writer<replay_buffer>(*this, detail::no_stream());
   }
 
@@ -288,19 +277,19 @@ class replay_buffer {
   void sample_async(batch_type& out, const window& w, rng& g, cuda::stream_ref stream) {
     GEAR_REQUIRE(live_ > 0, errc::empty_buffer, "no committed trajectory to sample from");
     GEAR_REQUIRE(w.length >= 1, errc::empty_window,
-                    "window length must be at least 1, got " + std::to_string(w.length));
+                 "window length must be at least 1, got " + std::to_string(w.length));
     GEAR_REQUIRE(w.offset >= 0 && w.offset < max_length_, errc::window_out_of_range,
-                    "window offset must be in [0, max_length = " + std::to_string(max_length_) +
-                        "), got " + std::to_string(w.offset));
+                 "window offset must be in [0, max_length = " + std::to_string(max_length_) +
+                     "), got " + std::to_string(w.offset));
     GEAR_REQUIRE(w.from == anchor::start || w.from == anchor::end || w.from == anchor::random,
-                    errc::window_out_of_range, "window anchor is not start, end or random");
+                 errc::window_out_of_range, "window anchor is not start, end or random");
     GEAR_REQUIRE(w.padding == pad::head || w.padding == pad::tail, errc::window_out_of_range,
-                    "window padding is not head or tail");
+                 "window padding is not head or tail");
     GEAR_REQUIRE(out.window_length() == w.length, errc::batch_mismatch,
-                    "batch was made for windows of " + std::to_string(out.window_length()) +
-                        " steps, the window has " + std::to_string(w.length));
+                 "batch was made for windows of " + std::to_string(out.window_length()) +
+                     " steps, the window has " + std::to_string(w.length));
     GEAR_REQUIRE(out.where() == batch_memory, errc::batch_mismatch,
-                    "batch lives in the wrong memory for this buffer; make it with make_batch()");
+                 "batch lives in the wrong memory for this buffer; make it with make_batch()");
     const slot_table table = selection_table();
     selection_state_->validate(table, out.batch_size());
 
@@ -345,9 +334,7 @@ class replay_buffer {
     sample_async(out, w, g, stream);
     synchronize(stream);
   }
-  void sample(batch_type& out, const window& w, rng& g)
-    requires(!on_device)
-  {
+  void sample(batch_type& out, const window& w, rng& g) requires(!on_device) {
     sample_async(out, w, g, detail::no_stream());
   }
 
@@ -370,9 +357,7 @@ class replay_buffer {
     erase_async(keys, stream);
     synchronize(stream);
   }
-  void erase(std::span<const key> keys)
-    requires(!on_device)
-  {
+  void erase(std::span<const key> keys) requires(!on_device) {
     erase_async(keys, detail::no_stream());
   }
 
@@ -404,28 +389,29 @@ class replay_buffer {
   /// errc::invalid_argument (sizes differ), errc::invalid_priority (NaN, negative, infinite),
   /// errc::cuda_error.
   void update_priorities_async(std::span<const key> keys, std::span<const float> priorities,
-                               cuda::stream_ref stream)
-    requires requires(typename Selection::template state<space>& s) {
-      s.update(slot_table{}, keys, priorities, stream);
-    }
+                               cuda::stream_ref stream) requires
+      requires(typename Selection::template state<space>& s) {
+    s.update(slot_table{}, keys, priorities, stream);
+  }
   {
     for (const key& k : keys) check_key(k);
     selection_state_->update(selection_table(), keys, priorities, stream);
   }
   /// update_priorities_async, then synchronises the stream.
   void update_priorities(std::span<const key> keys, std::span<const float> priorities,
-                         cuda::stream_ref stream)
-    requires requires(replay_buffer& b) { b.update_priorities_async(keys, priorities, stream); }
+                         cuda::stream_ref stream) requires requires(replay_buffer& b) {
+    b.update_priorities_async(keys, priorities, stream);
+  }
   {
     update_priorities_async(keys, priorities, stream);
     synchronize(stream);
   }
-  void update_priorities(std::span<const key> keys, std::span<const float> priorities)
-    requires(!on_device) &&
-            requires(replay_buffer& b) { b.update_priorities_async(keys, priorities, detail::no_stream()); }
-  {
-    update_priorities_async(keys, priorities, detail::no_stream());
+  void update_priorities(std::span<const key> keys,
+                         std::span<const float> priorities) requires(!on_device) &&
+      requires(replay_buffer& b) {
+    b.update_priorities_async(keys, priorities, detail::no_stream());
   }
+  { update_priorities_async(keys, priorities, detail::no_stream()); }
 
   /// The selection policy's state, for its run-time settings and inspection, e.g.
   /// buf.selection_state().set_exponents(alpha, beta, stream) for select::prioritized.
@@ -443,8 +429,8 @@ class replay_buffer {
   template <class... Ops>
   [[nodiscard]] buffer_ref<typename Spec::element_list, Ops...> ref(Ops...) const noexcept {
     const slot_table t = selection_table();
-    return buffer_ref<typename Spec::element_list, Ops...>(kernel_columns_, t.lengths, t.generations, t.tickets,
-                                    capacity_, max_length_);
+    return buffer_ref<typename Spec::element_list, Ops...>(
+        kernel_columns_, t.lengths, t.generations, t.tickets, capacity_, max_length_);
   }
 
   /// Metadata in the memory where selection runs, as selection policies see it.
@@ -487,7 +473,7 @@ class replay_buffer {
       }
       if (slot_bytes == 0) continue;
       GEAR_REQUIRE(slot_bytes <= (std::int64_t{1} << 62) / capacity_, errc::out_of_memory,
-                      "slot storage size overflows");
+                   "slot storage size overflows");
       regions_[k] = detail::allocation(kinds[k], static_cast<std::size_t>(slot_bytes * capacity_));
       for (std::size_t c = 0; c < num_columns; ++c) {
         if (placement[c] != kinds[k]) continue;
@@ -501,15 +487,14 @@ class replay_buffer {
   // Metadata: lengths (int64), generations (uint32, padded to 8 bytes), tickets (uint64) and
   // states (uint8), each [capacity]. The host copy is authoritative; GPU buffers mirror the first
   // three in device memory, published after every change.
-  [[nodiscard]] std::int64_t generations_padded() const noexcept {
-    return (capacity_ + 1) / 2 * 2;
-  }
+  [[nodiscard]] std::int64_t generations_padded() const noexcept { return (capacity_ + 1) / 2 * 2; }
   [[nodiscard]] std::size_t device_meta_bytes() const noexcept {
     return static_cast<std::size_t>(capacity_ * 8 + generations_padded() * 4 + capacity_ * 8);
   }
   void allocate_metadata() {
     const std::size_t bytes = device_meta_bytes() + static_cast<std::size_t>(capacity_);
-    host_meta_ = detail::allocation(on_device ? memory_kind::pinned_host : memory_kind::host, bytes);
+    host_meta_ =
+        detail::allocation(on_device ? memory_kind::pinned_host : memory_kind::host, bytes);
     std::memset(host_meta_.data(), 0, bytes);
     if constexpr (on_device) {
       device_meta_ = detail::allocation(memory_kind::device, device_meta_bytes());
@@ -548,7 +533,8 @@ class replay_buffer {
       auto* dev_generations = reinterpret_cast<std::uint32_t*>(dev_lengths + capacity_);
       auto* dev_tickets = reinterpret_cast<std::uint64_t*>(dev_generations + generations_padded());
       auto copy = [&](auto* dst, const auto* src, std::int64_t at, std::int64_t n) {
-        GEAR_CUDA_TRY(cudaMemcpyAsync(dst + at, src + at, static_cast<std::size_t>(n) * sizeof(*src),
+        GEAR_CUDA_TRY(cudaMemcpyAsync(dst + at, src + at,
+                                      static_cast<std::size_t>(n) * sizeof(*src),
                                       cudaMemcpyHostToDevice, stream.get()));
       };
       for (auto [at, n] : {std::pair{begin, n1}, std::pair{std::int64_t{0}, count - n1}}) {
@@ -563,59 +549,61 @@ class replay_buffer {
   }
 
   void synchronize(cuda::stream_ref stream) const {
-    if constexpr (on_device) GEAR_CUDA_TRY(cudaStreamSynchronize(stream.get()));
-    else (void)stream;
+    if constexpr (on_device)
+      GEAR_CUDA_TRY(cudaStreamSynchronize(stream.get()));
+    else
+      (void)stream;
   }
 
   // ---- validation --------------------------------------------------------------------------
 
   void check_slot(std::int64_t slot) const {
-    GEAR_REQUIRE(slot >= 0 && slot < capacity_, errc::key_out_of_range,
-                    "slot " + std::to_string(slot) + " is outside [0, " +
-                        std::to_string(capacity_) + ")");
+    GEAR_REQUIRE(
+        slot >= 0 && slot < capacity_, errc::key_out_of_range,
+        "slot " + std::to_string(slot) + " is outside [0, " + std::to_string(capacity_) + ")");
   }
 
   void check_lengths(std::span<const std::int64_t> lengths) const {
     for (std::size_t i = 0; i < lengths.size(); ++i) {
       GEAR_REQUIRE(lengths[i] >= 1, errc::empty_trajectory,
-                      "trajectory " + std::to_string(i) + " has length " +
-                          std::to_string(lengths[i]));
+                   "trajectory " + std::to_string(i) + " has length " + std::to_string(lengths[i]));
       GEAR_REQUIRE(lengths[i] <= max_length_, errc::trajectory_too_long,
-                      "trajectory " + std::to_string(i) + " has " + std::to_string(lengths[i]) +
-                          " steps, max_length is " + std::to_string(max_length_));
+                   "trajectory " + std::to_string(i) + " has " + std::to_string(lengths[i]) +
+                       " steps, max_length is " + std::to_string(max_length_));
     }
   }
 
   void validate_insert(const trajectories<Spec>& in, std::span<key> keys_out) const {
     const auto count = static_cast<std::int64_t>(in.lengths.size());
     GEAR_REQUIRE(count >= 1 && count <= capacity_, errc::invalid_argument,
-                    "an insert takes 1 to capacity = " + std::to_string(capacity_) +
-                        " trajectories, got " + std::to_string(count));
+                 "an insert takes 1 to capacity = " + std::to_string(capacity_) +
+                     " trajectories, got " + std::to_string(count));
     GEAR_REQUIRE(in.lengths.data() != nullptr, errc::null_pointer, "lengths is null");
     GEAR_REQUIRE(static_cast<std::int64_t>(keys_out.size()) >= count, errc::invalid_argument,
-                    "keys_out holds " + std::to_string(keys_out.size()) + " keys, need " +
-                        std::to_string(count));
+                 "keys_out holds " + std::to_string(keys_out.size()) + " keys, need " +
+                     std::to_string(count));
     check_lengths(in.lengths);
     [&]<std::size_t... C>(std::index_sequence<C...>) {
       (detail::check_column_input<Spec, C>(in.columns[C]), ...);
-    }(std::make_index_sequence<num_columns>{});
+    }
+    (std::make_index_sequence<num_columns>{});
     GEAR_REQUIRE(in.source == memory_kind::host || in.source == memory_kind::device,
-                    errc::wrong_memory, "insert source must be memory_kind::host or ::device");
+                 errc::wrong_memory, "insert source must be memory_kind::host or ::device");
     if constexpr (!on_device) {
       GEAR_REQUIRE(in.source == memory_kind::host, errc::wrong_memory,
-                      "storage::host takes trajectories from host memory only");
+                   "storage::host takes trajectories from host memory only");
     } else {
       for (std::size_t c = 0; c < num_columns; ++c) {
         cudaPointerAttributes attributes{};
         GEAR_CUDA_TRY(cudaPointerGetAttributes(&attributes, in.columns[c].data));
-        const bool device_memory = attributes.type == cudaMemoryTypeDevice ||
-                                   attributes.type == cudaMemoryTypeManaged;
+        const bool device_memory =
+            attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
         const bool gpu_readable = device_memory || attributes.type == cudaMemoryTypeHost;
         const bool ok = in.source == memory_kind::device ? gpu_readable : !device_memory;
         GEAR_REQUIRE(ok, errc::wrong_memory,
-                        "column '" + std::string(Spec::names[c]) + "' is not in " +
-                            (in.source == memory_kind::device ? "GPU-readable" : "host") +
-                            " memory as the insert says");
+                     "column '" + std::string(Spec::names[c]) + "' is not in " +
+                         (in.source == memory_kind::device ? "GPU-readable" : "host") +
+                         " memory as the insert says");
       }
     }
   }
@@ -676,7 +664,9 @@ class replay_buffer {
   /// generations, marks them pending. Host metadata, and the selection policy's on_evict hook.
   reservation reserve_slots(std::int64_t count, cuda::stream_ref stream) {
     const reservation r{next_ticket_, count, capacity_};
-    if constexpr (requires { selection_state_->on_evict(slot_table{}, r.first_ticket, r.count, stream); })
+    if constexpr (requires {
+                    selection_state_->on_evict(slot_table{}, r.first_ticket, r.count, stream);
+                  })
       selection_state_->on_evict(selection_table(), r.first_ticket, r.count, stream);
     for (std::int64_t i = 0; i < count; ++i) {
       const std::int64_t slot = r.slot(i);
@@ -703,14 +693,17 @@ class replay_buffer {
     }
     live_ += r.count;
     publish_metadata(r.first_ticket, r.count, stream);
-    if constexpr (requires { selection_state_->on_commit(slot_table{}, r.first_ticket, r.count, stream); })
+    if constexpr (requires {
+                    selection_state_->on_commit(slot_table{}, r.first_ticket, r.count, stream);
+                  })
       selection_state_->on_commit(selection_table(), r.first_ticket, r.count, stream);
   }
 
   /// Marks the pending slot of `ticket` empty again (an abandoned writer).
   void abandon(std::uint64_t ticket, cuda::stream_ref stream) noexcept {
     const auto slot = static_cast<std::int64_t>(ticket % static_cast<std::uint64_t>(capacity_));
-    if (tickets_host()[slot] != ticket || states_host()[slot] != detail::slot_state::pending) return;
+    if (tickets_host()[slot] != ticket || states_host()[slot] != detail::slot_state::pending)
+      return;
     states_host()[slot] = detail::slot_state::empty;
     try {
       publish_metadata(ticket, 1, stream);
@@ -755,9 +748,9 @@ class replay_buffer {
         const unsigned parts = detail::copy_threads_for(gpu_bytes);
         for (std::size_t c = 0; c < num_columns; ++c)
           if (targets[c] != nullptr)
-            detail::copy_packed_share(static_cast<const std::byte*>(in.columns[c].data), total,
-                                      Spec::step_bytes[c], [&](std::size_t) { return targets[c]; },
-                                      part, parts);
+            detail::copy_packed_share(
+                static_cast<const std::byte*>(in.columns[c].data), total, Spec::step_bytes[c],
+                [&](std::size_t) { return targets[c]; }, part, parts);
       });
       for (auto& source : sources)
         if (source != nullptr) source = device_view_of_staging(source);
@@ -770,7 +763,9 @@ class replay_buffer {
           if (!host_accessible(placement[c])) continue;
           detail::copy_packed_share(
               static_cast<const std::byte*>(in.columns[c].data), in.lengths, Spec::step_bytes[c],
-              [&](std::size_t i) { return host_columns_[c].at(r.slot(static_cast<std::int64_t>(i)), 0); },
+              [&](std::size_t i) {
+                return host_columns_[c].at(r.slot(static_cast<std::int64_t>(i)), 0);
+              },
               part, parts);
         }
       });
@@ -781,8 +776,10 @@ class replay_buffer {
   /// of `count` trajectories plus `data_bytes`, and returns where the data part starts (CPU
   /// address). Grows only when an insert is larger than any before.
   std::byte* reserve_staging(std::int64_t count, std::int64_t data_bytes) {
-    if (staging_ready_.get() != nullptr) GEAR_CUDA_TRY(cudaEventSynchronize(staging_ready_.get()));
-    else staging_ready_ = detail::event::make();
+    if (staging_ready_.get() != nullptr)
+      GEAR_CUDA_TRY(cudaEventSynchronize(staging_ready_.get()));
+    else
+      staging_ready_ = detail::event::make();
     const auto rows_bytes = static_cast<std::size_t>(
         align_up(count * std::int64_t{sizeof(detail::scatter_row)}, segment_alignment));
     const std::size_t bytes = rows_bytes + static_cast<std::size_t>(data_bytes);
@@ -815,9 +812,11 @@ class replay_buffer {
         args.max_count_length = std::max(args.max_count_length, len);
       }
       // Every block reads its row: from device memory, not over PCIe.
-      const std::size_t rows_bytes = static_cast<std::size_t>(r.count) * sizeof(detail::scatter_row);
+      const std::size_t rows_bytes =
+          static_cast<std::size_t>(r.count) * sizeof(detail::scatter_row);
       if (device_rows_.size() < rows_bytes)
-        device_rows_ = detail::allocation(memory_kind::device, std::max(rows_bytes, 2 * device_rows_.size()));
+        device_rows_ =
+            detail::allocation(memory_kind::device, std::max(rows_bytes, 2 * device_rows_.size()));
       GEAR_CUDA_TRY(cudaMemcpyAsync(device_rows_.data(), rows, rows_bytes, cudaMemcpyHostToDevice,
                                     stream.get()));
       args.rows = device_rows_.template as<detail::scatter_row>();
@@ -879,8 +878,10 @@ class writer {
   writer(Buffer& buffer, cuda::stream_ref stream)
       : buffer_(&buffer), stream_(stream), reservation_(buffer.reserve(1, stream)) {}
   writer(writer&& o) noexcept
-      : buffer_(std::exchange(o.buffer_, nullptr)), stream_(o.stream_),
-        reservation_(o.reservation_), steps_(o.steps_) {}
+      : buffer_(std::exchange(o.buffer_, nullptr)),
+        stream_(o.stream_),
+        reservation_(o.reservation_),
+        steps_(o.steps_) {}
   writer& operator=(writer&&) = delete;
   writer(const writer&) = delete;
   writer& operator=(const writer&) = delete;
@@ -900,18 +901,20 @@ class writer {
   void append(const T*... step) {
     static_assert(sizeof...(T) == spec::num_columns, "writer::append: one pointer per column");
     check_open();
-    GEAR_REQUIRE(steps_ < buffer_->max_length(), errc::writer_full,
-                    "trajectory already has max_length = " +
-                        std::to_string(buffer_->max_length()) + " steps");
+    GEAR_REQUIRE(
+        steps_ < buffer_->max_length(), errc::writer_full,
+        "trajectory already has max_length = " + std::to_string(buffer_->max_length()) + " steps");
     const void* ptrs[] = {static_cast<const void*>(step)...};
     [&]<std::size_t... C>(std::index_sequence<C...>) {
-      static_assert((std::is_same_v<std::remove_cv_t<T>,
-                                    typename spec::template column_t<C>::element_type> && ...),
-                    "writer::append: pointer types must match the spec's column types");
-    }(std::make_index_sequence<spec::num_columns>{});
+      static_assert(
+          (std::is_same_v<std::remove_cv_t<T>, typename spec::template column_t<C>::element_type> &&
+           ...),
+          "writer::append: pointer types must match the spec's column types");
+    }
+    (std::make_index_sequence<spec::num_columns>{});
     for (std::size_t c = 0; c < spec::num_columns; ++c)
       GEAR_REQUIRE(ptrs[c] != nullptr, errc::null_pointer,
-                      "column '" + std::string(spec::names[c]) + "': step pointer is null");
+                   "column '" + std::string(spec::names[c]) + "': step pointer is null");
     for (std::size_t c = 0; c < spec::num_columns; ++c) {
       std::byte* dst = buffer_->host_columns_[c].at(slot(), steps_);
       const auto bytes = static_cast<std::size_t>(spec::step_bytes[c]);
@@ -939,9 +942,9 @@ class writer {
   void check_open() const {
     GEAR_REQUIRE(buffer_ != nullptr, errc::invalid_reservation, "writer already committed");
     GEAR_REQUIRE(buffer_->tickets_host()[slot()] == reservation_.first_ticket &&
-                        buffer_->states_host()[slot()] == detail::slot_state::pending,
-                    errc::invalid_reservation,
-                    "the writer's slot was taken over by newer reservations");
+                     buffer_->states_host()[slot()] == detail::slot_state::pending,
+                 errc::invalid_reservation,
+                 "the writer's slot was taken over by newer reservations");
   }
 
   Buffer* buffer_;

@@ -4,7 +4,6 @@
 // is reproducible from its seed whatever ran on other streams.
 
 #include <cstdint>
-
 #include <gear/config.hpp>
 
 namespace gear {
@@ -53,11 +52,11 @@ struct rng_draw {
 
   /// 4 x 32 random bits for (row, attempt, lane); lanes separate independent uses in one row.
   GEAR_HD constexpr detail::u32x4 bits(std::uint64_t row, std::uint32_t attempt) const noexcept {
-    return detail::philox({static_cast<std::uint32_t>(row), static_cast<std::uint32_t>(row >> 32),
-                           attempt, static_cast<std::uint32_t>(call)},
-                          static_cast<std::uint32_t>(seed),
-                          static_cast<std::uint32_t>(seed >> 32) ^
-                              static_cast<std::uint32_t>(call >> 32));
+    return detail::philox(
+        {static_cast<std::uint32_t>(row), static_cast<std::uint32_t>(row >> 32), attempt,
+         static_cast<std::uint32_t>(call)},
+        static_cast<std::uint32_t>(seed),
+        static_cast<std::uint32_t>(seed >> 32) ^ static_cast<std::uint32_t>(call >> 32));
   }
 
   /// Uniform integer in [0, n) for (row, attempt); bias below n / 2^64.

@@ -13,14 +13,12 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cuda/std/mdspan>
+#include <gear/dtype.hpp>
+#include <gear/ref.hpp>
 #include <string_view>
 #include <tuple>
 #include <type_traits>
-
-#include <cuda/std/mdspan>
-
-#include <gear/dtype.hpp>
-#include <gear/ref.hpp>
 
 namespace gear {
 
@@ -53,9 +51,9 @@ struct column {
   static constexpr std::int64_t elements_per_step = (std::int64_t{1} * ... * Extents);
   static constexpr std::int64_t step_bytes = elements_per_step * std::int64_t{sizeof(T)};
   /// The extents of this column in a sampled batch: [batch, window, Extents...].
-  using batch_extents = cuda::std::extents<std::int64_t, cuda::std::dynamic_extent,
-                                           cuda::std::dynamic_extent,
-                                           static_cast<std::size_t>(Extents)...>;
+  using batch_extents =
+      cuda::std::extents<std::int64_t, cuda::std::dynamic_extent, cuda::std::dynamic_extent,
+                         static_cast<std::size_t>(Extents)...>;
   static constexpr bool is_gear_column = true;
 };
 

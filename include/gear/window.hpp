@@ -2,7 +2,6 @@
 // Windows: which steps of a trajectory a sampled row holds, and where they land in the row.
 
 #include <cstdint>
-
 #include <gear/config.hpp>
 
 namespace gear {

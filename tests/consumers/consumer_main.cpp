@@ -1,8 +1,7 @@
 // Built by the three consumer projects in this folder (add_subdirectory, FetchContent,
 // find_package) with a plain C++ compiler: a host-storage buffer round trip through gear::gear.
-#include <gear/gear.hpp>
-
 #include <cstdio>
+#include <gear/gear.hpp>
 #include <vector>
 
 using spec = gear::spec<gear::column<"obs", float, 3>, gear::column<"action", std::int32_t>>;

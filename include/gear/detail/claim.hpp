@@ -3,7 +3,6 @@
 // used to draw without replacement. On the device, claims from many threads race safely.
 
 #include <cstdint>
-
 #include <gear/config.hpp>
 
 namespace gear::detail {

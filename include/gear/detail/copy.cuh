@@ -3,7 +3,6 @@
 
 #include <cstddef>
 #include <cstdint>
-
 #include <gear/detail/tuning.hpp>
 #include <gear/spec.hpp>
 
@@ -13,8 +12,8 @@ __device__ constexpr std::int64_t min64(std::int64_t a, std::int64_t b) { return
 __device__ constexpr std::int64_t max64(std::int64_t a, std::int64_t b) { return a < b ? b : a; }
 
 /// How the blocks of a copy launch are shared out: every item (a sampled row, an inserted
-/// trajectory) of column c is split into chunks[c] chunks of tuning::copy_chunk_bytes, one block each,
-/// column after column.
+/// trajectory) of column c is split into chunks[c] chunks of tuning::copy_chunk_bytes, one block
+/// each, column after column.
 struct column_blocks {
   std::int64_t chunks[max_columns];
   std::int64_t first_block[max_columns + 1];

@@ -2,20 +2,19 @@
 // Checked CUDA runtime calls. Every runtime call and every kernel launch in gear goes through
 // GEAR_CUDA_TRY / GEAR_CHECK_LAUNCH, which turn a failure into gear::error(errc::cuda_error).
 
-#include <string>
-
 #include <cuda_runtime_api.h>
 
 #include <gear/error.hpp>
+#include <string>
 
 /// Evaluates a cudaError_t expression and throws gear::error if it is not cudaSuccess.
-#define GEAR_CUDA_TRY(expr)                                                               \
-  do {                                                                                    \
-    const cudaError_t gear_status_ = (expr);                                              \
-    if (gear_status_ != cudaSuccess) {                                                    \
-      (void)cudaGetLastError();                                                           \
-      ::gear::detail::throw_cuda(gear_status_, #expr, __FILE__, __LINE__);                \
-    }                                                                                     \
+#define GEAR_CUDA_TRY(expr)                                                \
+  do {                                                                     \
+    const cudaError_t gear_status_ = (expr);                               \
+    if (gear_status_ != cudaSuccess) {                                     \
+      (void)cudaGetLastError();                                            \
+      ::gear::detail::throw_cuda(gear_status_, #expr, __FILE__, __LINE__); \
+    }                                                                      \
   } while (0)
 
 /// Checks the kernel launch just made (configuration and launch errors).
@@ -77,4 +76,3 @@ class event {
 };
 
 }  // namespace gear::detail
-

@@ -8,7 +8,6 @@
 // row's mask and key.
 
 #include <cuda/stream_ref>
-
 #include <gear/detail/copy.cuh>
 #include <gear/detail/cuda.hpp>
 #include <gear/detail/gather.hpp>

@@ -9,7 +9,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-
 #include <gear/config.hpp>
 #include <gear/key.hpp>
 #include <gear/rng.hpp>
@@ -23,7 +22,7 @@ struct gather_column {
   const std::byte* src = nullptr;  ///< column segment of slot 0
   std::int64_t slot_stride = 0;
   std::int64_t step_bytes = 0;
-  std::byte* dst = nullptr;        ///< [batch][window length][step] output
+  std::byte* dst = nullptr;  ///< [batch][window length][step] output
 };
 
 /// Everything one gather needs; trivially copyable, passed to the kernel by value.
@@ -37,14 +36,15 @@ struct gather_args {
   const std::int64_t* lengths = nullptr;       ///< slot metadata
   const std::uint32_t* generations = nullptr;  ///< slot metadata
   std::uint32_t shard = 0;
-  std::uint8_t* mask = nullptr;                ///< out: [batch][window length]
-  key* keys = nullptr;                         ///< out: [batch]
+  std::uint8_t* mask = nullptr;  ///< out: [batch][window length]
+  key* keys = nullptr;           ///< out: [batch]
 };
 
 /// The window of row `row`, resolved against its trajectory (all padding for slot -1).
 GEAR_HD inline window_plan row_plan(const gather_args& a, std::int64_t row, std::int64_t slot) {
   if (slot < 0) return {0, 0, 0};
-  return plan_window(a.win, a.lengths[slot], a.draw.extra(static_cast<std::uint64_t>(row), 0xFFFFFFFFu));
+  return plan_window(a.win, a.lengths[slot],
+                     a.draw.extra(static_cast<std::uint64_t>(row), 0xFFFFFFFFu));
 }
 
 /// The key of row `row`; slot -1 gives an all-ones key, which no slot has.
@@ -71,7 +71,8 @@ inline void gather_on_host(const gather_args& a) {
       if (body > 0)
         std::memcpy(dst + head, col.src + slot * col.slot_stride + p.src_step * col.step_bytes,
                     static_cast<std::size_t>(body));
-      std::memset(dst + head + body, 0, static_cast<std::size_t>(len * col.step_bytes - head - body));
+      std::memset(dst + head + body, 0,
+                  static_cast<std::size_t>(len * col.step_bytes - head - body));
     }
   }
 }

@@ -20,7 +20,8 @@ inline constexpr unsigned max_copy_threads = 16;
 /// Threads worth using for a copy of `bytes` bytes.
 inline unsigned copy_threads_for(std::int64_t bytes) noexcept {
   const unsigned hardware = std::max(1u, std::thread::hardware_concurrency());
-  const auto wanted = static_cast<unsigned>(std::min<std::int64_t>(bytes / parallel_copy_grain, 64));
+  const auto wanted =
+      static_cast<unsigned>(std::min<std::int64_t>(bytes / parallel_copy_grain, 64));
   return std::clamp(wanted, 1u, std::min(hardware, max_copy_threads));
 }
 

@@ -4,12 +4,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <gear/detail/cuda.hpp>
+#include <gear/error.hpp>
 #include <new>
 #include <string>
 #include <utility>
-
-#include <gear/detail/cuda.hpp>
-#include <gear/error.hpp>
 
 namespace gear {
 
@@ -37,9 +36,10 @@ class allocation {
     if (bytes == 0) return;
     switch (kind) {
       case memory_kind::host:
-        ptr_ = ::operator new(bytes, std::align_val_t{allocation_alignment}, std::nothrow);
+        ptr_ = ::operator new (bytes, std::align_val_t{allocation_alignment}, std::nothrow);
         if (ptr_ == nullptr)
-          throw error(errc::out_of_memory, "host allocation of " + std::to_string(bytes) + " bytes");
+          throw error(errc::out_of_memory,
+                      "host allocation of " + std::to_string(bytes) + " bytes");
         break;
       case memory_kind::pinned_host:
         GEAR_CUDA_TRY(cudaHostAlloc(&ptr_, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
@@ -62,15 +62,22 @@ class allocation {
 
   /// The address the CPU uses (for device memory: the device address, not dereferenceable).
   [[nodiscard]] std::byte* data() const noexcept { return static_cast<std::byte*>(ptr_); }
-  /// The address kernels use (differs from data() only for mapped memory without unified addressing).
-  [[nodiscard]] std::byte* device_data() const noexcept { return static_cast<std::byte*>(device_ptr_); }
+  /// The address kernels use (differs from data() only for mapped memory without unified
+  /// addressing).
+  [[nodiscard]] std::byte* device_data() const noexcept {
+    return static_cast<std::byte*>(device_ptr_);
+  }
   [[nodiscard]] std::size_t size() const noexcept { return bytes_; }
   [[nodiscard]] memory_kind kind() const noexcept { return kind_; }
 
   template <class T>
-  [[nodiscard]] T* as() const noexcept { return reinterpret_cast<T*>(ptr_); }
+  [[nodiscard]] T* as() const noexcept {
+    return reinterpret_cast<T*>(ptr_);
+  }
   template <class T>
-  [[nodiscard]] T* device_as() const noexcept { return reinterpret_cast<T*>(device_ptr_); }
+  [[nodiscard]] T* device_as() const noexcept {
+    return reinterpret_cast<T*>(device_ptr_);
+  }
 
   void swap(allocation& o) noexcept {
     std::swap(ptr_, o.ptr_);
@@ -84,9 +91,15 @@ class allocation {
     if (ptr_ == nullptr) return;
     // Errors while freeing cannot be reported from a destructor; the memory is gone either way.
     switch (kind_) {
-      case memory_kind::host: ::operator delete(ptr_, std::align_val_t{allocation_alignment}); break;
-      case memory_kind::pinned_host: (void)cudaFreeHost(ptr_); break;
-      case memory_kind::device: (void)cudaFree(ptr_); break;
+      case memory_kind::host:
+        ::operator delete (ptr_, std::align_val_t{allocation_alignment});
+        break;
+      case memory_kind::pinned_host:
+        (void)cudaFreeHost(ptr_);
+        break;
+      case memory_kind::device:
+        (void)cudaFree(ptr_);
+        break;
     }
     ptr_ = device_ptr_ = nullptr;
   }

@@ -3,7 +3,6 @@
 // device (or mapped) memory into its slot. Blocks are laid out like the gather's.
 
 #include <cuda/stream_ref>
-
 #include <gear/detail/copy.cuh>
 #include <gear/detail/cuda.hpp>
 #include <gear/detail/scatter.hpp>
@@ -31,7 +30,8 @@ __global__ void __launch_bounds__(tuning::copy_threads)
 /// Launches the scatter on `stream`; checks the launch, never synchronises.
 inline void scatter_on_device(const scatter_args& a, cuda::stream_ref stream) {
   std::int64_t item_bytes[max_columns];
-  for (int c = 0; c < a.num_columns; ++c) item_bytes[c] = a.max_count_length * a.columns[c].step_bytes;
+  for (int c = 0; c < a.num_columns; ++c)
+    item_bytes[c] = a.max_count_length * a.columns[c].step_bytes;
   const column_blocks g = column_blocks::make(a.num_columns, a.count, item_bytes);
   const std::int64_t blocks = g.first_block[a.num_columns];
   if (blocks == 0) return;

@@ -4,7 +4,6 @@
 
 #include <cstddef>
 #include <cstdint>
-
 #include <gear/spec.hpp>
 
 namespace gear::detail {

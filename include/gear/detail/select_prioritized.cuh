@@ -21,16 +21,14 @@
 
 #include <bit>
 #include <cstdint>
-#include <span>
-#include <vector>
-
 #include <cuda/stream_ref>
-
 #include <gear/detail/cuda.hpp>
 #include <gear/detail/memory.hpp>
 #include <gear/detail/sum_tree.hpp>
 #include <gear/detail/tuning.hpp>
 #include <gear/select/prioritized.hpp>
+#include <span>
+#include <vector>
 
 namespace gear::detail {
 
@@ -47,9 +45,10 @@ struct priority_source {
   std::int64_t count = 0;
 
   GEAR_HD std::int64_t slot(std::int64_t i) const noexcept {
-    return slots != nullptr ? slots[i]
-                            : static_cast<std::int64_t>((first_ticket + static_cast<std::uint64_t>(i)) %
-                                                        static_cast<std::uint64_t>(capacity));
+    return slots != nullptr
+               ? slots[i]
+               : static_cast<std::int64_t>((first_ticket + static_cast<std::uint64_t>(i)) %
+                                           static_cast<std::uint64_t>(capacity));
   }
   GEAR_HD float priority(std::int64_t i) const noexcept {
     return priorities != nullptr ? priorities[i] : fill;
@@ -58,16 +57,15 @@ struct priority_source {
 
 /// The device arrays of a prioritized state.
 struct priority_tree {
-  double* nodes = nullptr;                 ///< [shape.total] the sum tree
-  float* raw = nullptr;                    ///< [capacity] raw priorities (negative/NaN: none)
-  unsigned long long* winner = nullptr;    ///< [capacity] last-write-wins bids
-  unsigned int* flags = nullptr;           ///< [shape.internal()] touched children | arrivals
+  double* nodes = nullptr;               ///< [shape.total] the sum tree
+  float* raw = nullptr;                  ///< [capacity] raw priorities (negative/NaN: none)
+  unsigned long long* winner = nullptr;  ///< [capacity] last-write-wins bids
+  unsigned int* flags = nullptr;         ///< [shape.internal()] touched children | arrivals
   sum_tree_shape shape{};
 };
 
 template <class Tree>  // always priority_tree; a template so that headers define it once per use
-__global__ void priority_mark_kernel(priority_source src, Tree t,
-                                     unsigned long long epoch) {
+__global__ void priority_mark_kernel(priority_source src, Tree t, unsigned long long epoch) {
   const std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
   if (i >= src.count) return;
   const std::int64_t slot = src.slot(i);
@@ -77,14 +75,14 @@ __global__ void priority_mark_kernel(priority_source src, Tree t,
     const unsigned bit = 1u << (j % sum_tree_fanout);
     j /= sum_tree_fanout;
     unsigned* flag = t.flags + t.shape.offset[d - 1] + j;
-    if (__ldcg(flag) & bit) break;               // someone else carries this edge upward
+    if (__ldcg(flag) & bit) break;  // someone else carries this edge upward
     if (atomicOr(flag, bit) & bit) break;
   }
 }
 
 template <class Tree>  // always priority_tree; a template so that headers define it once per use
-__global__ void priority_apply_kernel(priority_source src, Tree t,
-                                      unsigned long long epoch, double alpha) {
+__global__ void priority_apply_kernel(priority_source src, Tree t, unsigned long long epoch,
+                                      double alpha) {
   const std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
   if (i >= src.count) return;
   const std::int64_t slot = src.slot(i);
@@ -100,7 +98,7 @@ __global__ void priority_apply_kernel(priority_source src, Tree t,
     __threadfence();  // this child's value before its arrival
     const unsigned now = atomicOr(t.flags + node, bit << 16) | (bit << 16);
     if ((now >> 16) != (now & 0xFFFFu)) return;  // a touched sibling is still on its way
-    __threadfence();  // every touched sibling's value after its arrival
+    __threadfence();                             // every touched sibling's value after its arrival
     const double* child = t.nodes + t.shape.offset[d] + j * sum_tree_fanout;
     double v[sum_tree_fanout];
     for (int c = 0; c < sum_tree_fanout; ++c) v[c] = __ldcg(child + c);
@@ -125,10 +123,10 @@ __global__ void sum_tree_level_kernel(Tree t, int d) {
   t.nodes[t.shape.offset[d] + j] = sum_tree_children(t.nodes, t.shape, d, j);
 }
 
-template <class Request>  // always selection_request; a template so that headers define it once per use
-__global__ void prioritized_select_kernel(slot_table table, Request r,
-                                          const double* nodes, sum_tree_shape shape,
-                                          bool stratified) {
+template <
+    class Request>  // always selection_request; a template so that headers define it once per use
+__global__ void prioritized_select_kernel(slot_table table, Request r, const double* nodes,
+                                          sum_tree_shape shape, bool stratified) {
   const std::int64_t row = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
   if (row >= r.batch) return;
   const double root = nodes[0];
@@ -147,9 +145,11 @@ __global__ void prioritized_select_kernel(slot_table table, Request r,
             ~static_cast<unsigned long long>(__double_as_longlong(leaf)));
 }
 
-template <class Request>  // always selection_request; a template so that headers define it once per use
-__global__ void prioritized_weights_kernel(Request r, const double* nodes,
-                                           sum_tree_shape shape, double beta) {
+template <class Request>  // always selection_request; a template so that headers define it once per
+                          // use
+                          __global__ void prioritized_weights_kernel(Request r, const double* nodes,
+                                                                     sum_tree_shape shape,
+                                                                     double beta) {
   const std::int64_t row = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
   if (row >= r.batch) return;
   if (!(nodes[0] > 0)) return;
@@ -177,12 +177,13 @@ class prioritized::state<exec::device> {
       : policy_(policy), capacity_(capacity), shape_(detail::make_sum_tree_shape(capacity)) {
     detail::validate_exponents(policy.alpha, policy.beta);
     const auto cap = static_cast<std::size_t>(capacity);
-    nodes_ = detail::allocation(memory_kind::device, static_cast<std::size_t>(shape_.total) * sizeof(double));
+    nodes_ = detail::allocation(memory_kind::device,
+                                static_cast<std::size_t>(shape_.total) * sizeof(double));
     raw_ = detail::allocation(memory_kind::device, cap * sizeof(float));
     winner_ = detail::allocation(memory_kind::device, cap * sizeof(unsigned long long));
-    flags_ = detail::allocation(memory_kind::device,
-                                static_cast<std::size_t>(std::max<std::int64_t>(shape_.internal(), 1)) *
-                                    sizeof(unsigned));
+    flags_ = detail::allocation(
+        memory_kind::device,
+        static_cast<std::size_t>(std::max<std::int64_t>(shape_.internal(), 1)) * sizeof(unsigned));
     cudaStream_t init{};
     GEAR_CUDA_TRY(cudaStreamCreateWithFlags(&init, cudaStreamNonBlocking));
     cudaError_t status = cudaMemsetAsync(nodes_.data(), 0, nodes_.size(), init);
@@ -241,8 +242,8 @@ class prioritized::state<exec::device> {
   /// The root: sum of p^alpha over committed trajectories.
   [[nodiscard]] double total(cuda::stream_ref stream) const {
     double root = 0;
-    GEAR_CUDA_TRY(cudaMemcpyAsync(&root, nodes_.data(), sizeof root, cudaMemcpyDeviceToHost,
-                                  stream.get()));
+    GEAR_CUDA_TRY(
+        cudaMemcpyAsync(&root, nodes_.data(), sizeof root, cudaMemcpyDeviceToHost, stream.get()));
     GEAR_CUDA_TRY(cudaStreamSynchronize(stream.get()));
     return root;
   }
@@ -276,7 +277,8 @@ class prioritized::state<exec::device> {
     const float largest = detail::validate_priorities(keys, priorities);
     const auto n = static_cast<std::int64_t>(keys.size());
     if (n == 0) return;
-    const std::size_t slot_bytes = (static_cast<std::size_t>(n) * sizeof(std::int64_t) + 255) / 256 * 256;
+    const std::size_t slot_bytes =
+        (static_cast<std::size_t>(n) * sizeof(std::int64_t) + 255) / 256 * 256;
     const std::size_t bytes = slot_bytes + static_cast<std::size_t>(n) * sizeof(float);
     if (staging_ready_.get() != nullptr) GEAR_CUDA_TRY(cudaEventSynchronize(staging_ready_.get()));
     if (staging_.size() < bytes) {

@@ -3,18 +3,17 @@
 // host-side Fenwick tree, so selection is one launch and never synchronises.
 
 #include <cstdint>
-
 #include <cuda/stream_ref>
-
 #include <gear/detail/cuda.hpp>
 #include <gear/detail/tuning.hpp>
 #include <gear/select/recency.hpp>
 
 namespace gear::detail {
 
-template <class Request>  // always selection_request; a template so that headers define it once per use
-__global__ void recency_select_kernel(slot_table table, Request request,
-                                      recency_window w) {
+template <class Request>  // always selection_request; a template so that headers define it once per
+                          // use
+                          __global__ void recency_select_kernel(slot_table table, Request request,
+                                                                recency_window w) {
   const std::int64_t row = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
   if (row >= request.batch) return;
   request.slots[row] = recency_row(table, request, w, row);

@@ -2,15 +2,16 @@
 // Device side of gear::select::uniform: one thread per row.
 
 #include <cuda/stream_ref>
-
 #include <gear/detail/cuda.hpp>
 #include <gear/detail/tuning.hpp>
 #include <gear/select/uniform.hpp>
 
 namespace gear::detail {
 
-template <class Request>  // always selection_request; a template so that headers define it once per use
-__global__ void uniform_select_kernel(slot_table table, Request request, bool replacement) {
+template <class Request>  // always selection_request; a template so that headers define it once per
+                          // use
+                          __global__ void uniform_select_kernel(slot_table table, Request request,
+                                                                bool replacement) {
   const std::int64_t row = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
   if (row >= request.batch) return;
   request.slots[row] = uniform_row(table, request, replacement, row);
@@ -34,9 +35,9 @@ class uniform::state<exec::device> {
 
   void select(const slot_table& t, const selection_request& r, cuda::stream_ref stream) {
     if (!policy_.replacement)  // the claim set starts empty
-      GEAR_CUDA_TRY(cudaMemsetAsync(r.scratch, 0,
-                                    static_cast<std::size_t>(r.scratch_size) * sizeof(std::uint64_t),
-                                    stream.get()));
+      GEAR_CUDA_TRY(cudaMemsetAsync(
+          r.scratch, 0, static_cast<std::size_t>(r.scratch_size) * sizeof(std::uint64_t),
+          stream.get()));
     constexpr int threads = detail::tuning::select_threads;
     const auto blocks = static_cast<unsigned>((r.batch + threads - 1) / threads);
     detail::uniform_select_kernel<<<blocks, threads, 0, stream.get()>>>(t, r, policy_.replacement);

@@ -16,7 +16,6 @@
 // history of updates is bit for bit the tree built fresh from its leaves: the sums cannot drift.
 
 #include <cstdint>
-
 #include <gear/config.hpp>
 
 namespace gear::detail {
@@ -28,10 +27,10 @@ inline constexpr int sum_tree_max_levels = 12;
 
 /// Where each level of a sum tree over `capacity` leaves lives in its node array.
 struct sum_tree_shape {
-  int levels = 1;                                  ///< root is level 0, leaves level levels - 1
-  std::int64_t offset[sum_tree_max_levels] = {};   ///< first entry of each level
-  std::int64_t count[sum_tree_max_levels] = {};    ///< entries in use at each level
-  std::int64_t total = 0;                          ///< entries of the whole array, padding included
+  int levels = 1;                                 ///< root is level 0, leaves level levels - 1
+  std::int64_t offset[sum_tree_max_levels] = {};  ///< first entry of each level
+  std::int64_t count[sum_tree_max_levels] = {};   ///< entries in use at each level
+  std::int64_t total = 0;                         ///< entries of the whole array, padding included
 
   /// Array index of the leaf of `slot`.
   GEAR_HD constexpr std::int64_t leaf(std::int64_t slot) const noexcept {
@@ -83,14 +82,17 @@ GEAR_HD inline std::int64_t sum_tree_find(const double* tree, const sum_tree_sha
   for (int d = 0; d + 1 < s.levels; ++d) {
     const double* child = tree + s.offset[d + 1] + j * sum_tree_fanout;
     double v[sum_tree_fanout];
-    for (int c = 0; c < sum_tree_fanout; ++c) v[c] = child[c];  // one line, loads in flight together
+    for (int c = 0; c < sum_tree_fanout; ++c)
+      v[c] = child[c];  // one line, loads in flight together
     int pick = -1, last = 0;
     for (int c = 0; c < sum_tree_fanout; ++c) {
       if (!(v[c] > 0)) continue;
       last = c;
       if (pick >= 0) continue;
-      if (u < v[c]) pick = c;
-      else u -= v[c];
+      if (u < v[c])
+        pick = c;
+      else
+        u -= v[c];
     }
     j = j * sum_tree_fanout + (pick >= 0 ? pick : last);
   }
@@ -99,7 +101,8 @@ GEAR_HD inline std::int64_t sum_tree_find(const double* tree, const sum_tree_sha
 
 /// Recomputes the ancestors of leaf `slot` after it changed (host; the device refresh is in
 /// select_prioritized.cuh and produces the same sums).
-inline void sum_tree_refresh_path(double* tree, const sum_tree_shape& s, std::int64_t slot) noexcept {
+inline void sum_tree_refresh_path(double* tree, const sum_tree_shape& s,
+                                  std::int64_t slot) noexcept {
   std::int64_t j = slot;
   for (int d = s.levels - 1; d > 0; --d) {
     j /= sum_tree_fanout;

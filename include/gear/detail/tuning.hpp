@@ -15,6 +15,7 @@ inline constexpr int copy_threads = 256;
 /// 16-byte vectors each copy thread moves per chunk.
 inline constexpr int copy_vectors_per_thread = 4;
 /// Bytes of one row segment one copy block moves.
-inline constexpr std::int64_t copy_chunk_bytes = std::int64_t{16} * copy_threads * copy_vectors_per_thread;
+inline constexpr std::int64_t copy_chunk_bytes =
+    std::int64_t{16} * copy_threads * copy_vectors_per_thread;
 
 }  // namespace gear::detail::tuning

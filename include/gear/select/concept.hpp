@@ -34,14 +34,13 @@
 // trajectory a sample returns (each is returned once), as a queue or stack does.
 //
 // slot_table points at metadata in the memory of Space (and at the host's copy of the lengths).
-// Ticket t (an insertion sequence number) lives in slot t % capacity. A user-written policy follows the same contract and plugs in as the
-// third template argument of replay_buffer, with no change to gear.
+// Ticket t (an insertion sequence number) lives in slot t % capacity. A user-written policy follows
+// the same contract and plugs in as the third template argument of replay_buffer, with no change to
+// gear.
 
 #include <concepts>
 #include <cstdint>
-
 #include <cuda/stream_ref>
-
 #include <gear/rng.hpp>
 
 namespace gear {
@@ -66,24 +65,23 @@ struct slot_table {
 
 /// What select() must produce.
 struct selection_request {
-  std::int64_t batch = 0;             ///< rows to select
-  rng_draw draw{};                    ///< this call's random numbers
-  std::int64_t* slots = nullptr;      ///< out: [batch] selected slots
-  float* probabilities = nullptr;     ///< out: [batch] probability each row had of being drawn
-  float* weights = nullptr;           ///< out: [batch] importance weights (1 where not applicable)
-  std::uint64_t* scratch = nullptr;   ///< workspace of scratch_size words, contents unspecified:
-                                      ///< a policy that needs zeros clears what it uses
-  std::int64_t scratch_size = 0;      ///< a power of two >= 2 * batch
+  std::int64_t batch = 0;            ///< rows to select
+  rng_draw draw{};                   ///< this call's random numbers
+  std::int64_t* slots = nullptr;     ///< out: [batch] selected slots
+  float* probabilities = nullptr;    ///< out: [batch] probability each row had of being drawn
+  float* weights = nullptr;          ///< out: [batch] importance weights (1 where not applicable)
+  std::uint64_t* scratch = nullptr;  ///< workspace of scratch_size words, contents unspecified:
+                                     ///< a policy that needs zeros clears what it uses
+  std::int64_t scratch_size = 0;     ///< a power of two >= 2 * batch
 };
 
 template <class P, class Space>
-concept selection_policy_for =
-    std::copy_constructible<P> &&
-    requires(typename P::template state<Space>& s, const slot_table& t,
-             const selection_request& r, cuda::stream_ref stream) {
-      typename P::template state<Space>;
-      { s.validate(t, std::int64_t{}) };
-      { s.select(t, r, stream) };
-    };
+concept selection_policy_for = std::copy_constructible<P> &&
+    requires(typename P::template state<Space>& s, const slot_table& t, const selection_request& r,
+             cuda::stream_ref stream) {
+  typename P::template state<Space>;
+  {s.validate(t, std::int64_t{})};
+  {s.select(t, r, stream)};
+};
 
 }  // namespace gear

@@ -34,18 +34,16 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <span>
-#include <string>
-#include <vector>
-
 #include <cuda/stream_ref>
-
 #include <gear/config.hpp>
 #include <gear/detail/sum_tree.hpp>
 #include <gear/error.hpp>
 #include <gear/key.hpp>
 #include <gear/select/concept.hpp>
 #include <gear/select/uniform.hpp>
+#include <span>
+#include <string>
+#include <vector>
 
 namespace gear::select {
 
@@ -91,25 +89,25 @@ GEAR_HD inline float importance_weight(double leaf, double leaf_min, double beta
 
 inline void validate_exponents(double alpha, double beta) {
   GEAR_REQUIRE(std::isfinite(alpha) && alpha >= 0, errc::invalid_argument,
-          "priority exponent alpha must be finite and >= 0, got " + std::to_string(alpha));
+               "priority exponent alpha must be finite and >= 0, got " + std::to_string(alpha));
   GEAR_REQUIRE(std::isfinite(beta) && beta >= 0, errc::invalid_argument,
-          "importance exponent beta must be finite and >= 0, got " + std::to_string(beta));
+               "importance exponent beta must be finite and >= 0, got " + std::to_string(beta));
 }
 
 /// Throws (changing nothing) unless there is one priority per key and each is finite and >= 0.
 /// Returns the largest priority.
 inline float validate_priorities(std::span<const key> keys, std::span<const float> priorities) {
   GEAR_REQUIRE(keys.size() == priorities.size(), errc::invalid_argument,
-          "update_priorities needs one priority per key: " + std::to_string(keys.size()) +
-              " keys, " + std::to_string(priorities.size()) + " priorities");
+               "update_priorities needs one priority per key: " + std::to_string(keys.size()) +
+                   " keys, " + std::to_string(priorities.size()) + " priorities");
   GEAR_REQUIRE(keys.size() < (std::size_t{1} << 32), errc::invalid_argument,
-          "update_priorities takes fewer than 2^32 keys at once");
+               "update_priorities takes fewer than 2^32 keys at once");
   float largest = 0;
   for (std::size_t i = 0; i < priorities.size(); ++i) {
     const float p = priorities[i];
     GEAR_REQUIRE(std::isfinite(p) && p >= 0, errc::invalid_priority,
-            "priority " + std::to_string(i) + " is " + std::to_string(p) +
-                "; priorities must be finite and >= 0");
+                 "priority " + std::to_string(i) + " is " + std::to_string(p) +
+                     "; priorities must be finite and >= 0");
     largest = std::max(largest, p);
   }
   return largest;
@@ -157,7 +155,9 @@ class prioritized::state<exec::host> {
   /// sum of p^alpha over committed trajectories (the root of the tree).
   [[nodiscard]] double total() const noexcept { return tree_[0]; }
   /// The raw priority of `slot` (-1 without a committed trajectory).
-  [[nodiscard]] float priority(std::int64_t slot) const { return priorities_.at(static_cast<std::size_t>(slot)); }
+  [[nodiscard]] float priority(std::int64_t slot) const {
+    return priorities_.at(static_cast<std::size_t>(slot));
+  }
   /// p^alpha of `slot` as the tree holds it.
   [[nodiscard]] double leaf(std::int64_t slot) const {
     return tree_.at(static_cast<std::size_t>(shape_.leaf(slot)));
@@ -200,14 +200,14 @@ class prioritized::state<exec::host> {
   void update(const slot_table&, std::span<const key> keys, std::span<const float> priorities,
               cuda::stream_ref) {
     const float largest = detail::validate_priorities(keys, priorities);
-    for (std::size_t i = 0; i < keys.size(); ++i) set(static_cast<std::int64_t>(keys[i].slot), priorities[i]);
+    for (std::size_t i = 0; i < keys.size(); ++i)
+      set(static_cast<std::int64_t>(keys[i].slot), priorities[i]);
     max_priority_ = std::max(max_priority_, largest);
   }
 
   void on_commit(const slot_table& t, std::uint64_t first_ticket, std::int64_t count,
                  cuda::stream_ref) {
-    for (std::int64_t i = 0; i < count; ++i)
-      set(ring_slot(t, first_ticket, i), max_priority_);
+    for (std::int64_t i = 0; i < count; ++i) set(ring_slot(t, first_ticket, i), max_priority_);
   }
 
   void on_evict(const slot_table& t, std::uint64_t first_ticket, std::int64_t count,
@@ -224,7 +224,8 @@ class prioritized::state<exec::host> {
 
   void set(std::int64_t slot, float priority) {
     priorities_[static_cast<std::size_t>(slot)] = priority;
-    tree_[static_cast<std::size_t>(shape_.leaf(slot))] = detail::priority_leaf(priority, policy_.alpha);
+    tree_[static_cast<std::size_t>(shape_.leaf(slot))] =
+        detail::priority_leaf(priority, policy_.alpha);
     detail::sum_tree_refresh_path(tree_.data(), shape_, slot);
   }
 

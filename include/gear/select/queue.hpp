@@ -10,14 +10,12 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <string>
-
 #include <cuda/stream_ref>
-
 #include <gear/detail/cuda.hpp>
 #include <gear/detail/memory.hpp>
 #include <gear/error.hpp>
 #include <gear/select/concept.hpp>
+#include <string>
 
 namespace gear::detail {
 
@@ -72,8 +70,10 @@ class queue_state<OldestFirst, exec::device> {
   void select(const slot_table& t, const selection_request& r, cuda::stream_ref stream) {
     const auto rows = static_cast<std::size_t>(r.batch);
     const std::size_t bytes = rows * (sizeof(std::int64_t) + 2 * sizeof(float));
-    if (ready_.get() != nullptr) GEAR_CUDA_TRY(cudaEventSynchronize(ready_.get()));
-    else ready_ = event::make();
+    if (ready_.get() != nullptr)
+      GEAR_CUDA_TRY(cudaEventSynchronize(ready_.get()));
+    else
+      ready_ = event::make();
     if (staging_.size() < bytes) staging_ = allocation(memory_kind::pinned_host, bytes);
     auto* slots = staging_.as<std::int64_t>();
     auto* ones = reinterpret_cast<float*>(slots + rows);

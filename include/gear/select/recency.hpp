@@ -12,16 +12,14 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <string>
-#include <vector>
-
 #include <cuda/stream_ref>
-
 #include <gear/config.hpp>
 #include <gear/detail/claim.hpp>
 #include <gear/error.hpp>
 #include <gear/select/concept.hpp>
 #include <gear/select/uniform.hpp>
+#include <string>
+#include <vector>
 
 namespace gear::select {
 
@@ -81,8 +79,8 @@ class committed_slots {
 
 /// The ticket window of a recency draw.
 struct recency_window {
-  std::uint64_t first = 0;    ///< oldest candidate ticket
-  std::uint64_t size = 0;     ///< tickets in the window
+  std::uint64_t first = 0;      ///< oldest candidate ticket
+  std::uint64_t size = 0;       ///< tickets in the window
   std::int64_t candidates = 0;  ///< committed slots among them (m)
 };
 
@@ -99,7 +97,8 @@ inline recency_window make_recency_window(const slot_table& t, const committed_s
 GEAR_HD inline std::int64_t recency_row(const slot_table& t, const selection_request& r,
                                         const recency_window& w, std::int64_t row) {
   for (std::uint32_t attempt = 0; attempt < max_uniform_attempts; ++attempt) {
-    const std::uint64_t ticket = w.first + r.draw.below(w.size, static_cast<std::uint64_t>(row), attempt);
+    const std::uint64_t ticket =
+        w.first + r.draw.below(w.size, static_cast<std::uint64_t>(row), attempt);
     const auto slot = static_cast<std::int64_t>(ticket % static_cast<std::uint64_t>(t.capacity));
     if (t.lengths[slot] > 0) return slot;
   }
@@ -108,12 +107,12 @@ GEAR_HD inline std::int64_t recency_row(const slot_table& t, const selection_req
 
 inline void validate_recency(const slot_table& t, const committed_slots& c, std::int64_t newest) {
   GEAR_REQUIRE(make_recency_window(t, c, newest).candidates > 0, errc::not_enough_items,
-          "none of the newest " + std::to_string(newest) + " reservations is committed");
+               "none of the newest " + std::to_string(newest) + " reservations is committed");
 }
 
 inline void validate_newest(std::int64_t newest) {
   GEAR_REQUIRE(newest >= 1, errc::invalid_argument,
-          "recency needs newest >= 1, got " + std::to_string(newest));
+               "recency needs newest >= 1, got " + std::to_string(newest));
 }
 
 /// What the host and device states of recency share: K, the committed-slot counts and the
@@ -152,7 +151,6 @@ class recency_state_base {
   select::recency policy_;
   committed_slots committed_;
 };
-
 
 }  // namespace gear::detail
 

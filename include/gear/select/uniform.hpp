@@ -13,14 +13,12 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <string>
-
 #include <cuda/stream_ref>
-
 #include <gear/config.hpp>
 #include <gear/detail/claim.hpp>
 #include <gear/error.hpp>
 #include <gear/select/concept.hpp>
+#include <string>
 
 namespace gear::select {
 
@@ -48,9 +46,8 @@ inline constexpr std::uint32_t window_attempt = 0xFFFFFFFFu;
 GEAR_HD inline std::int64_t uniform_row(const slot_table& t, const selection_request& r,
                                         bool replacement, std::int64_t row) {
   for (std::uint32_t attempt = 0; attempt < max_uniform_attempts; ++attempt) {
-    const auto slot = static_cast<std::int64_t>(
-        r.draw.below(static_cast<std::uint64_t>(t.occupied), static_cast<std::uint64_t>(row),
-                     attempt));
+    const auto slot = static_cast<std::int64_t>(r.draw.below(
+        static_cast<std::uint64_t>(t.occupied), static_cast<std::uint64_t>(row), attempt));
     if (t.lengths[slot] <= 0) continue;
     if (!replacement && !claim_slot(r.scratch, r.scratch_size, slot)) continue;
     return slot;
@@ -60,8 +57,8 @@ GEAR_HD inline std::int64_t uniform_row(const slot_table& t, const selection_req
 
 inline void validate_uniform(const slot_table& t, std::int64_t batch, bool replacement) {
   GEAR_REQUIRE(replacement || batch <= t.live, errc::not_enough_items,
-          "cannot draw " + std::to_string(batch) + " distinct trajectories from " +
-              std::to_string(t.live));
+               "cannot draw " + std::to_string(batch) + " distinct trajectories from " +
+                   std::to_string(t.live));
 }
 
 }  // namespace gear::detail

@@ -14,7 +14,6 @@
 #include <array>
 #include <concepts>
 #include <cstddef>
-
 #include <gear/detail/memory.hpp>
 
 namespace gear {

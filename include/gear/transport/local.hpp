@@ -1,6 +1,5 @@
 #pragma once
 #include <cstdint>
-
 #include <gear/transport/concept.hpp>
 
 namespace gear::transport {
