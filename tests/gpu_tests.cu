@@ -13,6 +13,7 @@
 #include <set>
 
 #include "common.hpp"
+#include "gpu_common.cuh"
 
 using namespace gear_test;
 
@@ -21,13 +22,6 @@ std::int64_t sample_in_second_unit(cuda::stream_ref stream);  // gpu_second_tu.c
 }
 
 namespace {
-
-struct stream_holder {
-  cudaStream_t s{};
-  stream_holder() { GEAR_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
-  ~stream_holder() { (void)cudaStreamDestroy(s); }
-  operator cuda::stream_ref() const { return cuda::stream_ref{s}; }
-};
 
 /// Device copies of packed host data, for inserts from device memory.
 struct device_packed {

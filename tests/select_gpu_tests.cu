@@ -19,20 +19,15 @@
 #include <random>
 
 #include "select_common.hpp"
+#include "gpu_common.cuh"
 
 using namespace select_test;
+using gear_test::stream_holder;
 using per_buffer = gear::replay_buffer<spec, gear::storage::device, gear::select::prioritized>;
 using recent_buffer = gear::replay_buffer<spec, gear::storage::device, gear::select::recency>;
 using per_state = gear::select::prioritized::state<gear::exec::device>;
 
 namespace {
-
-struct stream_holder {
-  cudaStream_t s{};
-  stream_holder() { GEAR_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
-  ~stream_holder() { (void)cudaStreamDestroy(s); }
-  operator cuda::stream_ref() const { return cuda::stream_ref{s}; }
-};
 
 template <class T>
 std::vector<T> to_host(const T* p, std::int64_t n) {
