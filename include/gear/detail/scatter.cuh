@@ -10,7 +10,8 @@
 
 namespace gear::detail {
 
-template <class Args>  // always scatter_args; a template so that headers define it once per use
+// A template (Args is always scatter_args) so that headers define it once per use.
+template <class Args>
 __global__ void __launch_bounds__(tuning::copy_threads)
     scatter_kernel(const Args a, const column_blocks g) {
   int c;

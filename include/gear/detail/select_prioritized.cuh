@@ -145,11 +145,10 @@ __global__ void prioritized_select_kernel(slot_table table, Request r, const dou
             ~static_cast<unsigned long long>(__double_as_longlong(leaf)));
 }
 
-template <class Request>  // always selection_request; a template so that headers define it once per
-                          // use
-                          __global__ void prioritized_weights_kernel(Request r, const double* nodes,
-                                                                     sum_tree_shape shape,
-                                                                     double beta) {
+// A template (Request is always selection_request) so that headers define it once per use.
+template <class Request>
+__global__ void prioritized_weights_kernel(Request r, const double* nodes, sum_tree_shape shape,
+                                           double beta) {
   const std::int64_t row = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
   if (row >= r.batch) return;
   if (!(nodes[0] > 0)) return;

@@ -10,10 +10,9 @@
 
 namespace gear::detail {
 
-template <class Request>  // always selection_request; a template so that headers define it once per
-                          // use
-                          __global__ void recency_select_kernel(slot_table table, Request request,
-                                                                recency_window w) {
+// A template (Request is always selection_request) so that headers define it once per use.
+template <class Request>
+__global__ void recency_select_kernel(slot_table table, Request request, recency_window w) {
   const std::int64_t row = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
   if (row >= request.batch) return;
   request.slots[row] = recency_row(table, request, w, row);

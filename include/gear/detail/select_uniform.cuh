@@ -8,10 +8,9 @@
 
 namespace gear::detail {
 
-template <class Request>  // always selection_request; a template so that headers define it once per
-                          // use
-                          __global__ void uniform_select_kernel(slot_table table, Request request,
-                                                                bool replacement) {
+// A template (Request is always selection_request) so that headers define it once per use.
+template <class Request>
+__global__ void uniform_select_kernel(slot_table table, Request request, bool replacement) {
   const std::int64_t row = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
   if (row >= request.batch) return;
   request.slots[row] = uniform_row(table, request, replacement, row);
