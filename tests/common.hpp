@@ -223,4 +223,26 @@ inline double chi2(const std::vector<double>& observed, const std::vector<double
   return s;
 }
 
+/// Pearson chi-square of observed counts against expected ones, pooling every cell expected below
+/// 5 into one; returns {statistic, degrees of freedom}.
+inline std::pair<double, double> pooled_chi2(const std::vector<double>& observed,
+                                             const std::vector<double>& expected) {
+  std::vector<double> o, e;
+  double pool_o = 0, pool_e = 0;
+  for (std::size_t i = 0; i < observed.size(); ++i) {
+    if (expected[i] < 5) {
+      pool_o += observed[i];
+      pool_e += expected[i];
+    } else {
+      o.push_back(observed[i]);
+      e.push_back(expected[i]);
+    }
+  }
+  if (pool_e > 0) {
+    o.push_back(pool_o);
+    e.push_back(pool_e);
+  }
+  return {chi2(o, e), static_cast<double>(o.size()) - 1};
+}
+
 }  // namespace gear_test

@@ -331,6 +331,44 @@ TEST_CASE("gear's kernels link from two translation units") {
   CHECK(sample_in_second_unit(s) == 2);
 }
 
+TEST_CASE("age-weighted recency: the device draws the host's rows with the host's probabilities") {
+  // The host state is checked against the exact distribution (chi-square) in the host suite; the
+  // device runs the same draw function on the same random numbers.
+  stream_holder s;
+  const gear::select::recency policy{250, 40.0};
+  gear::replay_buffer<spec, gear::storage::device, gear::select::recency> dev{
+      gear::capacity{400}, gear::max_length{1}, policy};
+  gear::replay_buffer<spec, gear::storage::host, gear::select::recency> host{
+      gear::capacity{400}, gear::max_length{1}, policy};
+  model md, mh;
+  for (int i = 0; i < 1000; ++i) {
+    const auto kd = insert(dev, md, {1}, s, false);
+    packed p(mh.next_id++, {1});
+    std::vector<gear::key> kh(1);
+    host.insert(p.input(), kh);
+    mh.record(kh[0], p.ids[0], 1);
+    if (i % 7 == 3) {  // holes: erased trajectories are never drawn
+      dev.erase(kd, s);
+      host.erase(kh);
+    }
+  }
+  auto od = dev.make_batch(gear::batch_size{100000}, gear::window_length{1});
+  auto oh = host.make_batch(gear::batch_size{100000}, gear::window_length{1});
+  gear::rng gd{99}, gh{99};
+  dev.sample(od, gear::window{}, gd, s);
+  host.sample(oh, gear::window{}, gh);
+  const host_batch hd = copy_device_batch(od), hh = copy_host_batch(oh);
+  std::int64_t same = 0;
+  for (std::size_t r = 0; r < hd.keys.size(); ++r) {
+    same += md.id(hd.keys[r]) == mh.id(hh.keys[r]);
+    REQUIRE(dev.contains(hd.keys[r]));
+    if (md.id(hd.keys[r]) == mh.id(hh.keys[r]))
+      REQUIRE(hd.probabilities[r] == doctest::Approx(hh.probabilities[r]).epsilon(1e-5));
+  }
+  MESSAGE("device rows equal to the host's: " << same << " of " << hd.keys.size());
+  CHECK(same >= 99900);  // the device's log1p/expm1 may differ from the host's in the last bit
+}
+
 /// Samples batches of `rows` until the buffer is empty; how often each id came back.
 template <class Buffer>
 std::map<std::uint64_t, int> drain(Buffer& buf, const model& m, std::int64_t rows, int max_calls,

@@ -4,10 +4,12 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <gear/detail/host_copy.hpp>
 #include <map>
 #include <random>
 #include <set>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -666,6 +668,101 @@ TEST_CASE_TEMPLATE("fifo and lifo return each trajectory once, in order", Policy
   expect_error(buf, gear::errc::not_enough_items, [&] { buf.sample(out, gear::window{6}, g); });
   take(2);
   CHECK(buf.size() == 0);
+}
+
+// ---- age-weighted recency --------------------------------------------------------------------
+
+namespace {
+/// Counts over 10^6 rows of an age-weighted recency buffer against the exact distribution
+/// (weights 2^(-age / h) over the committed among the newest K); returns {chi2, df, critical}.
+/// wrong_h != 0 tests the same counts against a planted wrong half-life instead.
+template <class Buffer, class Sample>
+std::tuple<double, double, double> decay_chi2(Buffer& buf, const model& m, std::int64_t K, double h,
+                                              double wrong_h, Sample&& sample) {
+  std::map<std::uint64_t, double> counts;  // by ticket-ordered id
+  double rows = 0;
+  for (int call = 0; call < 100; ++call) {
+    const host_batch out = sample();
+    for (const auto& k : out.keys) {
+      counts[m.id(k)] += 1;
+      rows += 1;
+    }
+  }
+  // Ids were inserted in ticket order, one per ticket: age = newest id - id.
+  const std::uint64_t newest = m.next_id - 1;
+  std::vector<double> observed, expected, weights;
+  double total = 0;
+  for (std::uint64_t id = newest + 1 - static_cast<std::uint64_t>(K); id <= newest; ++id) {
+    const bool live =
+        m.by_key.end() != std::find_if(m.by_key.begin(), m.by_key.end(), [&](auto& kv) {
+          return kv.second.first == id &&
+                 buf.contains(gear::key{kv.first.first, kv.first.second, 0});
+        });
+    const double w =
+        live ? std::exp2(-static_cast<double>(newest - id) / (wrong_h ? wrong_h : h)) : 0;
+    if (!live) {
+      REQUIRE(counts[id] == 0);
+      continue;
+    }
+    observed.push_back(counts[id]);
+    weights.push_back(w);
+    total += w;
+  }
+  for (double w : weights) expected.push_back(rows * w / total);
+  const auto [stat, df] = pooled_chi2(observed, expected);
+  return {stat, df, chi2_critical_0001(df)};
+}
+}  // namespace
+
+TEST_CASE("recency weighted by age: chi-square at 0.001 over 10^6 draws, power, probabilities") {
+  using buffer = gear::replay_buffer<spec, gear::storage::host, gear::select::recency>;
+  for (double h : {40.0, 0.75}) {  // 0.75: the weights are rebased every 384 insertions
+    CAPTURE(h);
+    const std::int64_t K = 250;
+    buffer buf{gear::capacity{400}, gear::max_length{1}, gear::select::recency{K, h}};
+    model m;
+    for (int i = 0; i < 1000; ++i) insert(buf, m, {1});  // one ticket per id; ring wraps twice
+    std::vector<gear::key> holes;
+    for (auto& [k, v] : m.by_key)
+      if (v.first % 7 == 3 && buf.contains(gear::key{k.first, k.second, 0}))
+        holes.push_back(gear::key{k.first, k.second, 0});
+    buf.erase(holes);
+    auto out = buf.make_batch(gear::batch_size{10000}, gear::window_length{1});
+    const std::uint64_t seed = 4711;
+    INFO("seed " << seed);
+    gear::rng g{seed};
+    auto sample = [&] {
+      buf.sample(out, gear::window{}, g);
+      return copy_host_batch(out);
+    };
+    const auto [stat, df, crit] = decay_chi2(buf, m, K, h, 0, sample);
+    MESSAGE("age-weighted recency h = " << h << ": chi2 = " << stat << ", df " << df
+                                        << ", critical " << crit);
+    CHECK(stat < crit);
+    if (h > 1) {  // power: the same test rejects a half-life 10% off
+      gear::rng g2{seed};
+      auto sample2 = [&] {
+        buf.sample(out, gear::window{}, g2);
+        return copy_host_batch(out);
+      };
+      const auto [bad, bad_df, bad_crit] = decay_chi2(buf, m, K, h, 1.1 * h, sample2);
+      CHECK(bad > bad_crit);
+    }
+    // Reported probabilities equal w_i / sum of the candidates' weights.
+    const host_batch h1 = sample();
+    double total = 0;
+    const std::uint64_t newest = m.next_id - 1;
+    for (auto& [k, v] : m.by_key)
+      if (buf.contains(gear::key{k.first, k.second, 0}) && newest - v.first < std::uint64_t(K))
+        total += std::exp2(-static_cast<double>(newest - v.first) / h);
+    for (std::size_t r = 0; r < 100; ++r) {
+      const double w = std::exp2(-static_cast<double>(newest - m.id(h1.keys[r])) / h);
+      CHECK(h1.probabilities[r] == doctest::Approx(w / total).epsilon(1e-5));
+    }
+  }
+  CHECK(code_of([] {
+          buffer b{gear::capacity{4}, gear::max_length{1}, gear::select::recency{4, -1.0}};
+        }) == gear::errc::invalid_argument);
 }
 
 // ---- errors: each one named, each leaves the buffer as it was

@@ -18,8 +18,8 @@
 #include <cstdio>
 #include <random>
 
-#include "select_common.hpp"
 #include "gpu_common.cuh"
+#include "select_common.hpp"
 
 using namespace select_test;
 using gear_test::stream_holder;

@@ -16,7 +16,7 @@ __global__ void recency_select_kernel(slot_table table, Request request, recency
   const std::int64_t row = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
   if (row >= request.batch) return;
   request.slots[row] = recency_row(table, request, w, row);
-  request.probabilities[row] = 1.0f / static_cast<float>(w.candidates);
+  request.probabilities[row] = recency_probability(table, w, request.slots[row]);
   request.weights[row] = 1.0f;
 }
 

@@ -1,5 +1,9 @@
 #pragma once
-// Recency selection: uniform over the newest K committed trajectories, with replacement.
+// Recency selection: among the newest K committed trajectories, with replacement, uniformly or
+// weighted by age (weight 2^(-age / half_life), age in insertions, the newest having age 0).
+// Age-weighted draws invert the CDF of the truncated geometric distribution over the window and
+// redraw on slots that are not committed, so P(i) = w_i / (sum of the candidates' weights),
+// exactly; the candidates' weight sum comes from a second host-side Fenwick tree.
 //
 // The candidates are the committed trajectories among the last K reservations (tickets in
 // [next_ticket - K, next_ticket)); pending or abandoned slots among them are skipped, so a batch
@@ -11,6 +15,7 @@
 // on_commit / on_evict hooks, O(log N) per slot changed and per sample.
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cuda/stream_ref>
 #include <gear/config.hpp>
@@ -23,10 +28,13 @@
 
 namespace gear::select {
 
-/// Uniform selection over the newest `newest` committed trajectories.
+/// Selection among the newest `newest` committed trajectories: uniform, or weighted by age.
 struct recency {
   /// K: how many of the most recent reservations are candidates (>= 1).
   std::int64_t newest = 1024;
+  /// 0: uniform over the candidates. h > 0: a candidate of age a (insertions since it, the newest
+  /// having age 0) has weight 2^(-a / h), so its weight halves every h insertions.
+  double half_life = 0;
 
   template <class Space>
   class state;
@@ -46,13 +54,44 @@ class committed_slots {
 
   void set(std::uint64_t first_ticket, std::int64_t count, bool committed) {
     for (std::int64_t i = 0; i < count; ++i) {
-      const auto slot = static_cast<std::size_t>((first_ticket + static_cast<std::uint64_t>(i)) %
-                                                 static_cast<std::uint64_t>(capacity_));
+      const std::uint64_t ticket = first_ticket + static_cast<std::uint64_t>(i);
+      const auto slot = static_cast<std::size_t>(ticket % static_cast<std::uint64_t>(capacity_));
+      next_seen_ = std::max(next_seen_, ticket + 1);
       if (flags_[slot] == static_cast<std::uint8_t>(committed)) continue;
       flags_[slot] = static_cast<std::uint8_t>(committed);
       for (std::size_t k = slot + 1; k < fenwick_.size(); k += k & (~k + 1))
         fenwick_[k] += committed ? 1 : -1;
+      if (committed) tickets_[slot] = ticket;
+      // An evicted occupant takes out exactly the weight it put in (its own ticket, its base).
+      if (half_life_ > 0) set_weight(slot, committed ? weight(ticket) : 0.0);
     }
+  }
+
+  /// Starts keeping age weights 2^((ticket - base) / h) of committed slots (h > 0), or stops (0).
+  void set_half_life(double h) {
+    half_life_ = h;
+    rebase(next_seen_);
+  }
+  [[nodiscard]] double half_life() const noexcept { return half_life_; }
+  /// Ticket whose weight is 1; weights are kept relative to it.
+  [[nodiscard]] std::uint64_t base() const noexcept { return base_; }
+
+  /// Moves the base up to next_ticket when weights would grow past 2^512; recomputes the weights
+  /// of the slots that still matter (the newest 1100 half-lives, older ones weigh < 2^-1100 of
+  /// the newest). Amortised O(log N) per insertion.
+  void keep_in_range(std::uint64_t next_ticket) {
+    if (half_life_ > 0 && static_cast<double>(next_ticket - base_) > 512 * half_life_)
+      rebase(next_ticket);
+  }
+
+  /// Sum of the weights of committed slots among the tickets [lo, hi).
+  [[nodiscard]] double weight_sum(std::uint64_t lo, std::uint64_t hi) const noexcept {
+    if (hi <= lo) return 0;
+    const auto cap = static_cast<std::uint64_t>(capacity_);
+    const auto a = static_cast<std::int64_t>(lo % cap);
+    const auto n = static_cast<std::int64_t>(hi - lo);
+    if (a + n <= capacity_) return weight_prefix(a + n) - weight_prefix(a);
+    return weight_prefix(capacity_) - weight_prefix(a) + weight_prefix(a + n - capacity_);
   }
 
   /// Committed slots among the tickets [lo, hi) (hi - lo <= capacity).
@@ -72,9 +111,39 @@ class committed_slots {
     return s;
   }
 
+  [[nodiscard]] double weight(std::uint64_t ticket) const noexcept {
+    return std::exp2((static_cast<double>(ticket) - static_cast<double>(base_)) / half_life_);
+  }
+  void set_weight(std::size_t slot, double w) {
+    const double delta = w - slot_weight_[slot];
+    slot_weight_[slot] = w;
+    for (std::size_t k = slot + 1; k < weights_.size(); k += k & (~k + 1)) weights_[k] += delta;
+  }
+  [[nodiscard]] double weight_prefix(std::int64_t end) const noexcept {
+    double s = 0;
+    for (auto k = static_cast<std::size_t>(end); k > 0; k -= k & (~k + 1)) s += weights_[k];
+    return s;
+  }
+  void rebase(std::uint64_t next_ticket) {
+    base_ = next_ticket;
+    weights_.assign(half_life_ > 0 ? fenwick_.size() : 0, 0.0);
+    slot_weight_.assign(half_life_ > 0 ? flags_.size() : 0, 0.0);
+    if (half_life_ <= 0) return;
+    const auto span = static_cast<std::uint64_t>(std::min(1100.0 * half_life_, 1e18));
+    for (std::size_t slot = 0; slot < flags_.size(); ++slot)
+      if (flags_[slot] != 0 && tickets_[slot] + span >= next_ticket)
+        set_weight(slot, weight(tickets_[slot]));
+  }
+
   std::int64_t capacity_;
   std::vector<std::uint8_t> flags_;
   std::vector<std::int64_t> fenwick_;
+  std::vector<std::uint64_t> tickets_ = std::vector<std::uint64_t>(flags_.size(), 0);
+  double half_life_ = 0;
+  std::uint64_t base_ = 0;
+  std::uint64_t next_seen_ = 0;      // one past the newest ticket set so far
+  std::vector<double> weights_;      // Fenwick tree of age weights (half_life_ > 0)
+  std::vector<double> slot_weight_;  // the weight each slot holds in it
 };
 
 /// The ticket window of a recency draw.
@@ -82,6 +151,9 @@ struct recency_window {
   std::uint64_t first = 0;      ///< oldest candidate ticket
   std::uint64_t size = 0;       ///< tickets in the window
   std::int64_t candidates = 0;  ///< committed slots among them (m)
+  double half_life = 0;         ///< 0: uniform; else age weights 2^(-age / half_life)
+  std::uint64_t base = 0;       ///< ticket of weight 1
+  double total_weight = 0;      ///< weights of the candidates, relative to base
 };
 
 inline recency_window make_recency_window(const slot_table& t, const committed_slots& c,
@@ -90,15 +162,46 @@ inline recency_window make_recency_window(const slot_table& t, const committed_s
   w.size = static_cast<std::uint64_t>(std::min<std::int64_t>(newest, t.occupied));
   w.first = t.next_ticket - w.size;
   w.candidates = c.count(w.first, t.next_ticket);
+  if (c.half_life() > 0) {
+    w.half_life = c.half_life();
+    w.base = c.base();
+    w.total_weight = c.weight_sum(w.first, t.next_ticket);
+  }
   return w;
+}
+
+/// The age (0 = newest) of one draw from the truncated geometric distribution
+/// P(a) proportional to 2^(-a / h) over a in [0, size), by inversion of its CDF.
+GEAR_HD inline std::uint64_t draw_age(double u, double half_life, std::uint64_t size) {
+  const double ln_q = -0.69314718055994530942 / half_life;       // q = 2^(-1/h)
+  const double mass = -expm1(ln_q * static_cast<double>(size));  // 1 - q^size
+  const double a = floor(log1p(-u * mass) / ln_q);
+  if (!(a >= 0)) return 0;
+  return a >= static_cast<double>(size) ? size - 1 : static_cast<std::uint64_t>(a);
+}
+
+/// The probability with which `slot` was drawn from window w.
+GEAR_HD inline float recency_probability(const slot_table& t, const recency_window& w,
+                                         std::int64_t slot) {
+  if (slot < 0) return 0.0f;
+  if (w.half_life <= 0) return 1.0f / static_cast<float>(w.candidates);
+  const double age = static_cast<double>(t.tickets[slot]) - static_cast<double>(w.base);
+  return static_cast<float>(exp2(age / w.half_life) / w.total_weight);
 }
 
 /// Selects the slot of one row (see gear::select::recency); -1 if no candidate was found.
 GEAR_HD inline std::int64_t recency_row(const slot_table& t, const selection_request& r,
                                         const recency_window& w, std::int64_t row) {
   for (std::uint32_t attempt = 0; attempt < max_uniform_attempts; ++attempt) {
-    const std::uint64_t ticket =
-        w.first + r.draw.below(w.size, static_cast<std::uint64_t>(row), attempt);
+    std::uint64_t ticket;
+    if (w.half_life > 0) {
+      const double u = static_cast<double>(r.draw.below(std::uint64_t{1} << 53,
+                                                        static_cast<std::uint64_t>(row), attempt)) *
+                       0x1p-53;
+      ticket = w.first + w.size - 1 - draw_age(u, w.half_life, w.size);
+    } else {
+      ticket = w.first + r.draw.below(w.size, static_cast<std::uint64_t>(row), attempt);
+    }
     const auto slot = static_cast<std::int64_t>(ticket % static_cast<std::uint64_t>(t.capacity));
     if (t.lengths[slot] > 0) return slot;
   }
@@ -108,6 +211,11 @@ GEAR_HD inline std::int64_t recency_row(const slot_table& t, const selection_req
 inline void validate_recency(const slot_table& t, const committed_slots& c, std::int64_t newest) {
   GEAR_REQUIRE(make_recency_window(t, c, newest).candidates > 0, errc::not_enough_items,
                "none of the newest " + std::to_string(newest) + " reservations is committed");
+}
+
+inline void validate_half_life(double half_life) {
+  GEAR_REQUIRE(std::isfinite(half_life) && half_life >= 0, errc::invalid_argument,
+               "recency needs a finite half_life >= 0, got " + std::to_string(half_life));
 }
 
 inline void validate_newest(std::int64_t newest) {
@@ -122,7 +230,18 @@ class recency_state_base {
   recency_state_base(const select::recency& policy, std::int64_t capacity)
       : policy_(policy), committed_(capacity) {
     validate_newest(policy.newest);
+    validate_half_life(policy.half_life);
+    committed_.set_half_life(policy.half_life);
   }
+
+  /// Changes the half-life (0: uniform). O(capacity) once. Throws errc::invalid_argument for a
+  /// negative, NaN or infinite value.
+  void set_half_life(double half_life) {
+    validate_half_life(half_life);
+    policy_.half_life = half_life;
+    committed_.set_half_life(half_life);
+  }
+  [[nodiscard]] double half_life() const noexcept { return policy_.half_life; }
 
   /// Changes K. Throws errc::invalid_argument below 1.
   void set_newest(std::int64_t newest) {
@@ -135,7 +254,8 @@ class recency_state_base {
     validate_recency(t, committed_, policy_.newest);
   }
 
-  void on_commit(const slot_table&, std::uint64_t first, std::int64_t count, cuda::stream_ref) {
+  void on_commit(const slot_table& t, std::uint64_t first, std::int64_t count, cuda::stream_ref) {
+    committed_.keep_in_range(t.next_ticket);
     committed_.set(first, count, true);
   }
   void on_evict(const slot_table&, std::uint64_t first, std::int64_t count, cuda::stream_ref) {
@@ -164,10 +284,9 @@ class recency::state<exec::host> : public detail::recency_state_base {
 
   void select(const slot_table& t, const selection_request& r, cuda::stream_ref) {
     const detail::recency_window w = window(t);
-    const float p = 1.0f / static_cast<float>(w.candidates);
     for (std::int64_t row = 0; row < r.batch; ++row) {
       r.slots[row] = detail::recency_row(t, r, w, row);
-      r.probabilities[row] = p;
+      r.probabilities[row] = detail::recency_probability(t, w, r.slots[row]);
       r.weights[row] = 1.0f;
     }
   }
