@@ -12,28 +12,20 @@ __device__ constexpr std::int64_t min64(std::int64_t a, std::int64_t b) { return
 __device__ constexpr std::int64_t max64(std::int64_t a, std::int64_t b) { return a < b ? b : a; }
 
 /// How the blocks of a copy launch are shared out: every item (a sampled row, an inserted
-/// trajectory) of column c is split into chunks[c] chunks of chunk_bytes, one block each, column
-/// after column. chunk_bytes is tuning::copy_chunk_bytes, halved (down to min_copy_chunk_bytes)
-/// while the launch would have fewer than copy_target_blocks blocks.
+/// trajectory) of column c is split into chunks[c] chunks of tuning::copy_chunk_bytes, one block
+/// each, column after column.
 struct column_blocks {
   std::int64_t chunks[max_columns];
   std::int64_t first_block[max_columns + 1];
-  std::int64_t chunk_bytes;
 
   /// Blocks for `items` items per column, column c's items being at most item_bytes[c] long.
   static column_blocks make(int num_columns, std::int64_t items, const std::int64_t* item_bytes) {
     column_blocks g{};
-    g.chunk_bytes = tuning::copy_chunk_bytes;
-    for (;;) {
-      for (int c = 0; c < num_columns; ++c) {
-        g.chunks[c] = (item_bytes[c] + g.chunk_bytes - 1) / g.chunk_bytes;
-        g.first_block[c + 1] = g.first_block[c] + items * g.chunks[c];
-      }
-      if (g.first_block[num_columns] >= tuning::copy_target_blocks ||
-          g.chunk_bytes / 2 < tuning::min_copy_chunk_bytes)
-        return g;
-      g.chunk_bytes /= 2;
+    for (int c = 0; c < num_columns; ++c) {
+      g.chunks[c] = (item_bytes[c] + tuning::copy_chunk_bytes - 1) / tuning::copy_chunk_bytes;
+      g.first_block[c + 1] = g.first_block[c] + items * g.chunks[c];
     }
+    return g;
   }
 
   /// The column, item and chunk of block `block`.

@@ -1,7 +1,7 @@
 #pragma once
 // The fused gather kernel: one launch copies the windows of every row of every column.
 //
-// Column c's rows are split into chunks (column_blocks: 2 to 16 KiB); block b finds its column
+// Column c's rows are split into chunks of tuning::copy_chunk_bytes; block b finds its column
 // from the per-column block counts, then its row and chunk. Each block resolves its row's window
 // (plan_window, the same function as the host loop), copies the chunk's part of the valid steps
 // and zero-fills the chunk's padding. The first block of each row in column 0 also writes the
@@ -35,8 +35,8 @@ __global__ void __launch_bounds__(tuning::copy_threads)
 
   const auto& col = a.columns[c];
   const std::int64_t row_bytes = a.win.length * col.step_bytes;
-  const std::int64_t lo = chunk * g.chunk_bytes;
-  const std::int64_t hi = min64(lo + g.chunk_bytes, row_bytes);
+  const std::int64_t lo = chunk * tuning::copy_chunk_bytes;
+  const std::int64_t hi = min64(lo + tuning::copy_chunk_bytes, row_bytes);
   const std::int64_t valid_lo = p.dst_pos * col.step_bytes;
   const std::int64_t valid_hi = valid_lo + p.count * col.step_bytes;
   std::byte* dst = col.dst + row * row_bytes;

@@ -21,9 +21,9 @@ __global__ void __launch_bounds__(tuning::copy_threads)
   const scatter_row r = a.rows[i];
   const auto& col = a.columns[c];
   const std::int64_t bytes = r.length * col.step_bytes;
-  const std::int64_t lo = chunk * g.chunk_bytes;
+  const std::int64_t lo = chunk * tuning::copy_chunk_bytes;
   if (lo >= bytes) return;
-  const std::int64_t hi = min64(lo + g.chunk_bytes, bytes);
+  const std::int64_t hi = min64(lo + tuning::copy_chunk_bytes, bytes);
   block_copy(col.dst + r.slot * col.slot_stride + lo, col.src + r.src_step * col.step_bytes + lo,
              hi - lo);
 }
