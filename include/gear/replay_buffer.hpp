@@ -22,6 +22,10 @@
 // storage::host also offer every call without a stream.
 //
 // Errors: every call checks its input first and throws gear::error without changing anything.
+//
+// Threads: a buffer is not thread-safe; calls on one buffer must not overlap. Writers, batches and
+// refs point into their buffer: keep the buffer alive (and in place: moving it invalidates open
+// writers) while they are used, and synchronise its streams before destroying it.
 
 #include <algorithm>
 #include <array>
