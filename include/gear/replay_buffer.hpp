@@ -23,7 +23,7 @@
 //
 // Errors: every call checks its input first and throws gear::error without changing anything.
 //
-// Threads: a buffer is not thread-safe; calls on one buffer must not overlap. Writers, batches and
+// Threads: a buffer is not thread-safe; calls on one buffer must not overlap. Writers and
 // refs point into their buffer: keep the buffer alive (and in place: moving it invalidates open
 // writers) while they are used, and synchronise its streams before destroying it.
 
