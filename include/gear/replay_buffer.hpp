@@ -38,6 +38,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #define GEAR_REPLAY_BUFFER_INCLUDED 1
 
@@ -349,13 +350,17 @@ class replay_buffer {
   /// does not synchronise. Throws (removing nothing): errc::key_out_of_range, errc::stale_key
   /// (which includes a key named twice).
   void erase_async(std::span<const key> keys, cuda::stream_ref stream) {
-    for (std::size_t i = 0; i < keys.size(); ++i) {
-      check_key(keys[i]);
-      for (std::size_t j = 0; j < i; ++j)
-        GEAR_REQUIRE(keys[j] != keys[i], errc::stale_key,
-                     "key (slot " + std::to_string(keys[i].slot) + ") is named twice");
+    removal_tickets_.clear();
+    for (const key& k : keys) {
+      check_key(k);
+      removal_tickets_.push_back(tickets_host()[k.slot]);
     }
-    for (const key& k : keys) remove_slot(static_cast<std::int64_t>(k.slot), stream);
+    std::sort(removal_tickets_.begin(), removal_tickets_.end());
+    const auto twice = std::adjacent_find(removal_tickets_.begin(), removal_tickets_.end());
+    GEAR_REQUIRE(twice == removal_tickets_.end(), errc::stale_key,
+                 "key (slot " + std::to_string(*twice % static_cast<std::uint64_t>(capacity_)) +
+                     ") is named twice");
+    remove_tickets(removal_tickets_, stream);
   }
   void erase(std::span<const key> keys, cuda::stream_ref stream) {
     erase_async(keys, stream);
@@ -622,16 +627,27 @@ class replay_buffer {
     std::memset(times_sampled_.data(), 0, times_sampled_.size());
   }
 
-  /// Removes the committed trajectory in `slot` (already validated).
-  void remove_slot(std::int64_t slot, cuda::stream_ref stream) {
-    const std::uint64_t ticket = tickets_host()[slot];
-    if constexpr (requires { selection_state_->on_evict(slot_table{}, ticket, 1, stream); })
-      selection_state_->on_evict(selection_table(), ticket, 1, stream);
-    states_host()[slot] = detail::slot_state::empty;
-    lengths_host()[slot] = 0;
-    ++generations_host()[slot];
-    --live_;
-    publish_metadata(ticket, 1, stream);
+  /// Removes the committed trajectories of `tickets` (sorted, distinct, already validated): one
+  /// on_evict call and one metadata publish per run of consecutive tickets, not per trajectory.
+  void remove_tickets(std::span<const std::uint64_t> tickets, cuda::stream_ref stream) {
+    const auto cap = static_cast<std::uint64_t>(capacity_);
+    for (std::size_t i = 0; i < tickets.size();) {
+      std::size_t end = i + 1;
+      while (end < tickets.size() && tickets[end] == tickets[end - 1] + 1) ++end;
+      const std::uint64_t first = tickets[i];
+      const auto count = static_cast<std::int64_t>(end - i);
+      if constexpr (requires { selection_state_->on_evict(slot_table{}, first, count, stream); })
+        selection_state_->on_evict(selection_table(), first, count, stream);
+      for (std::size_t k = i; k < end; ++k) {
+        const auto slot = static_cast<std::int64_t>(tickets[k] % cap);
+        states_host()[slot] = detail::slot_state::empty;
+        lengths_host()[slot] = 0;
+        ++generations_host()[slot];
+      }
+      live_ -= count;
+      publish_metadata(first, count, stream);
+      i = end;
+    }
   }
 
   /// Returns before removal: the policy's own (a consuming policy such as fifo returns each item
@@ -657,11 +673,17 @@ class replay_buffer {
     }
     auto* counts = times_sampled_.template as<std::int64_t>();
     const std::int64_t limit = consume_limit();
+    removal_tickets_.clear();
     for (std::int64_t row = 0; row < out.batch_size(); ++row) {
       const std::int64_t slot = slots[row];
       if (slot < 0 || states_host()[slot] != detail::slot_state::committed) continue;
-      if (++counts[slot] >= limit) remove_slot(slot, stream);
+      if (++counts[slot] >= limit) removal_tickets_.push_back(tickets_host()[slot]);
     }
+    // A slot drawn again after reaching its limit appears more than once.
+    std::sort(removal_tickets_.begin(), removal_tickets_.end());
+    removal_tickets_.erase(std::unique(removal_tickets_.begin(), removal_tickets_.end()),
+                           removal_tickets_.end());
+    remove_tickets(removal_tickets_, stream);
   }
 
   /// Takes the next `count` tickets' slots: evicts their committed occupants, bumps reused slots'
@@ -748,8 +770,8 @@ class replay_buffer {
         staged += align_up(steps * Spec::step_bytes[c], segment_alignment);
       }
       const std::int64_t total[] = {steps};
-      detail::parallel_for(detail::copy_threads_for(gpu_bytes), [&](unsigned part) {
-        const unsigned parts = detail::copy_threads_for(gpu_bytes);
+      const unsigned parts = detail::copy_threads_for(gpu_bytes);
+      detail::parallel_for(parts, [&](unsigned part) {
         for (std::size_t c = 0; c < num_columns; ++c)
           if (targets[c] != nullptr)
             detail::copy_packed_share(
@@ -861,6 +883,7 @@ class replay_buffer {
   std::int64_t max_times_sampled_ = 0;
   detail::allocation times_sampled_;  // [capacity] returns per slot, once counting is on
   detail::allocation sampled_slots_;  // pinned: a GPU batch's rows, read back for counting
+  std::vector<std::uint64_t> removal_tickets_;  // scratch of erase and counting, reused
   std::optional<typename Selection::template state<space>> selection_state_;
 };
 
