@@ -44,13 +44,48 @@ struct recency {
 
 namespace gear::detail {
 
-/// Which slots hold committed trajectories, with O(log N) counts over ring ranges of tickets.
+/// A Fenwick tree over the slots of a ring: O(log N) point updates and sums over ticket ranges
+/// (ticket t lives in slot t % capacity).
+template <class T>
+class ring_fenwick {
+ public:
+  ring_fenwick() = default;
+  explicit ring_fenwick(std::int64_t capacity)
+      : capacity_(capacity), tree_(static_cast<std::size_t>(capacity) + 1, T{}) {}
+
+  void add(std::size_t slot, T delta) {
+    for (std::size_t k = slot + 1; k < tree_.size(); k += k & (~k + 1)) tree_[k] += delta;
+  }
+
+  /// Sum over the slots of the tickets [lo, hi) (hi - lo <= capacity).
+  [[nodiscard]] T sum(std::uint64_t lo, std::uint64_t hi) const noexcept {
+    if (hi <= lo) return T{};
+    const auto a = static_cast<std::int64_t>(lo % static_cast<std::uint64_t>(capacity_));
+    const auto n = static_cast<std::int64_t>(hi - lo);
+    if (a + n <= capacity_) return prefix(a + n) - prefix(a);
+    return prefix(capacity_) - prefix(a) + prefix(a + n - capacity_);
+  }
+
+ private:
+  [[nodiscard]] T prefix(std::int64_t end) const noexcept {
+    T s{};
+    for (auto k = static_cast<std::size_t>(end); k > 0; k -= k & (~k + 1)) s += tree_[k];
+    return s;
+  }
+
+  std::int64_t capacity_ = 0;
+  std::vector<T> tree_;
+};
+
+/// Which slots hold committed trajectories, with O(log N) counts (and, with a half-life, age
+/// weights) over ring ranges of tickets.
 class committed_slots {
  public:
   explicit committed_slots(std::int64_t capacity)
       : capacity_(capacity),
         flags_(static_cast<std::size_t>(capacity), 0),
-        fenwick_(static_cast<std::size_t>(capacity) + 1, 0) {}
+        tickets_(static_cast<std::size_t>(capacity), 0),
+        counts_(capacity) {}
 
   void set(std::uint64_t first_ticket, std::int64_t count, bool committed) {
     for (std::int64_t i = 0; i < count; ++i) {
@@ -59,8 +94,7 @@ class committed_slots {
       next_seen_ = std::max(next_seen_, ticket + 1);
       if (flags_[slot] == static_cast<std::uint8_t>(committed)) continue;
       flags_[slot] = static_cast<std::uint8_t>(committed);
-      for (std::size_t k = slot + 1; k < fenwick_.size(); k += k & (~k + 1))
-        fenwick_[k] += committed ? 1 : -1;
+      counts_.add(slot, committed ? 1 : -1);
       if (committed) tickets_[slot] = ticket;
       // An evicted occupant takes out exactly the weight it put in (its own ticket, its base).
       if (half_life_ > 0) set_weight(slot, committed ? weight(ticket) : 0.0);
@@ -84,49 +118,26 @@ class committed_slots {
       rebase(next_ticket);
   }
 
-  /// Sum of the weights of committed slots among the tickets [lo, hi).
-  [[nodiscard]] double weight_sum(std::uint64_t lo, std::uint64_t hi) const noexcept {
-    if (hi <= lo) return 0;
-    const auto cap = static_cast<std::uint64_t>(capacity_);
-    const auto a = static_cast<std::int64_t>(lo % cap);
-    const auto n = static_cast<std::int64_t>(hi - lo);
-    if (a + n <= capacity_) return weight_prefix(a + n) - weight_prefix(a);
-    return weight_prefix(capacity_) - weight_prefix(a) + weight_prefix(a + n - capacity_);
-  }
-
   /// Committed slots among the tickets [lo, hi) (hi - lo <= capacity).
   [[nodiscard]] std::int64_t count(std::uint64_t lo, std::uint64_t hi) const noexcept {
-    if (hi <= lo) return 0;
-    const auto cap = static_cast<std::uint64_t>(capacity_);
-    const auto a = static_cast<std::int64_t>(lo % cap);
-    const auto n = static_cast<std::int64_t>(hi - lo);
-    if (a + n <= capacity_) return prefix(a + n) - prefix(a);
-    return prefix(capacity_) - prefix(a) + prefix(a + n - capacity_);
+    return counts_.sum(lo, hi);
+  }
+  /// Sum of the weights of committed slots among the tickets [lo, hi).
+  [[nodiscard]] double weight_sum(std::uint64_t lo, std::uint64_t hi) const noexcept {
+    return weights_.sum(lo, hi);
   }
 
  private:
-  [[nodiscard]] std::int64_t prefix(std::int64_t end) const noexcept {
-    std::int64_t s = 0;
-    for (auto k = static_cast<std::size_t>(end); k > 0; k -= k & (~k + 1)) s += fenwick_[k];
-    return s;
-  }
-
   [[nodiscard]] double weight(std::uint64_t ticket) const noexcept {
     return std::exp2((static_cast<double>(ticket) - static_cast<double>(base_)) / half_life_);
   }
   void set_weight(std::size_t slot, double w) {
-    const double delta = w - slot_weight_[slot];
+    weights_.add(slot, w - slot_weight_[slot]);
     slot_weight_[slot] = w;
-    for (std::size_t k = slot + 1; k < weights_.size(); k += k & (~k + 1)) weights_[k] += delta;
-  }
-  [[nodiscard]] double weight_prefix(std::int64_t end) const noexcept {
-    double s = 0;
-    for (auto k = static_cast<std::size_t>(end); k > 0; k -= k & (~k + 1)) s += weights_[k];
-    return s;
   }
   void rebase(std::uint64_t next_ticket) {
     base_ = next_ticket;
-    weights_.assign(half_life_ > 0 ? fenwick_.size() : 0, 0.0);
+    weights_ = half_life_ > 0 ? ring_fenwick<double>(capacity_) : ring_fenwick<double>();
     slot_weight_.assign(half_life_ > 0 ? flags_.size() : 0, 0.0);
     if (half_life_ <= 0) return;
     const auto span = static_cast<std::uint64_t>(std::min(1100.0 * half_life_, 1e18));
@@ -137,13 +148,13 @@ class committed_slots {
 
   std::int64_t capacity_;
   std::vector<std::uint8_t> flags_;
-  std::vector<std::int64_t> fenwick_;
-  std::vector<std::uint64_t> tickets_ = std::vector<std::uint64_t>(flags_.size(), 0);
+  std::vector<std::uint64_t> tickets_;  // ticket of each committed slot
+  ring_fenwick<std::int64_t> counts_;
   double half_life_ = 0;
   std::uint64_t base_ = 0;
   std::uint64_t next_seen_ = 0;      // one past the newest ticket set so far
-  std::vector<double> weights_;      // Fenwick tree of age weights (half_life_ > 0)
-  std::vector<double> slot_weight_;  // the weight each slot holds in it
+  ring_fenwick<double> weights_;     // age weights of committed slots (half_life_ > 0)
+  std::vector<double> slot_weight_;  // the weight each slot holds in weights_
 };
 
 /// The ticket window of a recency draw.
