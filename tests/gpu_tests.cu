@@ -174,6 +174,135 @@ TEST_CASE_TEMPLATE("device selection draws the same rows as the host", Storage,
   CHECK(hd.mask == hh.mask);
 }
 
+namespace {
+
+/// Rows of 20000-byte frames span several copy blocks, so with a row_selector every one of those
+/// blocks draws the row itself; the id column is one block per row.
+using wide_spec = gear::spec<gear::column<"frame", std::uint8_t, 20000>,
+                             gear::column<"id", std::uint64_t>>;
+
+std::uint8_t frame_byte(std::uint64_t id, std::int64_t step, std::int64_t b) {
+  return static_cast<std::uint8_t>(id * 131 + static_cast<std::uint64_t>(step * 7 + b * 3 + 1));
+}
+
+/// Inserts n trajectories of `steps` steps, ids first_id.., into a device and a host buffer.
+template <class Dev, class Host>
+void insert_wide(Dev& dev, Host& host, std::uint64_t first_id, std::int64_t n, std::int64_t steps,
+                 cuda::stream_ref s) {
+  std::vector<std::uint8_t> frames(static_cast<std::size_t>(n * steps * 20000));
+  std::vector<std::uint64_t> ids(static_cast<std::size_t>(n * steps));
+  for (std::int64_t i = 0; i < n; ++i)
+    for (std::int64_t t = 0; t < steps; ++t) {
+      ids[static_cast<std::size_t>(i * steps + t)] = first_id + static_cast<std::uint64_t>(i);
+      for (std::int64_t b = 0; b < 20000; ++b)
+        frames[static_cast<std::size_t>((i * steps + t) * 20000 + b)] =
+            frame_byte(first_id + static_cast<std::uint64_t>(i), t, b);
+    }
+  const std::vector<std::int64_t> lengths(static_cast<std::size_t>(n), steps);
+  gear::trajectories<wide_spec> in{lengths, {gear::input(frames.data(), {20000}),
+                                             gear::input(ids.data())}};
+  std::vector<gear::key> kd(static_cast<std::size_t>(n)), kh(static_cast<std::size_t>(n));
+  dev.insert(in, kd, s);
+  host.insert(in, kh);
+}
+
+/// One device sample of B rows of 8 steps (seed 2024), copied to the host.
+struct wide_rows {
+  std::vector<std::uint8_t> frames;
+  std::vector<std::uint64_t> ids;
+  std::vector<gear::key> keys;
+  std::vector<std::int64_t> slots;
+  std::vector<float> probabilities, weights;
+};
+
+/// Samples B rows from `dev` and copies back the first `keep` of them.
+template <class Dev>
+wide_rows sample_wide(Dev& dev, std::int64_t B, std::int64_t keep, cuda::stream_ref s) {
+  const std::int64_t L = 8;
+  auto out = dev.make_batch(gear::batch_size{B}, gear::window_length{L});
+  GEAR_CUDA_TRY(cudaMemsetAsync(out.slots_data(), 0xAB, B * sizeof(std::int64_t), s.get()));
+  GEAR_CUDA_TRY(cudaMemsetAsync(out.probabilities_data(), 0xAB, B * sizeof(float), s.get()));
+  GEAR_CUDA_TRY(cudaMemsetAsync(out.weights_data(), 0xAB, B * sizeof(float), s.get()));
+  gear::rng g{2024};
+  dev.sample(out, gear::window{L, 0, gear::anchor::random, gear::pad::tail}, g, s);
+  wide_rows h;
+  auto get = [keep](auto& dst, const void* src, std::int64_t per_row) {
+    dst.resize(static_cast<std::size_t>(keep * per_row));
+    GEAR_CUDA_TRY(cudaMemcpy(dst.data(), src, dst.size() * sizeof(dst[0]), cudaMemcpyDeviceToHost));
+  };
+  get(h.frames, out.column_data(0), L * 20000);
+  get(h.ids, out.column_data(1), L);
+  get(h.keys, out.keys_data(), 1);
+  get(h.slots, out.slots_data(), 1);
+  get(h.probabilities, out.probabilities_data(), 1);
+  get(h.weights, out.weights_data(), 1);
+  return h;
+}
+
+/// Row r of a sample depends only on r and the call's random numbers, not on the batch size. A
+/// small batch is drawn inside the gather kernel (every block of a 10-block frame row draws the
+/// row itself), a large one by the policy's select() launch first: their common rows must agree
+/// bit for bit, and the small batch must hold the trajectories its keys name.
+template <class Dev>
+void check_drawn_in_gather(Dev& dev, cuda::stream_ref s) {
+  const std::int64_t small = 64, large = 4096, L = 8;
+  const wide_rows a = sample_wide(dev, small, small, s);
+  const wide_rows b = sample_wide(dev, large, small, s);
+  CHECK(a.keys == b.keys);
+  CHECK(a.slots == b.slots);
+  CHECK(a.probabilities == b.probabilities);
+  CHECK(a.weights == b.weights);
+  CHECK(a.ids == b.ids);
+  CHECK(a.frames == b.frames);
+  for (std::int64_t r = 0; r < small; ++r) {
+    INFO("row " << r);
+    REQUIRE(dev.contains(a.keys[r]));
+    REQUIRE(a.slots[r] == static_cast<std::int64_t>(a.keys[r].slot));
+    REQUIRE(a.probabilities[r] > 0.0f);
+    REQUIRE(a.weights[r] == 1.0f);
+    // The window covers whole trajectories (L == steps), so position t holds step t.
+    const std::uint64_t id = a.ids[static_cast<std::size_t>(r * L)];
+    for (std::int64_t t = 0; t < L; ++t) {
+      REQUIRE(a.ids[static_cast<std::size_t>(r * L + t)] == id);
+      const std::uint8_t* f = a.frames.data() + (r * L + t) * 20000;
+      for (std::int64_t b = 0; b < 20000; ++b)
+        if (f[b] != frame_byte(id, t, b)) FAIL("step " << t << " byte " << b);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("rows drawn inside the gather equal rows drawn by a separate selection launch") {
+  stream_holder s;
+  const std::int64_t steps = 8;
+  {
+    gear::replay_buffer<wide_spec, gear::storage::device> dev{gear::capacity{500},
+                                                              gear::max_length{steps}};
+    gear::replay_buffer<wide_spec, gear::storage::host> host{gear::capacity{500},
+                                                             gear::max_length{steps}};
+    insert_wide(dev, host, 1, 400, steps, s);
+    check_drawn_in_gather(dev, s);
+    // and the host draws the same rows
+    auto oh = host.make_batch(gear::batch_size{64}, gear::window_length{8});
+    gear::rng g{2024};
+    host.sample(oh, gear::window{8, 0, gear::anchor::random, gear::pad::tail}, g);
+    const wide_rows d = sample_wide(dev, 64, 64, s);
+    CHECK(std::equal(d.keys.begin(), d.keys.end(), oh.keys_data()));
+    CHECK(std::memcmp(d.frames.data(), oh.column_data(0), d.frames.size()) == 0);
+  }
+  for (double half_life : {0.0, 60.0}) {
+    INFO("recency half_life " << half_life);
+    const gear::select::recency policy{300, half_life};
+    gear::replay_buffer<wide_spec, gear::storage::device, gear::select::recency> dev{
+        gear::capacity{500}, gear::max_length{steps}, policy};
+    gear::replay_buffer<wide_spec, gear::storage::host, gear::select::recency> host{
+        gear::capacity{500}, gear::max_length{steps}, policy};
+    insert_wide(dev, host, 1, 400, steps, s);
+    check_drawn_in_gather(dev, s);
+  }
+}
+
 TEST_CASE_TEMPLATE("a kernel writes steps through ref, then commit publishes them", Storage,
                    gear::storage::device, gear::storage::pinned_host, mixed_storage) {
   stream_holder s;

@@ -272,10 +272,12 @@ class replay_buffer {
   }
 
   /// Selects out.batch_size() trajectories and gathers window w of each into `out` with one
-  /// fused launch for all columns (plus one for selection). Consumes one draw of g. Stream-ordered,
-  /// does not synchronise (sample does) unless trajectories are removed after k returns
-  /// (set_max_times_sampled, or a consuming policy such as select::fifo): then it reads back the
-  /// rows it drew. Allocates nothing in the steady state.
+  /// fused launch for all columns, plus one for selection unless the policy draws each row on
+  /// its own and the batch is small (uniform with replacement and recency then draw inside the
+  /// gather launch). Consumes one draw of g. Stream-ordered, does not synchronise (sample does)
+  /// unless trajectories are removed after k returns (set_max_times_sampled, or a consuming
+  /// policy such as select::fifo): then it reads back the rows it drew. Allocates nothing in the
+  /// steady state.
   /// Throws (leaving the buffer, out and g unchanged): errc::empty_buffer, errc::empty_window,
   /// errc::window_out_of_range, errc::batch_mismatch, errc::not_enough_items (policy-specific),
   /// errc::cuda_error.
@@ -306,8 +308,6 @@ class replay_buffer {
     request.weights = out.weights_data();
     request.scratch = out.scratch_data();
     request.scratch_size = out.scratch_size();
-    selection_state_->select(table, request, stream);
-
     detail::gather_args args;
     args.num_columns = static_cast<int>(num_columns);
     for (std::size_t c = 0; c < num_columns; ++c)
@@ -324,12 +324,13 @@ class replay_buffer {
     args.keys = out.keys_data();
     if constexpr (on_device) {
 #if defined(GEAR_DEVICE_BACKEND)
-      detail::gather_on_device(args, stream);
+      detail::select_and_gather_on_device(*selection_state_, table, request, args, stream);
 #else
       static_assert(detail::dependent_false<Storage>,
                     "gear: GPU storage needs <gear/gear.cuh>, compiled by nvcc");
 #endif
     } else {
+      selection_state_->select(table, request, stream);
       detail::gather_on_host(args);
     }
     if (consume_limit() > 0) count_samples(out, stream);

@@ -43,6 +43,14 @@ inline bool gpu_available() noexcept {
   return count > 0;
 }
 
+/// Streaming multiprocessors of the current device.
+inline int multiprocessors() {
+  int device = 0, count = 0;
+  GEAR_CUDA_TRY(cudaGetDevice(&device));
+  GEAR_CUDA_TRY(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  return count;
+}
+
 /// An owned CUDA event (timing disabled), created on demand.
 class event {
  public:

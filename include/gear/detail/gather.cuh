@@ -2,35 +2,64 @@
 // The fused gather kernel: one launch copies the windows of every row of every column.
 //
 // Column c's rows are split into chunks of tuning::copy_chunk_bytes; block b finds its column
-// from the per-column block counts, then its row and chunk. Each block resolves its row's window
-// (plan_window, the same function as the host loop), copies the chunk's part of the valid steps
-// and zero-fills the chunk's padding. The first block of each row in column 0 also writes the
-// row's mask and key.
+// from the per-column block counts, then its row and chunk. Each block learns its row's slot
+// (Rows: read from an earlier select() launch, or drawn right here by the policy's row_selector),
+// resolves the row's window (plan_window, the same function as the host loop), copies the
+// chunk's part of the valid steps and zero-fills the chunk's padding. The first block of each row
+// in column 0 also writes the row's mask and key, and, when it drew the row, its slot,
+// probability and weight.
 
 #include <cuda/stream_ref>
 #include <gear/detail/copy.cuh>
 #include <gear/detail/cuda.hpp>
 #include <gear/detail/gather.hpp>
 #include <gear/detail/tuning.hpp>
+#include <gear/select/concept.hpp>
 
 namespace gear::detail {
 
+/// Rows chosen by an earlier select() launch.
+struct stored_rows {
+  const std::int64_t* slots = nullptr;
+  static constexpr bool publishes = false;
+  __device__ selected_row operator()(std::int64_t row) const { return {slots[row], 0.0f, 0.0f}; }
+};
+
+/// Rows drawn in the gather kernel by a policy's row function F, published to the request.
+template <class F>
+struct drawn_rows {
+  F draw;
+  std::int64_t* slots = nullptr;
+  float* probabilities = nullptr;
+  float* weights = nullptr;
+  static constexpr bool publishes = true;
+  __device__ selected_row operator()(std::int64_t row) const { return draw(row); }
+};
+
 // Kernels in gear's headers are templates (here on the argument type, always gather_args), so that
 // every translation unit that includes them can instantiate them without duplicate symbols.
-template <class Args>
+template <class Args, class Rows>
 __global__ void __launch_bounds__(tuning::copy_threads)
-    gather_kernel(const Args a, const column_blocks g) {
+    gather_kernel(const Args a, const column_blocks g, const Rows rows) {
   int c;
   std::int64_t row, chunk;
   g.locate(blockIdx.x, c, row, chunk);
 
-  const std::int64_t slot = a.slots[row];
+  const selected_row selected = rows(row);
+  const std::int64_t slot = selected.slot;
   const window_plan p = row_plan(a, row, slot);
   if (c == 0 && chunk == 0) {
     std::uint8_t* mask = a.mask + row * a.win.length;
     for (std::int64_t t = threadIdx.x; t < a.win.length; t += blockDim.x)
       mask[t] = (t >= p.dst_pos && t < p.dst_pos + p.count);
-    if (threadIdx.x == 0) a.keys[row] = row_key(a, slot);
+    if (threadIdx.x == 0) {
+      a.keys[row] = row_key(a, slot);
+      if constexpr (Rows::publishes) {
+        rows.slots[row] = slot;
+        rows.probabilities[row] = selected.probability;
+        rows.weights[row] = selected.weight;
+      }
+    }
   }
 
   const auto& col = a.columns[c];
@@ -52,15 +81,49 @@ __global__ void __launch_bounds__(tuning::copy_threads)
   }
 }
 
-/// Launches the gather on `stream`; checks the launch, never synchronises.
-inline void gather_on_device(const gather_args& a, cuda::stream_ref stream) {
+/// How the blocks of the gather described by `a` are shared out.
+inline column_blocks gather_blocks(const gather_args& a) {
   std::int64_t row_bytes[max_columns];
   for (int c = 0; c < a.num_columns; ++c) row_bytes[c] = a.win.length * a.columns[c].step_bytes;
-  const column_blocks g = column_blocks::make(a.num_columns, a.batch, row_bytes);
+  return column_blocks::make(a.num_columns, a.batch, row_bytes);
+}
+
+/// Launches the gather of the rows `rows` names on `stream`; checks the launch, never
+/// synchronises.
+template <class Rows>
+void gather_on_device(const gather_args& a, const column_blocks& g, const Rows& rows,
+                      cuda::stream_ref stream) {
   const std::int64_t blocks = g.first_block[a.num_columns];
   if (blocks == 0) return;
-  gather_kernel<<<static_cast<unsigned>(blocks), tuning::copy_threads, 0, stream.get()>>>(a, g);
+  gather_kernel<<<static_cast<unsigned>(blocks), tuning::copy_threads, 0, stream.get()>>>(a, g,
+                                                                                          rows);
   GEAR_CHECK_LAUNCH("gather_kernel");
+}
+
+/// Selects with `state` and gathers. Where the policy draws rows on its own (row_selector) and
+/// the gather is small enough that one launch saves more than redrawing every row in each of its
+/// blocks costs (tuning::fused_gather_max_waves), the gather kernel draws the rows itself;
+/// otherwise the policy's select() launch runs first. `request` and `a` describe the same batch.
+template <class State>
+void select_and_gather_on_device(State& state, const slot_table& table,
+                                 const selection_request& request, const gather_args& a,
+                                 cuda::stream_ref stream) {
+  const column_blocks g = gather_blocks(a);
+  if constexpr (requires { state.row_selector(table, request); }) {
+    const std::int64_t blocks = g.first_block[a.num_columns];
+    const std::int64_t one_wave = std::int64_t{multiprocessors()} * tuning::copy_blocks_per_sm;
+    if (blocks > 0 && blocks <= tuning::fused_gather_max_waves * one_wave) {
+      if (auto draw = state.row_selector(table, request)) {
+        using F = typename decltype(draw)::value_type;
+        gather_on_device(
+            a, g, drawn_rows<F>{*draw, request.slots, request.probabilities, request.weights},
+            stream);
+        return;
+      }
+    }
+  }
+  state.select(table, request, stream);
+  gather_on_device(a, g, stored_rows{a.slots}, stream);
 }
 
 }  // namespace gear::detail

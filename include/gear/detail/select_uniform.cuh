@@ -1,24 +1,12 @@
 #pragma once
-// Device side of gear::select::uniform: one thread per row.
+// Device side of gear::select::uniform: one thread per row, or, with replacement, drawn inside
+// the gather kernel (row_selector).
 
 #include <cuda/stream_ref>
 #include <gear/detail/cuda.hpp>
-#include <gear/detail/tuning.hpp>
+#include <gear/detail/select_rows.cuh>
 #include <gear/select/uniform.hpp>
-
-namespace gear::detail {
-
-// A template (Request is always selection_request) so that headers define it once per use.
-template <class Request>
-__global__ void uniform_select_kernel(slot_table table, Request request, bool replacement) {
-  const std::int64_t row = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
-  if (row >= request.batch) return;
-  request.slots[row] = uniform_row(table, request, replacement, row);
-  request.probabilities[row] = 1.0f / static_cast<float>(table.live);
-  request.weights[row] = 1.0f;
-}
-
-}  // namespace gear::detail
+#include <optional>
 
 namespace gear::select {
 
@@ -37,10 +25,14 @@ class uniform::state<exec::device> {
       GEAR_CUDA_TRY(cudaMemsetAsync(
           r.scratch, 0, static_cast<std::size_t>(r.scratch_size) * sizeof(std::uint64_t),
           stream.get()));
-    constexpr int threads = detail::tuning::select_threads;
-    const auto blocks = static_cast<unsigned>((r.batch + threads - 1) / threads);
-    detail::uniform_select_kernel<<<blocks, threads, 0, stream.get()>>>(t, r, policy_.replacement);
-    GEAR_CHECK_LAUNCH("uniform_select_kernel");
+    detail::select_rows_on_device(detail::uniform_rows{t, r, policy_.replacement}, r, stream);
+  }
+
+  /// With replacement every row is drawn on its own, so sample() draws inside the gather kernel.
+  [[nodiscard]] std::optional<detail::uniform_rows> row_selector(
+      const slot_table& t, const selection_request& r) const {
+    if (!policy_.replacement) return std::nullopt;
+    return detail::uniform_rows{t, r, true};
   }
 
  private:

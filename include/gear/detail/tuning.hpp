@@ -18,4 +18,12 @@ inline constexpr int copy_vectors_per_thread = 4;
 inline constexpr std::int64_t copy_chunk_bytes =
     std::int64_t{16} * copy_threads * copy_vectors_per_thread;
 
+/// Copy blocks one SM holds at once (2048 resident threads per SM on sm_80 and sm_90).
+inline constexpr int copy_blocks_per_sm = 2048 / copy_threads;
+/// sample() draws rows inside the gather kernel (a policy's row_selector) only while the gather
+/// fits in this many waves of resident blocks. Each block draws its own row, a latency of a few
+/// hundred cycles per wave; the separate selection launch it replaces costs about 3 us. On the
+/// H200 (bench/README.md) one launch was faster up to 1024 blocks and slower from 4096.
+inline constexpr int fused_gather_max_waves = 2;
+
 }  // namespace gear::detail::tuning

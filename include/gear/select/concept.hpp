@@ -30,6 +30,18 @@
 //       priorities for live keys (already checked by the buffer); replay_buffer::update_priorities
 //       exists only for policies that provide it;
 //
+// A device state may also provide, for a policy whose draw of each row is a pure function of the
+// row, request.draw and the state at the call (it reads metadata and the policy's own arrays and
+// writes nothing):
+//
+//   std::optional<F> row_selector(const slot_table& table, const selection_request& request) const;
+//       F is trivially copyable with `__device__ gear::selected_row operator()(std::int64_t row)
+//       const`, giving the same row, probability and weight as select() would. sample() then
+//       draws inside the gather kernel, one launch instead of two: every block that copies part
+//       of a row draws that row itself, and one of them writes it to the request's outputs.
+//       std::nullopt (e.g. uniform without replacement, whose rows claim slots from each other)
+//       makes the buffer call select() as usual.
+//
 // A policy may also declare `static constexpr bool consumes = true;`: the buffer then removes every
 // trajectory a sample returns (each is returned once), as a queue or stack does.
 //
@@ -73,6 +85,13 @@ struct selection_request {
   std::uint64_t* scratch = nullptr;  ///< workspace of scratch_size words, contents unspecified:
                                      ///< a policy that needs zeros clears what it uses
   std::int64_t scratch_size = 0;     ///< a power of two >= 2 * batch
+};
+
+/// One row of a selection, as a row_selector gives it.
+struct selected_row {
+  std::int64_t slot = -1;    ///< the selected slot; -1 if none could be drawn
+  float probability = 0.0f;  ///< probability the row had of being drawn
+  float weight = 1.0f;       ///< importance weight
 };
 
 template <class P, class Space>

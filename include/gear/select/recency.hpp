@@ -219,6 +219,18 @@ GEAR_HD inline std::int64_t recency_row(const slot_table& t, const selection_req
   return -1;
 }
 
+/// Row function of recency selection (see selection_policy_for's row_selector).
+struct recency_rows {
+  slot_table table;
+  selection_request request;
+  recency_window window;
+
+  GEAR_HD selected_row operator()(std::int64_t row) const {
+    const std::int64_t slot = recency_row(table, request, window, row);
+    return {slot, recency_probability(table, window, slot), 1.0f};
+  }
+};
+
 inline void validate_recency(const slot_table& t, const committed_slots& c, std::int64_t newest) {
   GEAR_REQUIRE(make_recency_window(t, c, newest).candidates > 0, errc::not_enough_items,
                "none of the newest " + std::to_string(newest) + " reservations is committed");
@@ -294,11 +306,12 @@ class recency::state<exec::host> : public detail::recency_state_base {
   using recency_state_base::recency_state_base;
 
   void select(const slot_table& t, const selection_request& r, cuda::stream_ref) {
-    const detail::recency_window w = window(t);
+    const detail::recency_rows rows{t, r, window(t)};
     for (std::int64_t row = 0; row < r.batch; ++row) {
-      r.slots[row] = detail::recency_row(t, r, w, row);
-      r.probabilities[row] = detail::recency_probability(t, w, r.slots[row]);
-      r.weights[row] = 1.0f;
+      const selected_row s = rows(row);
+      r.slots[row] = s.slot;
+      r.probabilities[row] = s.probability;
+      r.weights[row] = s.weight;
     }
   }
 };

@@ -55,6 +55,19 @@ GEAR_HD inline std::int64_t uniform_row(const slot_table& t, const selection_req
   return -1;
 }
 
+/// Row function of uniform selection (see selection_policy_for's row_selector). Without
+/// replacement it claims slots in request.scratch, so only the select() launch may use it then.
+struct uniform_rows {
+  slot_table table;
+  selection_request request;
+  bool replacement = true;
+
+  GEAR_HD selected_row operator()(std::int64_t row) const {
+    return {uniform_row(table, request, replacement, row), 1.0f / static_cast<float>(table.live),
+            1.0f};
+  }
+};
+
 inline void validate_uniform(const slot_table& t, std::int64_t batch, bool replacement) {
   GEAR_REQUIRE(replacement || batch <= t.live, errc::not_enough_items,
                "cannot draw " + std::to_string(batch) + " distinct trajectories from " +
@@ -77,11 +90,12 @@ class uniform::state<exec::host> {
 
   void select(const slot_table& t, const selection_request& r, cuda::stream_ref) {
     if (!policy_.replacement) std::fill_n(r.scratch, r.scratch_size, std::uint64_t{0});
-    const float p = 1.0f / static_cast<float>(t.live);
+    const detail::uniform_rows rows{t, r, policy_.replacement};
     for (std::int64_t row = 0; row < r.batch; ++row) {
-      r.slots[row] = detail::uniform_row(t, r, policy_.replacement, row);
-      r.probabilities[row] = p;
-      r.weights[row] = 1.0f;
+      const selected_row s = rows(row);
+      r.slots[row] = s.slot;
+      r.probabilities[row] = s.probability;
+      r.weights[row] = s.weight;
     }
   }
 
