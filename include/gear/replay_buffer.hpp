@@ -749,7 +749,7 @@ class replay_buffer {
       std::array<const std::byte*, num_columns> sources{};
       for (std::size_t c = 0; c < num_columns; ++c)
         sources[c] = static_cast<const std::byte*>(in.columns[c].data);
-      scatter(sources, in.lengths, r, stream);
+      scatter(sources, in.lengths, r, stream, /*sources_in_staging=*/false);
       return;
     }
     std::int64_t steps = 0, cpu_bytes = 0, gpu_bytes = 0;
@@ -781,7 +781,7 @@ class replay_buffer {
       });
       for (auto& source : sources)
         if (source != nullptr) source = device_view_of_staging(source);
-      scatter(sources, in.lengths, r, stream);
+      scatter(sources, in.lengths, r, stream, /*sources_in_staging=*/true);
     }
     if (cpu_bytes > 0) {
       const unsigned parts = detail::copy_threads_for(cpu_bytes);
@@ -820,10 +820,12 @@ class replay_buffer {
 
   /// One scatter launch writing, for every column with a source, trajectory i (packed, lengths[i]
   /// steps) into slot r.slot(i). The rows table is written at the head of the pinned staging and
-  /// copied to device memory; an event keeps the next insert from overwriting staging too early.
+  /// copied to device memory; an event keeps the next insert from overwriting staging too early:
+  /// recorded after the scatter where it reads its sources from the staging, else right after
+  /// the rows table's copy, so that the host prepares the next insert while this one runs.
   void scatter(const std::array<const std::byte*, num_columns>& sources,
                std::span<const std::int64_t> lengths, const reservation& r,
-               cuda::stream_ref stream) {
+               cuda::stream_ref stream, bool sources_in_staging) {
     if constexpr (on_device) {
 #if defined(GEAR_DEVICE_BACKEND)
       // Waits for the last scatter; never reallocates memory just staged for this one.
@@ -841,11 +843,14 @@ class replay_buffer {
       // Every block reads its row: from device memory, not over PCIe.
       const std::size_t rows_bytes =
           static_cast<std::size_t>(r.count) * sizeof(detail::scatter_row);
-      if (device_rows_.size() < rows_bytes)
+      if (device_rows_.size() < rows_bytes) {
+        synchronize(stream);  // the last scatter may still read the table being replaced
         device_rows_ =
             detail::allocation(memory_kind::device, std::max(rows_bytes, 2 * device_rows_.size()));
+      }
       GEAR_CUDA_TRY(cudaMemcpyAsync(device_rows_.data(), rows, rows_bytes, cudaMemcpyHostToDevice,
                                     stream.get()));
+      if (!sources_in_staging) GEAR_CUDA_TRY(cudaEventRecord(staging_ready_.get(), stream.get()));
       args.rows = device_rows_.template as<detail::scatter_row>();
       for (std::size_t c = 0; c < num_columns; ++c)
         if (sources[c] != nullptr)
@@ -853,13 +858,13 @@ class replay_buffer {
                                               kernel_columns_[c].slot_stride,
                                               kernel_columns_[c].step_bytes};
       detail::scatter_on_device(args, stream);
-      GEAR_CUDA_TRY(cudaEventRecord(staging_ready_.get(), stream.get()));
+      if (sources_in_staging) GEAR_CUDA_TRY(cudaEventRecord(staging_ready_.get(), stream.get()));
 #else
       static_assert(detail::dependent_false<Storage>,
                     "gear: GPU storage needs <gear/gear.cuh>, compiled by nvcc");
 #endif
     } else {
-      (void)sources, (void)lengths, (void)r, (void)stream;
+      (void)sources, (void)lengths, (void)r, (void)stream, (void)sources_in_staging;
     }
   }
 
