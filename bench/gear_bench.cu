@@ -10,16 +10,24 @@
 // The pattern: byte b of step t of the trajectory in slot s is pattern_byte(s, t, b). Its first 8
 // bytes hold (s << 32 | t), so a gathered row says which slot and window it came from.
 //
-// Without a GPU only the host/... benchmarks are registered (the CI smoke test runs them).
+// Without a GPU only the host/... benchmarks are registered (the CI smoke test runs them). The P6
+// capacity benchmarks (capacity/..., tens of GiB) run last, so that a failure there cannot cost the
+// figures of the others; they skip with a message where the machine lacks the memory.
 
 #include <benchmark/benchmark.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <functional>
 #include <gear/gear.cuh>
+#include <map>
 #include <memory>
 #include <random>
 #include <span>
@@ -58,19 +66,38 @@ __host__ __device__ inline std::uint8_t pattern_byte(std::int64_t slot, std::int
     const auto header = (static_cast<std::uint64_t>(slot) << 32) | static_cast<std::uint64_t>(step);
     return static_cast<std::uint8_t>(header >> (8 * b));
   }
-  return static_cast<std::uint8_t>(slot * 251 + step * 13 + b * 7 + (b >> 8) * 3 + 1);
+  // slot * 251 + step * 13 + b * 7 + (b >> 8) * 3 + 1, modulo 256: 32-bit arithmetic suffices.
+  return static_cast<std::uint8_t>(
+      static_cast<std::uint32_t>(slot) * 251u + static_cast<std::uint32_t>(step) * 13u +
+      static_cast<std::uint32_t>(b) * 7u + static_cast<std::uint32_t>(b >> 8) * 3u + 1u);
 }
 
-/// Fills `count` packed trajectories of trajectory_steps steps for slots first_slot, ...
+/// Fills `count` packed trajectories of trajectory_steps steps for slots first_slot, ...: one
+/// warp per step, 4-byte words (step_bytes is a multiple of 4, `out` 4-byte aligned).
 __global__ void fill_kernel(std::uint8_t* out, std::int64_t first_slot, std::int64_t count,
                             std::int64_t step_bytes) {
-  const std::int64_t n = count * trajectory_steps * step_bytes;
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
-    const std::int64_t traj = i / (trajectory_steps * step_bytes);
-    const std::int64_t rest = i % (trajectory_steps * step_bytes);
-    out[i] = pattern_byte(first_slot + traj, rest / step_bytes, rest % step_bytes);
+  constexpr std::int64_t steps = trajectory_steps;
+  const std::int64_t warps = std::int64_t{gridDim.x} * (blockDim.x / 32);
+  const std::int64_t total = count * steps, words = step_bytes / 4;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  for (std::int64_t s = (blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x) / 32; s < total;
+       s += warps) {
+    const std::int64_t slot = first_slot + s / steps, step = s % steps;
+    auto* p = reinterpret_cast<std::uint32_t*>(out + s * step_bytes);
+    for (std::int64_t w = lane; w < words; w += 32) {
+      std::uint32_t v = 0;
+      for (int k = 0; k < 4; ++k)
+        v |= std::uint32_t{pattern_byte(slot, step, 4 * w + k)} << (8 * k);
+      p[w] = v;
+    }
   }
+}
+
+/// fill_kernel on `stream`.
+void fill_device(std::uint8_t* out, std::int64_t first_slot, std::int64_t count,
+                 std::int64_t step_bytes, cudaStream_t stream) {
+  fill_kernel<<<2048, 256, 0, stream>>>(out, first_slot, count, step_bytes);
+  GEAR_CHECK_LAUNCH("fill_kernel");
 }
 
 template <class F>
@@ -169,50 +196,70 @@ int reps_for(double seconds_per_call) {
 // ---- the final table --------------------------------------------------------------------------
 
 struct table_row {
-  std::string operation;
-  double figure = 0;  // GB/s
+  std::string operation;  // "": the running benchmark's name
+  double figure = 0;      // in `unit`
   std::string limit_name;
-  double limit = 0;  // GB/s, 0 if none
+  double limit = 0;  // in `unit`, 0 if none
   std::string target;
-  double target_ratio = 0;  // 0: no target
+  double target_ratio = 0;    // 0: no target
+  std::string unit = "GB/s";  // GB/s rows also become the GBps / limit_GBps counters
+  std::string met;            // "": from the ratio and target_ratio
+  std::string note;           // printed last
+  bool has_figure = true;     // false: a skipped benchmark (the note says why)
+
+  table_row() = default;
+  table_row(std::string operation_, double figure_, std::string limit_name_, double limit_,
+            std::string target_, double target_ratio_)
+      : operation(std::move(operation_)),
+        figure(figure_),
+        limit_name(std::move(limit_name_)),
+        limit(limit_),
+        target(std::move(target_)),
+        target_ratio(target_ratio_) {}
 };
 std::vector<table_row> g_rows;
 
 void record(benchmark::State& state, table_row row) {
   const double ratio = row.limit > 0 ? row.figure / row.limit : 0;
-  state.counters["GBps"] = row.figure;
-  if (row.limit > 0) {
-    state.counters["limit_GBps"] = row.limit;
-    state.counters["ratio"] = ratio;
+  if (row.has_figure && row.unit == "GB/s") {
+    state.counters["GBps"] = row.figure;
+    if (row.limit > 0) state.counters["limit_GBps"] = row.limit;
   }
+  if (row.has_figure && row.limit > 0) state.counters["ratio"] = ratio;
   if (row.target_ratio > 0) {
     state.counters["target"] = row.target_ratio;
     state.counters["met"] = ratio >= row.target_ratio ? 1 : 0;
   }
-  row.operation = g_name;
+  if (row.operation.empty()) row.operation = g_name;
   // Google Benchmark runs a benchmark several times while it sizes the iteration count; the
   // table keeps the last run, the one it reports.
-  if (!g_rows.empty() && g_rows.back().operation == row.operation)
-    g_rows.back() = std::move(row);
-  else
-    g_rows.push_back(std::move(row));
+  for (auto& r : g_rows)
+    if (r.operation == row.operation) {
+      r = std::move(row);
+      return;
+    }
+  g_rows.push_back(std::move(row));
 }
 
 void print_table() {
   if (g_rows.empty()) return;
-  std::printf("\n%-58s %10s  %-16s %10s %7s  %-12s %s\n", "operation", "GB/s", "limit", "GB/s",
-              "ratio", "target", "met");
+  std::printf("\n%-58s %10s %-7s  %-22s %10s %7s  %-14s %-4s %s\n", "operation", "figure", "unit",
+              "limit / baseline", "value", "ratio", "target", "met", "note");
   for (const auto& r : g_rows) {
     const double ratio = r.limit > 0 ? r.figure / r.limit : 0;
-    char lim[32] = "-", rat[16] = "-";
-    if (r.limit > 0) {
+    char fig[32] = "-", lim[32] = "-", rat[16] = "-";
+    if (r.has_figure) std::snprintf(fig, sizeof fig, "%.1f", r.figure);
+    if (r.has_figure && r.limit > 0) {
       std::snprintf(lim, sizeof lim, "%.1f", r.limit);
       std::snprintf(rat, sizeof rat, "%.0f%%", 100 * ratio);
     }
-    const char* met = r.target_ratio <= 0 ? "-" : ratio >= r.target_ratio ? "yes" : "NO";
-    std::printf("%-58s %10.1f  %-16s %10s %7s  %-12s %s\n", r.operation.c_str(), r.figure,
-                r.limit_name.empty() ? "-" : r.limit_name.c_str(), lim, rat,
-                r.target.empty() ? "-" : r.target.c_str(), met);
+    const char* met = !r.met.empty()            ? r.met.c_str()
+                      : r.target_ratio <= 0     ? "-"
+                      : ratio >= r.target_ratio ? "yes"
+                                                : "NO";
+    std::printf("%-58s %10s %-7s  %-22s %10s %7s  %-14s %-4s %s\n", r.operation.c_str(), fig,
+                r.unit.c_str(), r.limit_name.empty() ? "-" : r.limit_name.c_str(), lim, rat,
+                r.target.empty() ? "-" : r.target.c_str(), met, r.note.c_str());
   }
 }
 
@@ -224,9 +271,8 @@ struct limit_buffers {
   gear::detail::allocation pinned{gear::memory_kind::pinned_host, limit_bytes};
   std::vector<std::uint8_t> pageable = std::vector<std::uint8_t>(limit_bytes);
   limit_buffers() {
-    fill_kernel<<<1024, 256, 0, clock_().stream>>>(dev_a.as<std::uint8_t>(), 0,
-                                                   limit_bytes / (trajectory_steps * 1024), 1024);
-    GEAR_CHECK_LAUNCH("fill_kernel");
+    fill_device(dev_a.as<std::uint8_t>(), 0, limit_bytes / (trajectory_steps * 1024), 1024,
+                clock_().stream);
     fill_host(pinned.as<std::uint8_t>(), 0, limit_bytes / (trajectory_steps * 1024), 1024);
     fill_host(pageable.data(), 0, limit_bytes / (trajectory_steps * 1024), 1024);
     GEAR_CUDA_TRY(cudaStreamSynchronize(clock_().stream));
@@ -249,6 +295,30 @@ double time_copy(void* dst, const void* src, std::int64_t bytes, cudaMemcpyKind 
     if (i > 0) t.push_back(s);  // the first is warm-up
   }
   return median(t);
+}
+
+/// Back-to-back device-to-device cudaMemcpyAsync calls of `bytes` each (at most limit_bytes / 4),
+/// timed like gear's calls: bytes read + written per second, in GB/s. Successive copies walk
+/// through the 1 GiB limit buffers, so none is served from L2. What one call of that size can
+/// reach, launch and all: the reference for small gathers.
+double same_size_d2d(std::int64_t bytes) {
+  auto& l = limits();
+  auto& c = clock_();
+  const std::int64_t positions = limit_bytes / bytes;
+  const int reps = reps_for(2.0 * bytes / 4e12);
+  std::vector<double> t;
+  for (int i = 0; i < 6; ++i) {
+    c.begin();
+    for (int r = 0; r < reps; ++r) {
+      const std::int64_t at = (std::int64_t{i} * reps + r) % positions * bytes;
+      GEAR_CUDA_TRY(cudaMemcpyAsync(l.dev_b.data() + at, l.dev_a.data() + at,
+                                    static_cast<std::size_t>(bytes), cudaMemcpyDeviceToDevice,
+                                    c.stream));
+    }
+    const double sec = c.end();
+    if (i > 0) t.push_back(sec / reps);  // the first is warm-up
+  }
+  return 2.0 * bytes / median(t) / 1e9;
 }
 
 /// Device-to-device cudaMemcpy, bytes read + written per second, in GB/s.
@@ -325,8 +395,7 @@ struct sampled_table : table_base {
     auto& c = clock_();
     for (std::int64_t first = 0; first < slots; first += chunk) {
       const std::int64_t n = std::min(chunk, slots - first);
-      fill_kernel<<<2048, 256, 0, c.stream>>>(staging.as<std::uint8_t>(), first, n, StepBytes);
-      GEAR_CHECK_LAUNCH("fill_kernel");
+      fill_device(staging.as<std::uint8_t>(), first, n, StepBytes, c.stream);
       buf.insert({std::span<const std::int64_t>(lengths.data(), static_cast<std::size_t>(n)),
                   {gear::input(staging.as<const std::uint8_t>(), {StepBytes})},
                   gear::memory_kind::device},
@@ -346,27 +415,34 @@ struct sampled_table : table_base {
   }
 };
 
-/// Checks rows of a gathered [B, L, StepBytes] batch (host copy) against the pattern: each row
-/// is L consecutive steps of the slot its key (if given) names. Returns "" or what is wrong.
-/// Writes the slot and first step of every row checked to slots/starts if given.
+/// Frees the cached sampled table (benchmarks that need the memory call it first).
+void release_cached_tables() {
+  g_table.reset();
+  g_table_name.clear();
+}
+
+/// Checks rows of a gathered [B, L, step_bytes] batch (host copy, L = `length`) against the
+/// pattern: each row is L consecutive steps of the slot its key (if given) names. Returns "" or
+/// what is wrong.
 std::string check_rows(const std::uint8_t* rows, std::int64_t batch, std::int64_t step_bytes,
-                       const gear::key* keys, const std::uint8_t* mask, std::int64_t max_slot,
-                       std::int64_t first_row = 0, std::int64_t row_stride = 1) {
-  const std::int64_t row_bytes = window_steps * step_bytes;
+                       std::int64_t length, const gear::key* keys, const std::uint8_t* mask,
+                       std::int64_t max_slot, std::int64_t first_row = 0,
+                       std::int64_t row_stride = 1) {
+  const std::int64_t row_bytes = length * step_bytes;
   for (std::int64_t r = first_row; r < batch; r += row_stride) {
     const std::uint8_t* row = rows + r * row_bytes;
     std::uint64_t header = 0;
     std::memcpy(&header, row, 8);
     const auto slot = static_cast<std::int64_t>(header >> 32);
     const auto start = static_cast<std::int64_t>(header & 0xFFFFFFFFu);
-    if (slot >= max_slot || start > trajectory_steps - window_steps)
+    if (slot >= max_slot || start > trajectory_steps - length)
       return "row " + std::to_string(r) + ": header names slot " + std::to_string(slot) + " step " +
              std::to_string(start);
     if (keys != nullptr && keys[r].slot != static_cast<std::uint64_t>(slot))
       return "row " + std::to_string(r) + ": key slot " + std::to_string(keys[r].slot) +
              ", data of slot " + std::to_string(slot);
-    for (std::int64_t t = 0; t < window_steps; ++t) {
-      if (mask != nullptr && mask[r * window_steps + t] != 1)
+    for (std::int64_t t = 0; t < length; ++t) {
+      if (mask != nullptr && mask[r * length + t] != 1)
         return "row " + std::to_string(r) + ": mask is not 1 at " + std::to_string(t);
       for (std::int64_t b = 0; b < step_bytes; ++b)
         if (row[t * step_bytes + b] != pattern_byte(slot, start + t, b))
@@ -377,22 +453,30 @@ std::string check_rows(const std::uint8_t* rows, std::int64_t batch, std::int64_
   return "";
 }
 
-/// Copies rows 0, B/2 and B-1 (and keys and mask) of a device batch back and checks them.
+/// Copies rows of a device batch (and their keys and mask) back and checks them: rows 0, B/2
+/// and B-1, or with row_stride > 0 rows 0, row_stride, 2 row_stride, ... and B-1.
 template <class Batch>
 std::string check_device_batch(const Batch& out, const std::uint8_t* data, std::int64_t step_bytes,
-                               std::int64_t max_slot) {
-  const std::int64_t b = out.batch_size(), row_bytes = window_steps * step_bytes;
+                               std::int64_t max_slot, std::int64_t row_stride = 0) {
+  const std::int64_t b = out.batch_size(), length = out.window_length();
+  const std::int64_t row_bytes = length * step_bytes;
   std::vector<gear::key> keys(static_cast<std::size_t>(b));
-  std::vector<std::uint8_t> mask(static_cast<std::size_t>(b * window_steps));
+  std::vector<std::uint8_t> mask(static_cast<std::size_t>(b * length));
   GEAR_CUDA_TRY(cudaMemcpy(keys.data(), out.keys().data(), keys.size() * sizeof(gear::key),
                            cudaMemcpyDeviceToHost));
   GEAR_CUDA_TRY(
       cudaMemcpy(mask.data(), out.mask().data_handle(), mask.size(), cudaMemcpyDeviceToHost));
-  for (std::int64_t r : {std::int64_t{0}, b / 2, b - 1}) {
-    std::vector<std::uint8_t> row(static_cast<std::size_t>(row_bytes));
+  std::vector<std::int64_t> rows{0, b / 2};
+  if (row_stride > 0) {
+    rows.clear();
+    for (std::int64_t r = 0; r < b; r += row_stride) rows.push_back(r);
+  }
+  rows.push_back(b - 1);
+  std::vector<std::uint8_t> row(static_cast<std::size_t>(row_bytes));
+  for (std::int64_t r : rows) {
     GEAR_CUDA_TRY(cudaMemcpy(row.data(), data + r * row_bytes, row.size(), cudaMemcpyDeviceToHost));
-    std::string e = check_rows(row.data(), 1, step_bytes, keys.data() + r,
-                               mask.data() + r * window_steps, max_slot);
+    std::string e = check_rows(row.data(), 1, step_bytes, length, keys.data() + r,
+                               mask.data() + r * length, max_slot);
     if (!e.empty()) return "row " + std::to_string(r) + ": " + e;
   }
   return "";
@@ -413,29 +497,67 @@ std::pair<std::string, double> sample_target(bool device, std::int64_t step) {
   return {"", 0};
 }
 
-/// gear's sample_async (selection + fused gather) into a [batch, 64] window batch.
+/// What bm_sample and bm_naive_gather share: the cached table, the limit measured right before
+/// the benchmark, and a [batch, length] batch of windows at random offsets, sampled once.
 template <std::int64_t StepBytes, class Storage>
-void bm_sample(benchmark::State& state) {
-  constexpr bool device = std::is_same_v<Storage, gear::storage::device>;
-  const std::int64_t batch = state.range(0);
-  auto& t = sampled_table<StepBytes, Storage>::get();
-  const double limit = device ? d2d_limit() : h2d_limit();
-  auto out = t.buf.make_batch(gear::batch_size{batch}, gear::window_length{window_steps});
-  gear::rng g{2026};
-  const gear::window w{.length = window_steps, .offset = 0, .from = gear::anchor::random};
-  auto& c = clock_();
-  t.buf.sample(out, w, g, c.stream);
-  const auto* data = reinterpret_cast<const std::uint8_t*>(out.template column<0>().data_handle());
-  if (auto e = check_device_batch(out, data, StepBytes, t.slots); !e.empty()) return fail(state, e);
+struct sample_setup {
+  static constexpr bool device = std::is_same_v<Storage, gear::storage::device>;
+  using table_type = sampled_table<StepBytes, Storage>;
 
-  const double gathered = double(batch) * window_steps * StepBytes;  // bytes read
-  const double moved = device ? 2 * gathered : gathered;             // as the limit counts
-  const int reps = reps_for(moved / (limit * 1e9));
-  const double s = time_gpu(state, reps, [&] { t.buf.sample_async(out, w, g, c.stream); });
-  state.counters["us_per_sample"] = s * 1e6;
-  auto [target, ratio] = sample_target(device, StepBytes);
-  record(state, {"", moved / s / 1e9, device ? "D2D copy (r+w)" : "H2D pinned copy", limit, target,
-                 ratio});
+  table_type& t = table_type::get();
+  const double limit = device ? d2d_limit() : h2d_limit();
+  const gear::window w;
+  typename table_type::buffer_type::batch_type out;
+  gear::rng g;
+  gpu_clock& c = clock_();
+
+  sample_setup(std::int64_t batch, std::int64_t length, std::uint64_t seed)
+      : w{.length = length, .offset = 0, .from = gear::anchor::random},
+        out(t.buf.make_batch(gear::batch_size{batch}, gear::window_length{length})),
+        g(seed) {
+    t.buf.sample(out, w, g, c.stream);
+  }
+
+  [[nodiscard]] std::int64_t batch() const { return out.batch_size(); }
+  [[nodiscard]] std::int64_t row_bytes() const { return w.length * StepBytes; }
+  /// The gathered rows (device memory).
+  [[nodiscard]] const std::uint8_t* data() const {
+    return reinterpret_cast<const std::uint8_t*>(out.template column<0>().data_handle());
+  }
+  /// Bytes one gather moves, as the limit counts them: read + written for device storage,
+  /// read over PCIe for pinned host storage.
+  [[nodiscard]] double moved() const {
+    const double gathered = double(batch()) * row_bytes();
+    return device ? 2 * gathered : gathered;
+  }
+  static const char* limit_name() { return device ? "D2D copy (r+w)" : "H2D pinned copy"; }
+};
+
+/// gear's sample_async (selection + fused gather) into a [batch, length] window batch; with
+/// `targeted`, held against the PERF.md target of its step size.
+template <std::int64_t StepBytes, class Storage>
+void bm_sample(benchmark::State& state, std::int64_t length, bool targeted) {
+  sample_setup<StepBytes, Storage> s(state.range(0), length, 2026);
+  if (auto e = check_device_batch(s.out, s.data(), StepBytes, s.t.slots); !e.empty())
+    return fail(state, e);
+  const int reps = reps_for(s.moved() / (s.limit * 1e9));
+  const double sec =
+      time_gpu(state, reps, [&] { s.t.buf.sample_async(s.out, s.w, s.g, s.c.stream); });
+  state.counters["us_per_sample"] = sec * 1e6;
+  const auto [target, ratio] =
+      targeted ? sample_target(s.device, StepBytes) : std::pair<std::string, double>{"", 0};
+  table_row row{"", s.moved() / sec / 1e9, s.limit_name(), s.limit, target, ratio};
+  const std::int64_t gathered = s.batch() * s.row_bytes();
+  if (s.device && gathered <= limit_bytes / 4) {
+    // Small gathers: also held against one cudaMemcpy of the same bytes per call.
+    const double same = same_size_d2d(gathered);
+    state.counters["same_size_copy_GBps"] = same;
+    char note[96];
+    std::snprintf(note, sizeof note, "same-size D2D copy %.0f GB/s: %.0f%% of it", same,
+                  100 * row.figure / same);
+    row.note = note;
+  }
+  record(state, row);
 }
 
 /// Baseline: one thread per byte, rows given as (slot, first step).
@@ -451,11 +573,10 @@ __global__ void naive_gather_kernel(const std::uint8_t* base, std::int64_t slot_
 }
 
 /// The rows (slot, first step) a device batch holds, read from the headers of its rows.
-void rows_of_batch(const std::uint8_t* data, std::int64_t batch, std::int64_t step_bytes,
+void rows_of_batch(const std::uint8_t* data, std::int64_t batch, std::int64_t row_bytes,
                    std::vector<std::int64_t>& slots, std::vector<std::int64_t>& starts) {
   std::vector<std::uint64_t> headers(static_cast<std::size_t>(batch));
-  GEAR_CUDA_TRY(cudaMemcpy2D(headers.data(), 8, data,
-                             static_cast<std::size_t>(window_steps * step_bytes), 8,
+  GEAR_CUDA_TRY(cudaMemcpy2D(headers.data(), 8, data, static_cast<std::size_t>(row_bytes), 8,
                              static_cast<std::size_t>(batch), cudaMemcpyDeviceToHost));
   slots.resize(headers.size());
   starts.resize(headers.size());
@@ -465,41 +586,33 @@ void rows_of_batch(const std::uint8_t* data, std::int64_t batch, std::int64_t st
   }
 }
 
-/// The naive gather kernel over the same rows gear's sample chose.
+/// The naive gather kernel over the same rows gear's sample chose (windows of window_steps).
 template <std::int64_t StepBytes, class Storage>
 void bm_naive_gather(benchmark::State& state) {
-  constexpr bool device = std::is_same_v<Storage, gear::storage::device>;
-  const std::int64_t batch = state.range(0);
-  auto& t = sampled_table<StepBytes, Storage>::get();
-  const double limit = device ? d2d_limit() : h2d_limit();
-  auto out = t.buf.make_batch(gear::batch_size{batch}, gear::window_length{window_steps});
-  gear::rng g{7};
-  auto& c = clock_();
-  t.buf.sample(out, {.length = window_steps, .offset = 0, .from = gear::anchor::random}, g,
-               c.stream);
-  const auto* ours = reinterpret_cast<const std::uint8_t*>(out.template column<0>().data_handle());
+  sample_setup<StepBytes, Storage> s(state.range(0), window_steps, 7);
+  const std::int64_t batch = s.batch(), row_bytes = s.row_bytes();
+  const std::uint8_t* ours = s.data();
   std::vector<std::int64_t> slots, starts;
-  rows_of_batch(ours, batch, StepBytes, slots, starts);
+  rows_of_batch(ours, batch, row_bytes, slots, starts);
   gear::detail::allocation rows(gear::memory_kind::device, 2 * slots.size() * sizeof(std::int64_t));
   auto* d_slots = rows.as<std::int64_t>();
   GEAR_CUDA_TRY(cudaMemcpy(d_slots, slots.data(), slots.size() * 8, cudaMemcpyHostToDevice));
   GEAR_CUDA_TRY(
       cudaMemcpy(d_slots + batch, starts.data(), starts.size() * 8, cudaMemcpyHostToDevice));
-  const std::int64_t row_bytes = window_steps * StepBytes;
   gear::detail::allocation dst(gear::memory_kind::device,
                                static_cast<std::size_t>(batch * row_bytes));
-  const auto ref = t.buf.ref(gear::op::write_steps{});
+  const auto ref = s.t.buf.ref(gear::op::write_steps{});
   const auto* base = reinterpret_cast<const std::uint8_t*>(ref.template step<0>(0, 0));
   const std::int64_t stride =
       reinterpret_cast<const std::uint8_t*>(ref.template step<0>(1, 0)) - base;
   const auto blocks = static_cast<unsigned>((batch * row_bytes + 255) / 256);
   auto launch = [&] {
-    naive_gather_kernel<<<blocks, 256, 0, c.stream>>>(
+    naive_gather_kernel<<<blocks, 256, 0, s.c.stream>>>(
         base, stride, StepBytes, d_slots, d_slots + batch, batch, dst.as<std::uint8_t>());
   };
   launch();
   GEAR_CHECK_LAUNCH("naive_gather_kernel");
-  GEAR_CUDA_TRY(cudaStreamSynchronize(c.stream));
+  GEAR_CUDA_TRY(cudaStreamSynchronize(s.c.stream));
   // Same bytes as gear's gather, row by row.
   {
     std::vector<std::uint8_t> a(static_cast<std::size_t>(row_bytes)), b(a.size());
@@ -509,15 +622,14 @@ void bm_naive_gather(benchmark::State& state) {
                                cudaMemcpyDeviceToHost));
       if (a != b)
         return fail(state, "naive gather differs from gear's at row " + std::to_string(r));
-      if (auto e = check_rows(b.data(), 1, StepBytes, nullptr, nullptr, t.slots); !e.empty())
+      if (auto e = check_rows(b.data(), 1, StepBytes, window_steps, nullptr, nullptr, s.t.slots);
+          !e.empty())
         return fail(state, e);
     }
   }
-  const double gathered = double(batch) * row_bytes;
-  const double moved = device ? 2 * gathered : gathered;
-  const int reps = reps_for(moved / (limit * 1e9));
-  const double s = time_gpu(state, reps, launch);
-  record(state, {"", moved / s / 1e9, device ? "D2D copy (r+w)" : "H2D pinned copy", limit, "", 0});
+  const int reps = reps_for(s.moved() / (s.limit * 1e9));
+  const double sec = time_gpu(state, reps, launch);
+  record(state, {"", s.moved() / sec / 1e9, s.limit_name(), s.limit, "", 0});
 }
 
 /// Baseline: what a user without gear writes: select on the CPU, memcpy the rows into pinned
@@ -556,8 +668,8 @@ void bm_cpu_pipeline(benchmark::State& state) {
   {
     std::vector<std::uint8_t> back(static_cast<std::size_t>(batch * row_bytes));
     GEAR_CUDA_TRY(cudaMemcpy(back.data(), dst.data(), back.size(), cudaMemcpyDeviceToHost));
-    if (auto e = check_rows(back.data(), batch, StepBytes, nullptr, nullptr, t.slots, 0,
-                            std::max<std::int64_t>(1, batch / 4));
+    if (auto e = check_rows(back.data(), batch, StepBytes, window_steps, nullptr, nullptr, t.slots,
+                            0, std::max<std::int64_t>(1, batch / 4));
         !e.empty())
       return fail(state, e);
   }
@@ -578,8 +690,7 @@ void bm_cpu_pipeline(benchmark::State& state) {
 /// Insert from device memory into device storage: 256 MiB of trajectories per insert_async.
 template <std::int64_t StepBytes>
 void bm_insert_device(benchmark::State& state) {
-  g_table.reset();
-  g_table_name.clear();
+  release_cached_tables();
   using buffer_type = gear::replay_buffer<step_spec<StepBytes>, gear::storage::device>;
   constexpr std::int64_t trajectory_bytes = StepBytes * trajectory_steps;
   const std::int64_t count = std::max<std::int64_t>(1, 256 * mib / trajectory_bytes);
@@ -588,8 +699,7 @@ void bm_insert_device(benchmark::State& state) {
   gear::detail::allocation src(gear::memory_kind::device,
                                static_cast<std::size_t>(count * trajectory_bytes));
   auto& c = clock_();
-  fill_kernel<<<2048, 256, 0, c.stream>>>(src.as<std::uint8_t>(), 0, count, StepBytes);
-  GEAR_CHECK_LAUNCH("fill_kernel");
+  fill_device(src.as<std::uint8_t>(), 0, count, StepBytes, c.stream);
   std::vector<std::int64_t> lengths(static_cast<std::size_t>(count), trajectory_steps);
   std::vector<gear::key> keys(static_cast<std::size_t>(count));
   const gear::trajectories<step_spec<StepBytes>> in{
@@ -615,8 +725,7 @@ void bm_insert_device(benchmark::State& state) {
 /// Insert from pageable host memory into pinned_host storage: 256 MiB per insert.
 template <std::int64_t StepBytes>
 void bm_insert_pinned(benchmark::State& state) {
-  g_table.reset();
-  g_table_name.clear();
+  release_cached_tables();
   using buffer_type = gear::replay_buffer<step_spec<StepBytes>, gear::storage::pinned_host>;
   constexpr std::int64_t trajectory_bytes = StepBytes * trajectory_steps;
   const std::int64_t count = std::max<std::int64_t>(1, 256 * mib / trajectory_bytes);
@@ -648,6 +757,327 @@ void bm_insert_pinned(benchmark::State& state) {
   record(state, {"", bytes / median(times) / 1e9, "memcpy, 16 threads", limit, "P4h >= 70%", 0.70});
 }
 
+// ---- selection cost against capacity (P6: O(log N) per sample) --------------------------------
+
+/// One 8-byte column and trajectories of one step: the bytes a sample moves are negligible, so
+/// its time is selection plus launches.
+using select_spec = gear::spec<gear::column<"id", std::uint64_t>>;
+constexpr std::int64_t select_batch = 4096;
+constexpr std::int64_t select_smallest_n = std::int64_t{1} << 12;
+
+/// out[i] = i << 32: the header of step 0 of the trajectory in slot i.
+__global__ void header_kernel(std::uint64_t* out, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x)
+    out[i] = static_cast<std::uint64_t>(i) << 32;
+}
+
+const char* policy_name(const gear::select::uniform&) { return "uniform"; }
+const char* policy_name(const gear::select::prioritized&) { return "prioritized"; }
+const char* policy_name(const gear::select::recency&) { return "recency"; }
+
+/// Microseconds per sample call at N = select_smallest_n, per policy: the ratio column's baseline.
+std::map<std::string, double> g_select_base_us;
+
+/// sample_async of `batch` windows of one step from a device buffer of capacity n, every slot
+/// filled: selection (Policy) plus the gather of 8 bytes per row. Priorities (prioritized) are all
+/// equal, so every probability is 1/n and every weight 1; recency draws from the newest n.
+template <class Policy>
+void bm_select(benchmark::State& state, std::int64_t n) {
+  release_cached_tables();
+  const std::int64_t batch = state.range(0);
+  using buffer_type = gear::replay_buffer<select_spec, gear::storage::device, Policy>;
+  Policy policy{};
+  if constexpr (std::is_same_v<Policy, gear::select::recency>) policy.newest = n;
+  buffer_type buf{gear::capacity{n}, gear::max_length{1}, policy};
+  auto& c = clock_();
+  {
+    // Every slot, from device memory, 2^20 trajectories per insert; slot i = ticket i.
+    const std::int64_t chunk = std::min<std::int64_t>(n, std::int64_t{1} << 20);
+    gear::detail::allocation src(gear::memory_kind::device, static_cast<std::size_t>(n) * 8);
+    header_kernel<<<1024, 256, 0, c.stream>>>(src.as<std::uint64_t>(), n);
+    GEAR_CHECK_LAUNCH("header_kernel");
+    std::vector<std::int64_t> lengths(static_cast<std::size_t>(chunk), 1);
+    std::vector<gear::key> keys(static_cast<std::size_t>(chunk));
+    for (std::int64_t first = 0; first < n; first += chunk) {
+      const auto m = static_cast<std::size_t>(std::min(chunk, n - first));
+      buf.insert_async({std::span<const std::int64_t>(lengths.data(), m),
+                        {gear::input(src.as<const std::uint64_t>() + first)},
+                        gear::memory_kind::device},
+                       keys, c.stream);
+    }
+    GEAR_CUDA_TRY(cudaStreamSynchronize(c.stream));
+  }
+  auto out = buf.make_batch(gear::batch_size{batch}, gear::window_length{1});
+  gear::rng g{2026};
+  const gear::window w{.length = 1, .offset = 0, .from = gear::anchor::start};
+  buf.sample(out, w, g, c.stream);
+  {
+    const auto b = static_cast<std::size_t>(batch);
+    std::vector<std::uint64_t> ids(b);
+    std::vector<gear::key> keys(b);
+    std::vector<std::uint8_t> mask(b);
+    std::vector<float> probabilities(b), weights(b);
+    GEAR_CUDA_TRY(cudaMemcpy(ids.data(), out.template column<0>().data_handle(), b * 8,
+                             cudaMemcpyDeviceToHost));
+    GEAR_CUDA_TRY(
+        cudaMemcpy(keys.data(), out.keys().data(), b * sizeof(gear::key), cudaMemcpyDeviceToHost));
+    GEAR_CUDA_TRY(cudaMemcpy(mask.data(), out.mask().data_handle(), b, cudaMemcpyDeviceToHost));
+    GEAR_CUDA_TRY(cudaMemcpy(probabilities.data(), out.probabilities().data(), b * 4,
+                             cudaMemcpyDeviceToHost));
+    GEAR_CUDA_TRY(cudaMemcpy(weights.data(), out.weights().data(), b * 4, cudaMemcpyDeviceToHost));
+    for (std::size_t r = 0; r < b; ++r)
+      if (keys[r].slot >= static_cast<std::uint64_t>(n) || ids[r] != keys[r].slot << 32 ||
+          keys[r].generation != 0 || mask[r] != 1 ||
+          std::abs(double(probabilities[r]) * double(n) - 1) > 1e-3 || weights[r] != 1.0f)
+        return fail(state, "row " + std::to_string(r) + ": key slot " +
+                               std::to_string(keys[r].slot) + " generation " +
+                               std::to_string(keys[r].generation) + ", data " +
+                               std::to_string(ids[r]) + ", mask " + std::to_string(mask[r]) +
+                               ", probability " + std::to_string(probabilities[r]) + ", weight " +
+                               std::to_string(weights[r]) +
+                               " (expected: data = slot << 32, probability 1/N, weight 1)");
+  }
+  const double us = 1e6 * time_gpu(state, 100, [&] { buf.sample_async(out, w, g, c.stream); });
+  state.counters["us_per_sample"] = us;
+  state.counters["us_per_row"] = us / double(batch);
+  state.counters["N"] = double(n);
+  const std::string policy_key = policy_name(policy);
+  if (n == select_smallest_n) g_select_base_us[policy_key] = us;
+  table_row row("", us, "", 0, "", 0);
+  row.unit = "us";
+  if (const auto base = g_select_base_us.find(policy_key); base != g_select_base_us.end()) {
+    row.limit_name = "N = 2^12, same policy";
+    row.limit = base->second;
+  }
+  char note[64];
+  std::snprintf(note, sizeof note, "%.4f us per row", us / double(batch));
+  row.note = note;
+  record(state, row);
+}
+
+// ---- capacity (P6) -----------------------------------------------------------------------------
+
+/// Step size of the capacity buffers (an Atari frame stack): few, large slots.
+constexpr std::int64_t capacity_step_bytes = 28672;
+
+/// The first word of a one-line file (cgroup limits) as a number; -1 if absent or "max".
+double read_number(const char* path) {
+  std::ifstream f(path);
+  std::string word;
+  if (!(f >> word) || word == "max") return -1;
+  char* end = nullptr;
+  const double v = std::strtod(word.c_str(), &end);
+  return end != nullptr && *end == '\0' ? v : -1;
+}
+
+/// The value of `key` in a file of "key value [unit]" lines, times `scale`; -1 if absent.
+double read_keyed(const char* path, const std::string& key, double scale) {
+  std::ifstream f(path);
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.compare(0, key.size(), key) != 0 || line.size() == key.size() ||
+        (line[key.size()] != ' ' && line[key.size()] != ':'))
+      continue;
+    return std::strtod(line.c_str() + key.size() + 1, nullptr) * scale;
+  }
+  return -1;
+}
+
+/// Host memory in bytes: physical, and what this process may still take (MemAvailable, capped by
+/// the cgroup's limit where there is one, counting its page cache as free).
+struct host_memory_info {
+  double total = 0, available = 0;
+};
+host_memory_info host_memory() {
+  host_memory_info m;
+  const double page = double(sysconf(_SC_PAGESIZE));
+  m.total = double(sysconf(_SC_PHYS_PAGES)) * page;
+  m.available = read_keyed("/proc/meminfo", "MemAvailable", 1024);
+  if (m.available < 0) m.available = double(sysconf(_SC_AVPHYS_PAGES)) * page;
+  struct cgroup_files {
+    const char *limit, *usage, *stat, *cache;
+  };
+  for (const cgroup_files& cg :
+       {cgroup_files{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current",
+                     "/sys/fs/cgroup/memory.stat", "file"},
+        cgroup_files{"/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                     "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+                     "/sys/fs/cgroup/memory/memory.stat", "cache"}}) {
+    const double limit = read_number(cg.limit), used = read_number(cg.usage);
+    if (limit <= 0 || limit >= m.total || used < 0) continue;
+    const double cache = std::max(0.0, read_keyed(cg.stat, cg.cache, 1));
+    m.total = limit;
+    m.available = std::min(m.available, limit - used + cache);
+    break;
+  }
+  return m;
+}
+
+std::string format(const char* fmt, double a, double b, double c) {
+  char text[256];
+  std::snprintf(text, sizeof text, fmt, a, b, c);
+  return text;
+}
+
+/// P6: a replay_buffer of at least target_gib GiB of Storage (28 KiB steps, trajectories of 1000
+/// steps), every slot filled from device memory and checked, then sample_async of 256 windows of
+/// 64 steps timed against the in-run limit. Skips, with the reason, where the machine lacks the
+/// memory; frees everything before it returns.
+template <class Storage>
+void bm_capacity(benchmark::State& state, std::int64_t target_gib) {
+  release_cached_tables();  // the sampled tables of the earlier benchmarks
+  constexpr bool device = std::is_same_v<Storage, gear::storage::device>;
+  constexpr std::int64_t step = capacity_step_bytes;
+  constexpr std::int64_t trajectory_bytes = step * trajectory_steps;
+  using buffer_type = gear::replay_buffer<step_spec<step>, Storage>;
+  const std::int64_t slots = (target_gib * gib + trajectory_bytes - 1) / trajectory_bytes;
+  const double stored = double(slots) * trajectory_bytes;
+  const std::int64_t batch = 256, chunk = 256 * mib / trajectory_bytes;
+  const std::string name = g_name, target = "P6 >= " + std::to_string(target_gib) + " GiB";
+  state.counters["target_GiB"] = double(target_gib);
+  auto give_up = [&](const std::string& why, const char* met, bool has_figure) {
+    std::fprintf(stderr, "%s: %s\n", name.c_str(), why.c_str());
+    table_row row("", stored / gib, "", 0, target, 0);
+    row.unit = "GiB";
+    row.met = met;
+    row.note = why;
+    row.has_figure = has_figure;
+    record(state, row);
+    state.counters["met"] = 0;
+  };
+  try {
+    // The memory first: a buffer this size must not take the machine (or the run) down.
+    std::size_t gpu_free = 0, gpu_total = 0;
+    GEAR_CUDA_TRY(cudaMemGetInfo(&gpu_free, &gpu_total));
+    // Staging for the fill, the sampled batch, metadata and slack.
+    const double gpu_extra = double(chunk * trajectory_bytes + batch * window_steps * step) + gib;
+    const double gpu_need = (device ? stored : 0.0) + gpu_extra;
+    if (gpu_need > double(gpu_free)) {
+      const std::string why =
+          format("skipped: needs %.1f GiB of GPU memory, the GPU has %.1f GiB free of %.1f GiB",
+                 gpu_need / gib, double(gpu_free) / gib, double(gpu_total) / gib);
+      give_up(why, "n/a", false);
+      return state.SkipWithError(why.c_str());
+    }
+    if (!device) {
+      const host_memory_info host = host_memory();
+      const double host_need = stored + 4.0 * gib;  // and room for everything else
+      if (host_need > host.available) {
+        const std::string why = format(
+            "skipped: needs %.1f GiB of host memory, the machine has %.1f GiB available "
+            "of %.1f GiB",
+            host_need / gib, host.available / gib, host.total / gib);
+        give_up(why, "n/a", false);
+        return state.SkipWithError(why.c_str());
+      }
+    }
+
+    std::fprintf(stderr, "%s: allocating %lld slots of %.1f MiB, %.1f GiB\n", name.c_str(),
+                 static_cast<long long>(slots), double(trajectory_bytes) / mib, stored / gib);
+    const double t0 = wall_seconds();
+    buffer_type buf{gear::capacity{slots}, gear::max_length{trajectory_steps}};
+    const double build_s = wall_seconds() - t0;
+    std::fprintf(stderr, "%s: allocated in %.1f s; filling from device memory\n", name.c_str(),
+                 build_s);
+    auto& c = clock_();
+    {
+      gear::detail::allocation staging(gear::memory_kind::device,
+                                       static_cast<std::size_t>(chunk * trajectory_bytes));
+      std::vector<std::int64_t> lengths(static_cast<std::size_t>(chunk), trajectory_steps);
+      std::vector<gear::key> keys(static_cast<std::size_t>(chunk));
+      std::int64_t report_at = slots / 8;
+      for (std::int64_t first = 0; first < slots; first += chunk) {
+        const std::int64_t n = std::min(chunk, slots - first);
+        fill_device(staging.as<std::uint8_t>(), first, n, step, c.stream);
+        buf.insert_async(
+            {std::span<const std::int64_t>(lengths.data(), static_cast<std::size_t>(n)),
+             {gear::input(staging.as<const std::uint8_t>(), {step})},
+             gear::memory_kind::device},
+            keys, c.stream);
+        if (first + n >= report_at) {
+          GEAR_CUDA_TRY(cudaStreamSynchronize(c.stream));
+          std::fprintf(stderr, "%s: filled %lld of %lld slots (%.1f GiB) in %.1f s\n", name.c_str(),
+                       static_cast<long long>(first + n), static_cast<long long>(slots),
+                       double(first + n) * trajectory_bytes / gib, wall_seconds() - t0 - build_s);
+          report_at += slots / 8;
+        }
+      }
+      GEAR_CUDA_TRY(cudaStreamSynchronize(c.stream));
+    }
+    const double fill_s = wall_seconds() - t0 - build_s;
+
+    // Every slot holds its own trajectory: the headers of its first and last step, and every
+    // byte of those steps in the first, middle and last slot ...
+    const auto ref = buf.ref(gear::op::write_steps{});
+    const auto* base = reinterpret_cast<const std::uint8_t*>(ref.template step<0>(0, 0));
+    const std::int64_t stride =
+        reinterpret_cast<const std::uint8_t*>(ref.template step<0>(1, 0)) - base;
+    std::vector<std::uint64_t> headers(static_cast<std::size_t>(slots));
+    std::vector<std::uint8_t> bytes(static_cast<std::size_t>(step));
+    for (const std::int64_t t : {std::int64_t{0}, trajectory_steps - 1}) {
+      GEAR_CUDA_TRY(cudaMemcpy2D(headers.data(), 8, base + t * step,
+                                 static_cast<std::size_t>(stride), 8,
+                                 static_cast<std::size_t>(slots), cudaMemcpyDefault));
+      for (std::int64_t s = 0; s < slots; ++s)
+        if (headers[static_cast<std::size_t>(s)] !=
+            ((static_cast<std::uint64_t>(s) << 32) | static_cast<std::uint64_t>(t))) {
+          give_up("wrong output: slot " + std::to_string(s) + " step " + std::to_string(t), "NO",
+                  true);
+          return fail(state, "slot " + std::to_string(s) + " step " + std::to_string(t) +
+                                 " does not hold its pattern");
+        }
+      for (const std::int64_t s : {std::int64_t{0}, slots / 2, slots - 1}) {
+        GEAR_CUDA_TRY(cudaMemcpy(bytes.data(), base + s * stride + t * step, bytes.size(),
+                                 cudaMemcpyDefault));
+        for (std::int64_t b = 0; b < step; ++b)
+          if (bytes[static_cast<std::size_t>(b)] != pattern_byte(s, t, b)) {
+            give_up("wrong output: slot " + std::to_string(s) + " step " + std::to_string(t), "NO",
+                    true);
+            return fail(state, "slot " + std::to_string(s) + " step " + std::to_string(t) +
+                                   " byte " + std::to_string(b) + " differs from the pattern");
+          }
+      }
+    }
+    // ... and a sampled batch (every 8th row checked in full).
+    const double limit = device ? d2d_limit() : h2d_limit();
+    auto out = buf.make_batch(gear::batch_size{batch}, gear::window_length{window_steps});
+    gear::rng g{2026};
+    const gear::window w{.length = window_steps, .offset = 0, .from = gear::anchor::random};
+    buf.sample(out, w, g, c.stream);
+    const auto* data =
+        reinterpret_cast<const std::uint8_t*>(out.template column<0>().data_handle());
+    if (auto e = check_device_batch(out, data, step, slots, 8); !e.empty()) {
+      give_up("wrong output: " + e, "NO", true);
+      return fail(state, e);
+    }
+    const double moved = (device ? 2.0 : 1.0) * double(batch) * window_steps * step;
+    const double sec = time_gpu(state, reps_for(moved / (limit * 1e9)),
+                                [&] { buf.sample_async(out, w, g, c.stream); });
+    std::fprintf(stderr, "%s: built, filled and verified; releasing %.1f GiB\n", name.c_str(),
+                 stored / gib);
+    state.counters["capacity_GiB"] = stored / gib;
+    state.counters["met"] = 1;
+    state.counters["build_s"] = build_s;
+    state.counters["fill_s"] = fill_s;
+    state.counters["us_per_sample"] = sec * 1e6;
+    table_row built("", stored / gib, "", 0, target, 0);
+    built.unit = "GiB";
+    built.met = "yes";
+    built.note = format(
+        "%.0f slots of 28 KiB x 1000 steps; allocated in %.1f s, filled in %.1f s, "
+        "verified",
+        double(slots), build_s, fill_s);
+    record(state, built);
+    record(state, {name + "/sample/window:64/batch:256", moved / sec / 1e9,
+                   device ? "D2D copy (r+w)" : "H2D pinned copy", limit, "", 0});
+  } catch (const std::exception& e) {
+    const std::string why = std::string("could not build or sample: ") + e.what();
+    give_up(why, "NO", false);
+    state.SkipWithError(why.c_str());
+  }
+}
+
 // ---- host storage (runs without a GPU; the CI smoke test) -------------------------------------
 
 using host_spec = step_spec<256>;
@@ -671,8 +1101,9 @@ void bm_host_sample(benchmark::State& state) {
   gear::rng g{1};
   const gear::window w{.length = window_steps, .offset = 0, .from = gear::anchor::random};
   buf.sample(out, w, g);
-  if (auto e = check_rows(reinterpret_cast<const std::uint8_t*>(out.column<0>().data_handle()),
-                          batch, 256, out.keys().data(), out.mask().data_handle(), host_slots);
+  if (auto e =
+          check_rows(reinterpret_cast<const std::uint8_t*>(out.column<0>().data_handle()), batch,
+                     256, window_steps, out.keys().data(), out.mask().data_handle(), host_slots);
       !e.empty())
     return fail(state, e);
   for (auto _ : state) {
@@ -704,12 +1135,14 @@ void bm_host_insert(benchmark::State& state) {
 // ---- registration -----------------------------------------------------------------------------
 
 /// Registers fn under `name`, remembering the name (with its argument) for the table.
-benchmark::internal::Benchmark* add(const std::string& name, void (*fn)(benchmark::State&),
+benchmark::internal::Benchmark* add(const std::string& name,
+                                    std::function<void(benchmark::State&)> fn,
                                     bool batch_arg = false) {
-  return benchmark::RegisterBenchmark(name.c_str(), [name, fn, batch_arg](benchmark::State& s) {
-    g_name = batch_arg ? name + "/batch:" + std::to_string(s.range(0)) : name;
-    fn(s);
-  });
+  return benchmark::RegisterBenchmark(
+      name.c_str(), [name, fn = std::move(fn), batch_arg](benchmark::State& s) {
+        g_name = batch_arg ? name + "/batch:" + std::to_string(s.range(0)) : name;
+        fn(s);
+      });
 }
 
 template <std::int64_t StepBytes, class Storage>
@@ -719,7 +1152,9 @@ void register_sample_family() {
   // Small steps also at batch 4096, where launch latency no longer dominates.
   for (std::int64_t batch : {256, 1024, 4096}) {
     if (batch == 4096 && StepBytes > 1024) continue;
-    add("sample/" + tag, bm_sample<StepBytes, Storage>, true)
+    add(
+        "sample/" + tag,
+        [](benchmark::State& s) { bm_sample<StepBytes, Storage>(s, window_steps, true); }, true)
         ->Arg(batch)
         ->ArgName("batch")
         ->UseManualTime()
@@ -741,6 +1176,21 @@ void register_sample_family() {
   }
 }
 
+/// The window-length axis: 4 KiB steps, B = 256 (no PERF.md target).
+template <class Storage>
+void register_window_axis() {
+  const std::string tag = std::string("sample/") + storage_name(Storage{}) + "/step:4096/window:";
+  for (std::int64_t length : {1, 16, 64, 256})
+    add(
+        tag + std::to_string(length),
+        [length](benchmark::State& s) { bm_sample<4096, Storage>(s, length, false); }, true)
+        ->Arg(256)
+        ->ArgName("batch")
+        ->UseManualTime()
+        ->MinTime(gpu_min_time)
+        ->Unit(benchmark::kMicrosecond);
+}
+
 template <std::int64_t StepBytes>
 void register_insert() {
   add("insert/device_from_device/step:" + std::to_string(StepBytes), bm_insert_device<StepBytes>)
@@ -753,20 +1203,63 @@ void register_insert() {
       ->Unit(benchmark::kMicrosecond);
 }
 
+/// Selection cost against capacity: N = 2^12 .. 2^24, B = select_batch. Fixed iterations: each
+/// run builds and fills its own buffer.
+template <class Policy>
+void register_select_axis() {
+  for (int log_n : {12, 16, 20, 24}) {
+    const std::int64_t n = std::int64_t{1} << log_n;
+    add(
+        "select/device/" + std::string(policy_name(Policy{})) + "/N:" + std::to_string(n),
+        [n](benchmark::State& s) { bm_select<Policy>(s, n); }, true)
+        ->Arg(select_batch)
+        ->ArgName("batch")
+        ->UseManualTime()
+        ->Iterations(30)
+        ->Unit(benchmark::kMicrosecond);
+  }
+}
+
 void register_gpu_benchmarks() {
   add("limit/d2d_copy", bm_limit_d2d)->UseManualTime()->Iterations(3);
   add("limit/h2d_pinned_copy", bm_limit_h2d)->UseManualTime()->Iterations(3);
   add("limit/memcpy_mt", bm_limit_memcpy)->UseManualTime()->Iterations(3);
+  // Each sample family, and the window axis right after its own, uses one cached table.
   register_sample_family<256, gear::storage::device>();
   register_sample_family<1024, gear::storage::device>();
   register_sample_family<4096, gear::storage::device>();
+  register_window_axis<gear::storage::device>();
   register_sample_family<28672, gear::storage::device>();
+  // 1 MiB steps: 4 trajectories of 1000 MiB; 16 windows of 64 steps move 1 GiB per call.
+  add(
+      "sample/device/step:1048576",
+      [](benchmark::State& s) { bm_sample<1048576, gear::storage::device>(s, window_steps, true); },
+      true)
+      ->Arg(16)
+      ->ArgName("batch")
+      ->UseManualTime()
+      ->MinTime(gpu_min_time)
+      ->Unit(benchmark::kMicrosecond);
   register_sample_family<256, gear::storage::pinned_host>();
   register_sample_family<1024, gear::storage::pinned_host>();
   register_sample_family<4096, gear::storage::pinned_host>();
+  register_window_axis<gear::storage::pinned_host>();
   register_sample_family<28672, gear::storage::pinned_host>();
   register_insert<1024>();
   register_insert<28672>();
+  register_select_axis<gear::select::uniform>();
+  register_select_axis<gear::select::prioritized>();
+  register_select_axis<gear::select::recency>();
+  // P6 last: the largest allocations of the run (device first: the host pinning is the riskier).
+  add("capacity/device", [](benchmark::State& s) { bm_capacity<gear::storage::device>(s, 120); })
+      ->UseManualTime()
+      ->Iterations(20)
+      ->Unit(benchmark::kMillisecond);
+  add("capacity/pinned_host",
+      [](benchmark::State& s) { bm_capacity<gear::storage::pinned_host>(s, 64); })
+      ->UseManualTime()
+      ->Iterations(20)
+      ->Unit(benchmark::kMillisecond);
 }
 
 }  // namespace
@@ -795,7 +1288,7 @@ int main(int argc, char** argv) {
   }
   benchmark::Shutdown();
   print_table();
-  g_table.reset();
+  release_cached_tables();
   if (g_failed) {
     std::fprintf(stderr, "gear_bench: a benchmark's output was wrong\n");
     return 1;
