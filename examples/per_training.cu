@@ -1,27 +1,30 @@
 // gear example: a prioritized-replay (PER) training loop on synthetic data.
 //
 //   insert trajectories -> sample a batch with importance weights -> compute (fake) TD errors on
-//   the GPU -> update the sampled trajectories' priorities -> anneal beta -> repeat
+//   the GPU -> update the sampled trajectories' priorities (on the GPU, from device memory)
+//   -> anneal beta -> repeat
 //
 // Runs on the GPU (device storage) when there is one, otherwise on the CPU with host storage.
 
 #include <cmath>
 #include <cstdio>
 #include <gear/gear.cuh>
+#include <span>
 #include <vector>
 
 using spec = gear::spec<gear::column<"obs", float, 8>, gear::column<"reward", float>>;
 
 // A stand-in for the learner: |TD error| of a row = mean |reward| of its window, scaled by its
-// importance weight the way a loss would be. Real code runs its network here.
+// importance weight the way a loss would be; the new priority is that plus epsilon. Real code
+// runs its network here.
 __global__ void fake_td_errors(const float* rewards, const std::uint8_t* mask, const float* weights,
-                               std::int64_t rows, std::int64_t length, float* td) {
+                               std::int64_t rows, std::int64_t length, float epsilon, float* td) {
   const std::int64_t row = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
   if (row >= rows) return;
   float sum = 0;
   for (std::int64_t j = 0; j < length; ++j)
     sum += mask[row * length + j] ? fabsf(rewards[row * length + j]) : 0.0f;
-  td[row] = sum / static_cast<float>(length) * (0.5f + 0.5f * weights[row]);
+  td[row] = sum / static_cast<float>(length) * (0.5f + 0.5f * weights[row]) + epsilon;
 }
 
 template <class Storage>
@@ -45,7 +48,7 @@ int run(cuda::stream_ref stream) {
   const std::int64_t B = 256, L = 16;
   auto batch = buf.make_batch(gear::batch_size{B}, gear::window_length{L});
   gear::rng rng{7};
-  std::vector<gear::key> batch_keys(B);
+  const float epsilon = 1e-3f;  // keeps every trajectory drawable
   std::vector<float> td(B);
   float* td_device = nullptr;
   if constexpr (gpu) GEAR_CUDA_TRY(cudaMalloc(&td_device, B * sizeof(float)));
@@ -56,31 +59,35 @@ int run(cuda::stream_ref stream) {
     buf.sample(batch, gear::window{.length = L, .offset = 0, .from = gear::anchor::random}, rng,
                stream);
     auto rewards = batch.template column<"reward">();
+    // 4. New priorities = |TD error| + epsilon, for the batch's keys. A key sampled twice takes
+    //    its last value.
     if constexpr (gpu) {
       fake_td_errors<<<(B + 127) / 128, 128, 0, stream.get()>>>(
-          rewards.data_handle(), batch.mask().data_handle(), batch.weights().data(), B, L,
+          rewards.data_handle(), batch.mask().data_handle(), batch.weights().data(), B, L, epsilon,
           td_device);
       GEAR_CHECK_LAUNCH("fake_td_errors");
-      // update_priorities takes host spans: bring the keys and the new priorities over.
-      GEAR_CUDA_TRY(cudaMemcpyAsync(td.data(), td_device, B * sizeof(float), cudaMemcpyDeviceToHost,
-                                    stream.get()));
-      GEAR_CUDA_TRY(cudaMemcpyAsync(batch_keys.data(), batch.keys().data(), B * sizeof(gear::key),
-                                    cudaMemcpyDeviceToHost, stream.get()));
-      GEAR_CUDA_TRY(cudaStreamSynchronize(stream.get()));
+      // Keys and priorities stay on the GPU (memory_kind::device): the update's kernels read them
+      // in stream order and check them there; no copy, no synchronisation. A bad key or a NaN
+      // priority would make this update change nothing and be thrown by a later call
+      // (check_priority_updates below, at the latest).
+      buf.update_priorities_async(std::span<const gear::key>(batch.keys().data(), B),
+                                  std::span<const float>(td_device, B), gear::memory_kind::device,
+                                  stream);
     } else {
+      std::vector<gear::key> batch_keys(B);
       for (std::int64_t r = 0; r < B; ++r) {
         float sum = 0;
         for (std::int64_t j = 0; j < L; ++j)
           sum += batch.mask().data_handle()[r * L + j] ? std::fabs(rewards.data_handle()[r * L + j])
                                                        : 0.0f;
-        td[r] = sum / L * (0.5f + 0.5f * batch.weights()[r]);
+        td[r] = sum / L * (0.5f + 0.5f * batch.weights()[r]) + epsilon;
         batch_keys[r] = batch.keys()[r];
       }
+      buf.update_priorities(batch_keys, td, stream);
     }
-    // 4. New priorities = |TD error| + epsilon. A key sampled twice takes its last value.
-    for (auto& p : td) p += 1e-3f;
-    buf.update_priorities(batch_keys, td, stream);
   }
+  // Waits for the last update and throws if any update from device memory failed.
+  buf.check_priority_updates(stream);
   if constexpr (gpu) GEAR_CUDA_TRY(cudaFree(td_device));
 
   // 5. Trajectories with larger rewards now have larger priorities and are drawn more often.
@@ -94,7 +101,7 @@ int run(cuda::stream_ref stream) {
   float lo = probs[0], hi = probs[0];
   for (float p : probs) lo = std::fmin(lo, p), hi = std::fmax(hi, p);
   std::printf("after %d PER steps on the %s: max priority %.3f, batch probabilities %.2e .. %.2e\n",
-              steps, gpu ? "GPU" : "CPU", buf.selection_state().max_priority(), lo, hi);
+              steps, gpu ? "GPU" : "CPU", buf.selection_state().max_priority(stream), lo, hi);
   return hi > lo ? 0 : 1;
 }
 

@@ -16,7 +16,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <map>
 #include <random>
+#include <span>
+#include <string>
+#include <utility>
 
 #include "gpu_common.cuh"
 #include "select_common.hpp"
@@ -55,6 +60,76 @@ std::vector<double> draw_counts(Buffer& buf, gear::rng& g, std::int64_t rows, in
     }
   }
   return counts;
+}
+
+/// Where a test puts the arrays of an update from device memory.
+enum class gpu_memory { device, pinned, managed };
+
+/// A copy of `v` in GPU-readable memory, freed at scope end (synchronise before).
+template <class T>
+class gpu_array {
+ public:
+  explicit gpu_array(const std::vector<T>& v, gpu_memory where = gpu_memory::device)
+      : n_(v.size()), where_(where) {
+    const std::size_t bytes = std::max<std::size_t>(n_, 1) * sizeof(T);
+    void* p = nullptr;
+    if (where == gpu_memory::device) GEAR_CUDA_TRY(cudaMalloc(&p, bytes));
+    if (where == gpu_memory::pinned) GEAR_CUDA_TRY(cudaMallocHost(&p, bytes));
+    if (where == gpu_memory::managed) GEAR_CUDA_TRY(cudaMallocManaged(&p, bytes));
+    p_ = static_cast<T*>(p);
+    GEAR_CUDA_TRY(cudaMemcpy(p_, v.data(), n_ * sizeof(T), cudaMemcpyDefault));
+  }
+  gpu_array(const gpu_array&) = delete;
+  gpu_array& operator=(const gpu_array&) = delete;
+  ~gpu_array() { (void)(where_ == gpu_memory::pinned ? cudaFreeHost(p_) : cudaFree(p_)); }
+  [[nodiscard]] std::span<const T> span() const { return {p_, n_}; }
+  [[nodiscard]] T* data() const { return p_; }
+
+ private:
+  T* p_ = nullptr;
+  std::size_t n_ = 0;
+  gpu_memory where_;
+};
+
+/// Keeps the GPU busy for about `ns` nanoseconds, so that work enqueued behind it has not run yet.
+__global__ void hold_kernel(unsigned long long ns) {
+  unsigned long long start = 0, now = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    __nanosleep(1000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+void hold_gpu(cudaStream_t s, double ms) {
+  hold_kernel<<<1, 1, 0, s>>>(static_cast<unsigned long long>(ms * 1e6));
+  GEAR_CHECK_LAUNCH("hold_kernel");
+}
+
+/// The code and message of the gear::error f throws (errc{} and "" if none).
+template <class F>
+std::pair<gear::errc, std::string> error_of(F&& f) {
+  try {
+    f();
+  } catch (const gear::error& e) {
+    return {e.code(), e.what()};
+  }
+  return {gear::errc{}, ""};
+}
+
+/// Everything an update may change: the tree, the raw priorities (bytes: NaN marks empty slots)
+/// and the largest priority.
+struct per_snapshot {
+  std::vector<double> nodes;
+  std::vector<std::uint32_t> raw_bits;
+  float max_priority = 0;
+  friend bool operator==(const per_snapshot&, const per_snapshot&) = default;
+};
+per_snapshot snapshot(const per_state& st, cuda::stream_ref s) {
+  per_snapshot out{st.nodes(s), {}, st.max_priority(s)};
+  const auto raw = st.priorities(s);
+  out.raw_bits.resize(raw.size());
+  std::memcpy(out.raw_bits.data(), raw.data(), raw.size() * sizeof(float));
+  return out;
 }
 
 /// The device tree equals, bit for bit, the host rebuild of its own leaves; and its leaves are
@@ -152,7 +227,7 @@ TEST_CASE("prioritized (device): duplicates (last write wins), stale keys, bad p
   raw[2] = 0.25f;
   raw[5] = 1.0f;
   check_device_tree(buf.selection_state(), raw, 0.5, s);
-  CHECK(buf.selection_state().max_priority() == 16.0f);
+  CHECK(buf.selection_state().max_priority(s) == 16.0f);
   const auto nodes = buf.selection_state().nodes(s);
   auto sample_once = [&] {
     gear::rng g{4};
@@ -211,6 +286,269 @@ TEST_CASE("prioritized (device): 10^6 random updates with duplicates keep the tr
   // A new alpha rebuilds the whole tree on the device.
   buf.selection_state().set_exponents(1.0, 0.4, s);
   check_device_tree(buf.selection_state(), raw, 1.0, s);
+}
+
+TEST_CASE("prioritized (device): updates from device memory equal host-span updates bit for bit") {
+  stream_holder s;
+  const std::uint64_t seed = 4711;
+  INFO("seed " << seed);
+  const std::int64_t n = 20000;
+  const double alpha = 0.7;
+  per_buffer a{gear::capacity{n}, gear::max_length{1}, gear::select::prioritized{alpha, 0.4}};
+  per_buffer b{gear::capacity{n}, gear::max_length{1}, gear::select::prioritized{alpha, 0.4}};
+  const auto keys = insert_ids(a, 0, n, cuda::stream_ref{s});
+  REQUIRE(insert_ids(b, 0, n, cuda::stream_ref{s}) == keys);
+  std::vector<float> raw(static_cast<std::size_t>(n), 1.0f);
+  float largest = 1.0f;
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<double> lg(std::log(1e-3), std::log(1e3));
+  for (int round = 0; round < 30; ++round) {
+    const auto where = static_cast<gpu_memory>(round % 3);
+    const std::size_t count = round == 0 ? 1 : 1 + gen() % 5000;
+    std::vector<gear::key> ks(count);
+    std::vector<float> ps(count);
+    for (std::size_t i = 0; i < count; ++i) {
+      const auto slot = gen() % std::uint64_t(round % 2 ? 300 : n);  // odd rounds: duplicates
+      ks[i] = keys[slot];
+      ps[i] = i % 13 == 5 ? (i % 2 ? 0.0f : -0.0f) : static_cast<float>(std::exp(lg(gen)));
+      raw[slot] = ps[i];
+      largest = std::max(largest, ps[i]);
+    }
+    a.update_priorities_async(ks, ps, s);
+    const gpu_array<gear::key> dk(ks, where);
+    const gpu_array<float> dp(ps, where);
+    if (round % 2)
+      b.update_priorities(dk.span(), dp.span(), gear::memory_kind::device, s);
+    else
+      b.update_priorities_async(dk.span(), dp.span(), gear::memory_kind::device, s);
+    b.check_priority_updates(s);  // also keeps dk, dp alive until the update has run
+  }
+  CHECK(snapshot(b.selection_state(), s) == snapshot(a.selection_state(), s));
+  check_device_tree(b.selection_state(), raw, alpha, s);
+  CHECK(b.selection_state().max_priority(s) == largest);
+  // The keys of a sampled batch and priorities a kernel wrote, straight from the batch.
+  auto batch = b.make_batch(gear::batch_size{4096}, gear::window_length{1});
+  gear::rng g{seed};
+  b.sample(batch, gear::window{1}, g, s);
+  const auto sampled = to_host(batch.keys().data(), 4096);
+  const auto td = random_priorities(seed + 1, 4096, false);
+  const gpu_array<float> dtd(td);
+  b.update_priorities(std::span<const gear::key>(batch.keys().data(), 4096), dtd.span(),
+                      gear::memory_kind::device, s);
+  a.update_priorities(sampled, td, s);
+  CHECK(snapshot(b.selection_state(), s) == snapshot(a.selection_state(), s));
+  // New trajectories enter at the largest priority, read by the commit on the device.
+  const auto fresh = insert_ids(b, 0, 100, cuda::stream_ref{s});
+  insert_ids(a, 0, 100, cuda::stream_ref{s});
+  largest = std::max(largest, *std::max_element(td.begin(), td.end()));
+  const auto after = b.selection_state().priorities(s);
+  for (const auto& k : fresh) REQUIRE(after[k.slot] == largest);
+  CHECK(snapshot(b.selection_state(), s) == snapshot(a.selection_state(), s));
+}
+
+TEST_CASE("prioritized (device): bad pairs from device memory change nothing and raise the error") {
+  stream_holder s;
+  per_buffer buf{gear::capacity{50}, gear::max_length{1}, gear::select::prioritized{0.8, 0.6}};
+  const auto old_keys = insert_ids(buf, 0, 50, cuda::stream_ref{s});
+  const auto keys = insert_ids(buf, 50, 20, cuda::stream_ref{s});  // evicts old_keys[0..20)
+  buf.erase(std::vector<gear::key>{keys[5]}, s);
+  {
+    const gpu_array<gear::key> dk(std::vector<gear::key>{keys[0], old_keys[30]});
+    const gpu_array<float> dp(std::vector<float>{2.0f, 3.0f});
+    buf.update_priorities(dk.span(), dp.span(), gear::memory_kind::device, s);
+  }
+  auto writer = buf.make_writer(s);  // slot 20 pending (old_keys[20] evicted)
+  const gear::key pending{20, buf.generation(20), 0};
+  auto sample_once = [&] {
+    gear::rng g{99};
+    auto b = buf.make_batch(gear::batch_size{300}, gear::window_length{1});
+    buf.sample(b, gear::window{1}, g, s);
+    return std::make_pair(to_host(b.slots_data(), 300), to_host(b.weights_data(), 300));
+  };
+  const auto before = snapshot(buf.selection_state(), s);
+  const auto drawn = sample_once();
+  const auto size = buf.size();
+  CHECK(before.max_priority == 3.0f);
+  auto unchanged = [&] {
+    CHECK(snapshot(buf.selection_state(), s) == before);
+    CHECK(buf.size() == size);
+    CHECK(sample_once() == drawn);
+  };
+  auto expect = [&](gear::errc code, std::vector<gear::key> ks, std::vector<float> ps,
+                    const std::string& names) {
+    INFO("expecting " << gear::to_string(code) << ", '" << names << "'");
+    const gpu_array<gear::key> dk(ks);
+    const gpu_array<float> dp(ps);
+    const auto [got, what] = error_of(
+        [&] { buf.update_priorities(dk.span(), dp.span(), gear::memory_kind::device, s); });
+    INFO(what);
+    CHECK(got == code);
+    CHECK(what.find(names) != std::string::npos);
+    unchanged();
+    // The same pairs from host memory: the same error, at once.
+    CHECK(gear_test::code_of([&] { buf.update_priorities(ks, ps, s); }) == code);
+    unchanged();
+  };
+  gear::key far = keys[1], other_shard = keys[1], huge = keys[1];
+  far.slot = 50;
+  other_shard.shard = 1;
+  huge.slot = (std::uint64_t{1} << 63) + 5;
+  expect(gear::errc::stale_key, {keys[1], old_keys[3]}, {5.0f, 5.0f}, "key 1 (slot 3,");
+  expect(gear::errc::stale_key, {keys[1], keys[2], keys[5]}, {5.0f, 5.0f, 5.0f}, "key 2 (slot 5,");
+  expect(gear::errc::stale_key, {pending, keys[1]}, {5.0f, 5.0f}, "key 0 (slot 20,");
+  expect(gear::errc::key_out_of_range, {keys[1], far}, {5.0f, 5.0f}, "key 1 (shard 0, slot 50)");
+  expect(gear::errc::key_out_of_range, {other_shard}, {5.0f}, "key 0 (shard 1,");
+  expect(gear::errc::key_out_of_range, {keys[1], keys[2], huge}, {1.0f, 1.0f, 1.0f}, "key 2 ");
+  expect(gear::errc::invalid_priority, {keys[1], keys[2]}, {100.0f, std::nanf("")},
+         "priority 1 is nan");
+  expect(gear::errc::invalid_priority, {keys[1], keys[2]}, {100.0f, -1.0f}, "priority 1 is -1");
+  expect(gear::errc::invalid_priority, {keys[1], keys[2]}, {100.0f, INFINITY}, "priority 1 is inf");
+  expect(gear::errc::invalid_priority, {keys[1], keys[2], keys[3]}, {-INFINITY, 3.0f, NAN},
+         "priority 0 ");
+  // Every key is checked before any priority, as on the host: a later bad key is named first.
+  expect(gear::errc::stale_key, {keys[1], keys[2], keys[3], old_keys[4], far},
+         {std::nanf(""), 3.0f, 3.0f, 3.0f, 3.0f}, "key 3 (slot 4,");
+  // Checked at once on the host: sizes, pointers, memory.
+  const gpu_array<gear::key> dk(std::vector<gear::key>{keys[1], keys[2]});
+  const gpu_array<float> dp(std::vector<float>{1.0f, 2.0f, 3.0f});
+  const std::vector<gear::key> host_keys{keys[1], keys[2]};
+  const auto device = gear::memory_kind::device;
+  auto code = [&](auto&& f) { return gear_test::code_of(f); };
+  CHECK(code([&] { buf.update_priorities_async(dk.span(), dp.span(), device, s); }) ==
+        gear::errc::invalid_argument);
+  CHECK(code([&] { buf.update_priorities(host_keys, dp.span().first(2), device, s); }) ==
+        gear::errc::wrong_memory);
+  CHECK(code([&] {
+          buf.update_priorities(dk.span(), dp.span().first(2), gear::memory_kind::pinned_host, s);
+        }) == gear::errc::wrong_memory);
+  CHECK(code([&] {
+          const auto* odd =
+              reinterpret_cast<const float*>(reinterpret_cast<const std::byte*>(dp.data()) + 1);
+          buf.update_priorities(dk.span(), std::span<const float>(odd, 2), device, s);
+        }) == gear::errc::misaligned_pointer);
+  CHECK(code([&] {
+          buf.update_priorities(
+              std::span<const gear::key>(static_cast<const gear::key*>(nullptr), std::size_t{0}),
+              std::span<const float>(), device, s);
+        }) == gear::errc{});  // nothing to do
+  unchanged();
+  CHECK(code([&] { buf.check_priority_updates(s); }) == gear::errc{});  // nothing pending
+}
+
+TEST_CASE("prioritized (device): a failed asynchronous update is raised once, later") {
+  stream_holder s;
+  const std::int64_t n = 64;
+  per_buffer buf{gear::capacity{n}, gear::max_length{1}, gear::select::prioritized{0.6, 0.4}};
+  per_buffer twin{gear::capacity{n}, gear::max_length{1}, gear::select::prioritized{0.6, 0.4}};
+  const auto k = insert_ids(buf, 0, n, cuda::stream_ref{s});
+  insert_ids(twin, 0, n, cuda::stream_ref{s});
+  gear::key stale = k[9];
+  stale.generation += 1;
+  // bad_key: key 2 is stale; bad_priority: priority 7 is NaN. Both carry a priority (1000) that
+  // would raise the largest priority if they were applied.
+  std::vector<gear::key> ks(10), good_k(10);
+  std::vector<float> ps(10), good_p(10), nan_p(10);
+  for (std::size_t i = 0; i < 10; ++i) {
+    ks[i] = k[i * 3];
+    good_k[i] = k[i * 5 + 1];
+    ps[i] = 1000.0f;
+    good_p[i] = 0.5f + static_cast<float>(i);
+    nan_p[i] = 1000.0f;
+  }
+  ks[2] = stale;
+  nan_p[7] = std::nanf("");
+  const gpu_array<gear::key> bad_key(ks), good_keys(good_k),
+      all_good(std::vector<gear::key>(k.begin(), k.begin() + 10));
+  const gpu_array<float> thousand(ps), good(good_p), with_nan(nan_p);
+  const auto device = gear::memory_kind::device;
+  const auto untouched = snapshot(buf.selection_state(), s);
+  twin.update_priorities(good_k, good_p, s);  // what the good update alone gives
+
+  SUBCASE("by check_priority_updates, counting later failures; later updates still apply") {
+    hold_gpu(s.s, 50);  // nothing below runs before the host has enqueued all of it
+    buf.update_priorities_async(bad_key.span(), thousand.span(), device, s);
+    buf.update_priorities_async(good_keys.span(), good.span(), device, s);  // not arrived yet
+    buf.update_priorities_async(all_good.span(), with_nan.span(), device, s);
+    const auto [code, what] = error_of([&] { buf.check_priority_updates(s); });
+    INFO(what);
+    CHECK(code == gear::errc::stale_key);
+    CHECK(what.find("(call 1)") != std::string::npos);
+    CHECK(what.find("key 2 (slot 9, generation 1)") != std::string::npos);
+    CHECK(what.find("and 1 later update from device memory failed") != std::string::npos);
+    CHECK(gear_test::code_of([&] { buf.check_priority_updates(s); }) == gear::errc{});  // once
+    CHECK(snapshot(buf.selection_state(), s) == snapshot(twin.selection_state(), s));
+  }
+  SUBCASE("at the start of the next asynchronous call, which then does nothing") {
+    buf.update_priorities_async(all_good.span(), with_nan.span(), device, s);
+    GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));  // the failure has arrived
+    const auto [code, what] =
+        error_of([&] { buf.update_priorities_async(good_keys.span(), good.span(), device, s); });
+    INFO(what);
+    CHECK(code == gear::errc::invalid_priority);
+    CHECK(what.find("priority 7 is nan") != std::string::npos);
+    CHECK(snapshot(buf.selection_state(), s) == untouched);
+    buf.update_priorities_async(good_keys.span(), good.span(), device, s);
+    buf.check_priority_updates(s);
+    CHECK(snapshot(buf.selection_state(), s) == snapshot(twin.selection_state(), s));
+  }
+  SUBCASE("by an update from host memory, which then does nothing") {
+    buf.update_priorities_async(bad_key.span(), thousand.span(), device, s);
+    GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
+    CHECK(gear_test::code_of([&] { buf.update_priorities_async(good_k, good_p, s); }) ==
+          gear::errc::stale_key);
+    CHECK(snapshot(buf.selection_state(), s) == untouched);
+    buf.update_priorities(good_k, good_p, s);
+    CHECK(snapshot(buf.selection_state(), s) == snapshot(twin.selection_state(), s));
+  }
+  SUBCASE("by the synchronous form before it does anything, then by its own failure") {
+    hold_gpu(s.s, 20);
+    buf.update_priorities_async(bad_key.span(), thousand.span(), device, s);
+    CHECK(gear_test::code_of([&] {
+            buf.update_priorities(good_keys.span(), good.span(), device, s);
+          }) == gear::errc::stale_key);
+    CHECK(snapshot(buf.selection_state(), s) == untouched);
+    CHECK(gear_test::code_of([&] {
+            buf.update_priorities(all_good.span(), with_nan.span(), device, s);
+          }) == gear::errc::invalid_priority);
+    CHECK(snapshot(buf.selection_state(), s) == untouched);
+    buf.update_priorities(good_keys.span(), good.span(), device, s);
+    CHECK(snapshot(buf.selection_state(), s) == snapshot(twin.selection_state(), s));
+  }
+  // Failed updates never raised the largest priority: new trajectories enter at the good one's.
+  buf.check_priority_updates(s);
+  insert_ids(buf, 100, 4, cuda::stream_ref{s});
+  insert_ids(twin, 100, 4, cuda::stream_ref{s});
+  CHECK(snapshot(buf.selection_state(), s) == snapshot(twin.selection_state(), s));
+}
+
+TEST_CASE("prioritized: host and device states track the largest priority alike") {
+  stream_holder s;
+  const std::int64_t n = 32;
+  per_buffer dev{gear::capacity{n}, gear::max_length{1}, gear::select::prioritized{0.5, 0.4}};
+  gear::replay_buffer<spec, gear::storage::host, gear::select::prioritized> host{
+      gear::capacity{n}, gear::max_length{1}, gear::select::prioritized{0.5, 0.4}};
+  const auto kd = insert_ids(dev, 0, 20, cuda::stream_ref{s});
+  const auto kh = insert_ids(host, 0, 20);
+  REQUIRE(kd == kh);
+  const std::vector<std::vector<float>> batches{{0.5f, 0.25f},         {-0.0f, 0.0f},
+                                                {3.0f, std::nanf("")}, {2.0f, 7.5f},
+                                                {1.0f, INFINITY},      {0.1f, 0.2f}};
+  for (const auto& p : batches) {
+    const std::vector<gear::key> ks{kd[3], kd[3]};
+    const gpu_array<gear::key> dk(ks);
+    const gpu_array<float> dp(p);
+    const auto dev_code = gear_test::code_of(
+        [&] { dev.update_priorities(dk.span(), dp.span(), gear::memory_kind::device, s); });
+    const auto host_code = gear_test::code_of([&] { host.update_priorities(ks, p); });
+    CHECK(dev_code == host_code);
+    CHECK(dev.selection_state().max_priority(s) == host.selection_state().max_priority(s));
+  }
+  CHECK(host.selection_state().max_priority() == 7.5f);
+  insert_ids(dev, 20, 20, cuda::stream_ref{s});  // wraps: evicts slots 0..7
+  insert_ids(host, 20, 20);
+  const auto raw = dev.selection_state().priorities(s);
+  for (std::int64_t i = 0; i < n; ++i)
+    CHECK(raw[std::size_t(i)] == host.selection_state().priority(i));
 }
 
 TEST_CASE("recency (device): uniform over the newest K committed (chi-square, 0.001)") {
@@ -311,6 +649,23 @@ TEST_CASE("P3 / P3u: prioritized select and update, N = 2^24, B = 4096" * doctes
     up[std::size_t(i)] = float(gen() % 1000 + 1) * 0.01f;
   }
   const double update_us = median_us(s.s, 200, [&] { st.update(t, uk, up, s); });
+  // The same pairs already in device memory (a learner's keys and TD errors): every key and
+  // priority checked on the GPU, inside the same two launches; no copy, no host work.
+  gear::detail::allocation generations(gear::memory_kind::device, std::size_t(n) * 4);
+  GEAR_CUDA_TRY(cudaMemset(generations.data(), 0, generations.size()));
+  t.generations = generations.as<std::uint32_t>();
+  const gpu_array<gear::key> device_keys(uk);
+  const gpu_array<float> device_priorities(up);
+  const double device_update_us = median_us(s.s, 200, [&] {
+    st.update_from_device(t, 0, device_keys.span(), device_priorities.span(), s);
+  });
+  CHECK_NOTHROW(st.raise_update_failures());  // every pair was good
+  {
+    const auto now = st.priorities(s);
+    std::map<std::uint64_t, float> last;  // last write wins
+    for (std::int64_t i = 0; i < B; ++i) last[uk[std::size_t(i)].slot] = up[std::size_t(i)];
+    for (const auto& [slot, p] : last) REQUIRE(now[slot] == p);
+  }
   // Baseline: inclusive_scan + lower_bound over all N (fp64, like the tree).
   thrust::device_vector<double> w(n), prefix(n), targets(B);
   thrust::device_vector<std::int64_t> found(B);
@@ -359,6 +714,19 @@ TEST_CASE("P3 / P3u: prioritized select and update, N = 2^24, B = 4096" * doctes
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
   }
   std::sort(cpu_up.begin(), cpu_up.end());
+  // The user's call: a buffer of 2^24 committed trajectories, keys and priorities in device memory
+  // (the buffer's pointer checks included).
+  double buffer_update_us = 0;
+  {
+    per_buffer big{gear::capacity{n}, gear::max_length{1}, policy};
+    for (std::int64_t at = 0; at < n; at += std::int64_t{1} << 20)
+      insert_ids(big, std::int32_t(at), std::int64_t{1} << 20, cuda::stream_ref{s});
+    buffer_update_us = median_us(s.s, 200, [&] {
+      big.update_priorities_async(device_keys.span(), device_priorities.span(),
+                                  gear::memory_kind::device, s);
+    });
+    CHECK_NOTHROW(big.check_priority_updates(s));
+  }
   std::printf("\nP3/P3u, N = 2^24, B = 4096 (median GPU time, CUDA events)\n");
   std::printf("| figure | value | ratio |\n|---|---|---|\n");
   std::printf("| P3 prioritized select + weights (3 launches) | %.1f us | target <= 30 us |\n",
@@ -372,11 +740,22 @@ TEST_CASE("P3 / P3u: prioritized select and update, N = 2^24, B = 4096" * doctes
       "(target >= 50x) |\n",
       cpu[cpu.size() / 2], cpu[cpu.size() / 2] / select_us);
   std::printf(
-      "| P3u prioritized update, 10%% duplicates (incl. host staging + H2D) | %.1f us | target <= "
-      "20 us |\n",
+      "| P3u prioritized update, 10%% duplicates, host spans (host checks, staging + H2D) | %.1f "
+      "us | target <= 20 us |\n",
       update_us);
-  std::printf("| baseline one-thread CPU sum tree update | %.1f us | %.1fx |\n",
-              cpu_up[cpu_up.size() / 2], cpu_up[cpu_up.size() / 2] / update_us);
+  std::printf(
+      "| P3u prioritized update, 10%% duplicates, device memory (GPU checks, 2 launches) | %.1f "
+      "us | target <= 20 us |\n",
+      device_update_us);
+  std::printf(
+      "| P3u same, through replay_buffer::update_priorities_async(memory_kind::device) | %.1f us "
+      "| target <= 20 us |\n",
+      buffer_update_us);
+  std::printf(
+      "| baseline one-thread CPU sum tree update | %.1f us | %.1fx (host spans), %.1fx "
+      "(device memory) |\n",
+      cpu_up[cpu_up.size() / 2], cpu_up[cpu_up.size() / 2] / update_us,
+      cpu_up[cpu_up.size() / 2] / device_update_us);
   std::fflush(stdout);
 }
 

@@ -8,6 +8,9 @@
 #include <algorithm>
 #include <chrono>
 #include <random>
+#include <string>
+#include <tuple>
+#include <utility>
 
 #include "select_common.hpp"
 
@@ -227,6 +230,112 @@ TEST_CASE("prioritized: stale, out-of-range keys and bad priorities change nothi
   CHECK(gear_test::code_of([&] { buf.selection_state().set_exponents(-1, 0.5); }) ==
         gear::errc::invalid_argument);
   CHECK(sample_once() == before);
+}
+
+TEST_CASE("prioritized: the GPU's pair check agrees with check_key and the host priority check") {
+  per_buffer buf{gear::capacity{40}, gear::max_length{1}, gear::select::prioritized{0.6, 0.4}};
+  const auto old_keys = insert_ids(buf, 0, 40);
+  const auto keys = insert_ids(buf, 40, 10);  // evicts old_keys[0..10)
+  buf.erase(std::vector<gear::key>{keys[4]});
+  auto w = buf.make_writer();  // slot 10 pending
+  const gear::slot_table t = buf.selection_table();
+  std::vector<gear::key> probes(old_keys.begin(), old_keys.end());
+  probes.insert(probes.end(), keys.begin(), keys.end());
+  gear::key pending{10, buf.generation(10), 0}, far = keys[0], shard = keys[0], huge = keys[0];
+  far.slot = 40;
+  shard.shard = 3;
+  huge.slot = ~std::uint64_t{0};
+  probes.insert(probes.end(), {pending, far, shard, huge});
+  for (std::size_t i = 0; i < probes.size(); ++i) {
+    const gear::key& k = probes[i];
+    INFO("probe " << i << ": slot " << k.slot << " generation " << k.generation);
+    const auto verdict =
+        gear::detail::check_priority_pair(k, 1.0f, i, t.lengths, t.generations, t.capacity, 0);
+    const gear::errc host = gear_test::code_of([&] { buf.check_key(k); });
+    if (host == gear::errc{}) {
+      CHECK(verdict == gear::detail::priority_ok);
+      continue;
+    }
+    REQUIRE(verdict != gear::detail::priority_ok);
+    CHECK(gear::detail::priority_verdict_code(verdict) == host);
+    CHECK(gear::detail::priority_verdict_index(verdict) == i);
+  }
+  for (float p : {0.0f, -0.0f, 1e-30f, 3.0f, 0x1.fffffep127f})
+    CHECK(gear::detail::check_priority_pair(keys[0], p, 0, t.lengths, t.generations, 40, 0) ==
+          gear::detail::priority_ok);
+  for (float p : {-1e-30f, -1.0f, INFINITY, -INFINITY, std::nanf("")})
+    CHECK(gear::detail::priority_verdict_code(gear::detail::check_priority_pair(
+              keys[0], p, 7, t.lengths, t.generations, 40, 0)) == gear::errc::invalid_priority);
+  // The minimum of verdicts names the first bad key, else the first bad priority.
+  using gear::errc;
+  using gear::detail::priority_verdict;
+  CHECK(priority_verdict(errc::stale_key, 900) < priority_verdict(errc::invalid_priority, 0));
+  CHECK(priority_verdict(errc::key_out_of_range, 5) < priority_verdict(errc::stale_key, 6));
+  CHECK(priority_verdict(errc::stale_key, 5) < priority_verdict(errc::key_out_of_range, 6));
+  CHECK(priority_verdict(errc::invalid_priority, 5) < priority_verdict(errc::invalid_priority, 6));
+  CHECK(priority_verdict(errc::invalid_priority, (std::uint64_t{1} << 32) - 1) <
+        gear::detail::priority_ok);
+  CHECK(gear::detail::priority_verdict_index(priority_verdict(errc::invalid_priority, 123456)) ==
+        123456);
+}
+
+TEST_CASE("prioritized: failures reported by the GPU are raised once, the earliest first") {
+  using gear::detail::priority_failure;
+  gear::detail::priority_report report{};
+  std::uint64_t raised = 0;
+  auto record = [&](priority_failure f) {  // what the update kernel writes
+    report.log[report.failures % gear::detail::priority_failure_log] = f;
+    ++report.failures;
+  };
+  auto raise = [&] {
+    try {
+      gear::detail::raise_priority_failures(report, raised, 50);
+    } catch (const gear::error& e) {
+      return std::make_pair(e.code(), std::string(e.what()));
+    }
+    return std::make_pair(gear::errc{}, std::string());
+  };
+  CHECK(raise().first == gear::errc{});
+  record({3, 17, gear::key{5, 2, 0}, 1.0f, static_cast<std::int32_t>(gear::errc::stale_key)});
+  auto [code, what] = raise();
+  CHECK(code == gear::errc::stale_key);
+  CHECK(what ==
+        "gear: stale_key: update_priorities from device memory (call 3) changed nothing: key 17 "
+        "(slot 5, generation 2) names a trajectory no longer stored");
+  CHECK(raise().first == gear::errc{});  // once
+  record(
+      {4, 2, gear::key{70, 0, 1}, 1.0f, static_cast<std::int32_t>(gear::errc::key_out_of_range)});
+  record({6, 9, gear::key{}, -2.0f, static_cast<std::int32_t>(gear::errc::invalid_priority)});
+  record({7, 0, gear::key{}, 0.0f, static_cast<std::int32_t>(gear::errc::invalid_priority)});
+  std::tie(code, what) = raise();
+  CHECK(code == gear::errc::key_out_of_range);
+  CHECK(what.find("(call 4) changed nothing: key 2 (shard 1, slot 70) is not in this shard of 50 "
+                  "slots (and 2 later updates from device memory failed") != std::string::npos);
+  CHECK(raise().first == gear::errc{});
+  for (int i = 0; i < 70; ++i)  // more than the log holds before any is raised
+    record({std::uint64_t(10 + i), 1, gear::key{}, -1.0f,
+            static_cast<std::int32_t>(gear::errc::invalid_priority)});
+  std::tie(code, what) = raise();
+  CHECK(code == gear::errc::invalid_priority);
+  CHECK(what.find("70 updates from device memory failed") != std::string::npos);
+  CHECK(what.find("(call 79)") != std::string::npos);
+  CHECK(raised == report.failures);
+}
+
+TEST_CASE("prioritized: storage::host takes priorities from host memory only") {
+  per_buffer buf{gear::capacity{8}, gear::max_length{1}, gear::select::prioritized{0.5, 0.5}};
+  const auto k = insert_ids(buf, 0, 8);
+  const std::vector<float> p{2.0f, 3.0f};
+  const std::vector<gear::key> ks{k[1], k[2]};
+  const auto nodes = buf.selection_state().nodes();
+  CHECK(gear_test::code_of([&] {
+          buf.update_priorities_async(ks, p, gear::memory_kind::device, gear::detail::no_stream());
+        }) == gear::errc::wrong_memory);
+  CHECK(buf.selection_state().nodes() == nodes);
+  buf.update_priorities(ks, p, gear::memory_kind::host, gear::detail::no_stream());
+  CHECK(buf.selection_state().priority(2) == 3.0f);
+  CHECK(buf.selection_state().max_priority(gear::detail::no_stream()) == 3.0f);
+  CHECK_NOTHROW(buf.check_priority_updates(gear::detail::no_stream()));
 }
 
 TEST_CASE("prioritized: all-zero priorities fall back to uniform; alpha 0 is uniform") {

@@ -391,21 +391,79 @@ class replay_buffer {
   }
 
   // ---- priorities ----------------------------------------------------------------------------
+  //
+  // For selection policies that keep priorities (gear::select::prioritized), from either memory:
+  //   host   (update_priorities(keys, priorities, stream)): the CPU reads and checks both spans
+  //          during the call and throws at once;
+  //   device (the same with gear::memory_kind::device): kernels read and check both arrays in
+  //          stream order, so a learner passes a batch's keys and the TD errors it computed on the
+  //          GPU with no copy and no synchronisation; an update with a bad pair changes nothing
+  //          and its error is raised later, by the rule at update_priorities_async below.
+  // The caller says which, as with insert's source: the two differ in when the memory is read and
+  // when errors are thrown, and pinned memory could be either.
 
   /// Sets the priorities of the trajectories `keys` (both spans in host memory) for selection
   /// policies that keep priorities (gear::select::prioritized). A key named twice takes its last
   /// priority. Stream-ordered; does not synchronise (update_priorities does).
   /// Throws (leaving the buffer unchanged): errc::key_out_of_range, errc::stale_key,
   /// errc::invalid_argument (sizes differ), errc::invalid_priority (NaN, negative, infinite),
-  /// errc::cuda_error.
+  /// errc::cuda_error; first, the failure of an earlier update from device memory, if one has
+  /// arrived (see below).
   void update_priorities_async(std::span<const key> keys, std::span<const float> priorities,
                                cuda::stream_ref stream) requires
       requires(typename Selection::template state<space>& s) {
     s.update(slot_table{}, keys, priorities, stream);
   }
   {
+    if constexpr (requires { selection_state_->raise_update_failures(); })
+      selection_state_->raise_update_failures();
     for (const key& k : keys) check_key(k);
     selection_state_->update(selection_table(), keys, priorities, stream);
+  }
+  /// Sets priorities from `source` memory. memory_kind::host is the call above. memory_kind::device
+  /// (GPU buffers whose policy supports it, as select::prioritized does): `keys` and `priorities`
+  /// in GPU-readable memory (device, managed or pinned), e.g. a batch's keys and TD errors a kernel
+  /// wrote, read by the update's two kernels in stream order; keep them valid and unchanged until
+  /// the update has run. No copy; does not synchronise. A key named twice takes its last priority.
+  /// Throws at once (changing nothing): errc::invalid_argument (sizes differ), errc::null_pointer,
+  /// errc::misaligned_pointer, errc::wrong_memory (memory the GPU cannot read, a source other than
+  /// host or device, a buffer or policy that takes host memory only), errc::cuda_error.
+  /// Checked on the GPU, against the slots as the stream's earlier work left them:
+  /// errc::key_out_of_range, errc::stale_key, errc::invalid_priority. An update with a bad pair
+  /// changes nothing (tree, raw priorities, largest priority); later updates are not affected.
+  /// Its error names the call and its first bad key (or, every key being good, its first bad
+  /// priority) and is raised once, never lost, by the first of these to see it:
+  ///   - update_priorities_async (either memory), at its start, if the failed update has finished
+  ///     on the GPU by then (it does not wait); that call then does nothing;
+  ///   - check_priority_updates(stream) and update_priorities (device memory), which synchronise
+  ///     first, so they always see it.
+  void update_priorities_async(std::span<const key> keys, std::span<const float> priorities,
+                               memory_kind source, cuda::stream_ref stream) requires
+      requires(typename Selection::template state<space>& s) {
+    s.update(slot_table{}, keys, priorities, stream);
+  }
+  {
+    if (source == memory_kind::host) return update_priorities_async(keys, priorities, stream);
+    GEAR_REQUIRE(source == memory_kind::device, errc::wrong_memory,
+                 "update_priorities source must be memory_kind::host or ::device");
+    if constexpr (requires(typename Selection::template state<space>& s) {
+                    s.update_from_device(slot_table{}, std::uint32_t{}, keys, priorities, stream);
+                    s.raise_update_failures();
+                  }) {
+      selection_state_->raise_update_failures();
+      GEAR_REQUIRE(keys.size() == priorities.size(), errc::invalid_argument,
+                   "update_priorities needs one priority per key: " + std::to_string(keys.size()) +
+                       " keys, " + std::to_string(priorities.size()) + " priorities");
+      if (keys.empty()) return;
+      check_gpu_readable(keys.data(), alignof(key), "keys");
+      check_gpu_readable(priorities.data(), alignof(float), "priorities");
+      selection_state_->update_from_device(selection_table(), transport_.shard_id(), keys,
+                                           priorities, stream);
+    } else {
+      throw error(errc::wrong_memory,
+                  "this buffer takes priorities from host memory only (storage::host selects on "
+                  "the CPU; other policies may lack update_from_device): use memory_kind::host");
+    }
   }
   /// update_priorities_async, then synchronises the stream.
   void update_priorities(std::span<const key> keys, std::span<const float> priorities,
@@ -422,7 +480,51 @@ class replay_buffer {
     b.update_priorities_async(keys, priorities, detail::no_stream());
   }
   { update_priorities_async(keys, priorities, detail::no_stream()); }
+  /// update_priorities_async from `source`, synchronous. From device memory it runs
+  /// check_priority_updates before (an earlier failure is thrown and this update is not made) and
+  /// after (its own failure is thrown), so it throws deterministically and only when the buffer's
+  /// priorities were left unchanged by this call.
+  void update_priorities(std::span<const key> keys, std::span<const float> priorities,
+                         memory_kind source, cuda::stream_ref stream) requires
+      requires(replay_buffer& b) {
+    b.update_priorities_async(keys, priorities, source, stream);
+  }
+  {
+    if (source == memory_kind::host) return update_priorities(keys, priorities, stream);
+    check_priority_updates(stream);
+    update_priorities_async(keys, priorities, source, stream);
+    check_priority_updates(stream);
+  }
+  /// Synchronises the stream, then throws the earliest failed update from device memory not yet
+  /// raised (see update_priorities_async), counting any later ones in its message.
+  void check_priority_updates(cuda::stream_ref stream) requires
+      requires(typename Selection::template state<space>& s) {
+    s.update(slot_table{}, std::span<const key>{}, std::span<const float>{}, stream);
+  }
+  {
+    synchronize(stream);
+    if constexpr (requires { selection_state_->raise_update_failures(); })
+      selection_state_->raise_update_failures();
+  }
 
+ private:
+  /// Throws unless p, an array of `align`-byte elements, is set, aligned and readable by kernels.
+  static void check_gpu_readable(const void* p, std::size_t align, const char* what) {
+    GEAR_REQUIRE(p != nullptr, errc::null_pointer, std::string(what) + " is null");
+    GEAR_REQUIRE(reinterpret_cast<std::uintptr_t>(p) % align == 0, errc::misaligned_pointer,
+                 std::string(what) + " is not aligned to its element size");
+    cudaPointerAttributes attributes{};
+    GEAR_CUDA_TRY(cudaPointerGetAttributes(&attributes, p));
+    GEAR_REQUIRE(attributes.type == cudaMemoryTypeDevice ||
+                     attributes.type == cudaMemoryTypeManaged ||
+                     attributes.type == cudaMemoryTypeHost,
+                 errc::wrong_memory,
+                 std::string(what) +
+                     " is not in GPU-readable memory (device, managed or pinned) as "
+                     "memory_kind::device says");
+  }
+
+ public:
   /// The selection policy's state, for its run-time settings and inspection, e.g.
   /// buf.selection_state().set_exponents(alpha, beta, stream) for select::prioritized.
   [[nodiscard]] typename Selection::template state<space>& selection_state() noexcept {

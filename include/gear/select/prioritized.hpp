@@ -18,6 +18,12 @@
 //   live (errc::stale_key, errc::key_out_of_range) and priorities finite and >= 0
 //   (errc::invalid_priority); everything is checked before anything changes. A slot named twice
 //   in one batch takes the priority of its *last* occurrence (last write wins).
+// - On the GPU, update_priorities(keys, priorities, gear::memory_kind::device, stream) takes both
+//   arrays in device memory (a batch's keys, TD errors from the learner): the same checks run on
+//   the GPU, in the update's own two launches; a batch with a bad pair changes nothing and its
+//   error is raised later on the host (see replay_buffer::update_priorities_async).
+// - The largest priority so far is tracked where the state lives (on the device: in device
+//   memory, folded by the update kernels; commits read it there in stream order).
 // - alpha and beta change at run time with state::set_exponents (buf.selection_state()):
 //   beta costs nothing, a new alpha recomputes every leaf (O(capacity), once).
 // - A trajectory of priority 0 is never drawn while some other has a positive priority. If every
@@ -32,6 +38,7 @@
 // Slots that are empty, pending or evicted have leaf 0.
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cuda/stream_ref>
@@ -94,6 +101,108 @@ inline void validate_exponents(double alpha, double beta) {
                "importance exponent beta must be finite and >= 0, got " + std::to_string(beta));
 }
 
+// ---- updates from device memory: checks made on the GPU, and their verdicts ------------------
+
+/// The verdict of an update without a bad pair.
+inline constexpr unsigned long long priority_ok = ~0ull;
+
+/// The verdict naming pair `index` as bad for `code`. Verdicts are folded with a minimum, which
+/// picks the first bad key or, when every key is good, the first bad priority: the order in which
+/// the host path checks (every key, then every priority).
+GEAR_HD constexpr unsigned long long priority_verdict(errc code, std::uint64_t index) noexcept {
+  const unsigned long long priority_class = code == errc::invalid_priority ? 1ull << 63 : 0;
+  return priority_class | (index << 8) | static_cast<unsigned long long>(code);
+}
+GEAR_HD constexpr std::uint64_t priority_verdict_index(unsigned long long verdict) noexcept {
+  return (verdict & ~(1ull << 63)) >> 8;
+}
+GEAR_HD constexpr errc priority_verdict_code(unsigned long long verdict) noexcept {
+  return static_cast<errc>(verdict & 0xFFu);
+}
+
+/// Checks pair `index` of an update the way replay_buffer::check_key and validate_priorities do,
+/// against slot metadata (lengths: committed length, 0 unless committed; generations): returns
+/// priority_ok or the pair's verdict. Runs unchanged in the update kernel.
+GEAR_HD constexpr unsigned long long check_priority_pair(
+    const key& k, float priority, std::uint64_t index, const std::int64_t* lengths,
+    const std::uint32_t* generations, std::int64_t capacity, std::uint32_t shard) noexcept {
+  if (k.shard != shard || k.slot >= static_cast<std::uint64_t>(capacity))
+    return priority_verdict(errc::key_out_of_range, index);
+  if (generations[k.slot] != k.generation || lengths[k.slot] <= 0)
+    return priority_verdict(errc::stale_key, index);
+  if (!(priority >= 0 && priority <= 0x1.fffffep127f))  // NaN, negative or infinite
+    return priority_verdict(errc::invalid_priority, index);
+  return priority_ok;
+}
+
+/// A failed update from device memory, as the GPU records it for the host.
+struct priority_failure {
+  std::uint64_t call = 0;   ///< which update from device memory on this state (1 for the first)
+  std::uint64_t index = 0;  ///< its first bad pair
+  key bad_key{};            ///< that pair's key
+  float priority = 0;       ///< that pair's priority
+  std::int32_t code = 0;    ///< the errc
+};
+
+/// Failures recorded before the host raises them; older ones are overwritten.
+inline constexpr int priority_failure_log = 64;
+
+/// Where the GPU reports failed updates from device memory (mapped pinned memory, written only by
+/// the update kernels, read by the host without synchronising).
+struct priority_report {
+  priority_failure log[priority_failure_log];  ///< failure n (0, 1, ...) at n % log size
+  std::uint64_t failures = 0;                  ///< failures so far, stored after their entry
+};
+
+/// What went wrong in one failure (`capacity` slots), for the message of its gear::error.
+inline std::string priority_failure_message(const priority_failure& f, std::int64_t capacity) {
+  const key& k = f.bad_key;
+  std::string what = "update_priorities from device memory (call " + std::to_string(f.call) +
+                     ") changed nothing: ";
+  switch (static_cast<errc>(f.code)) {
+    case errc::key_out_of_range:
+      return what + "key " + std::to_string(f.index) + " (shard " + std::to_string(k.shard) +
+             ", slot " + std::to_string(k.slot) + ") is not in this shard of " +
+             std::to_string(capacity) + " slots";
+    case errc::stale_key:
+      return what + "key " + std::to_string(f.index) + " (slot " + std::to_string(k.slot) +
+             ", generation " + std::to_string(k.generation) +
+             ") names a trajectory no longer stored";
+    default:
+      return what + "priority " + std::to_string(f.index) + " is " + std::to_string(f.priority) +
+             "; priorities must be finite and >= 0";
+  }
+}
+
+/// Throws the earliest failure in `report` not yet raised (`raised` counts those that were), naming
+/// how many more failed since; afterwards every failure seen is counted as raised. Never blocks:
+/// a failure whose kernel has not finished is not seen yet.
+inline void raise_priority_failures(priority_report& report, std::uint64_t& raised,
+                                    std::int64_t capacity) {
+  auto failures = [&] {
+    return std::atomic_ref<std::uint64_t>(report.failures).load(std::memory_order_acquire);
+  };
+  const std::uint64_t seen = failures();
+  if (seen <= raised) return;
+  const std::uint64_t first = raised, more = seen - first - 1;
+  raised = seen;
+  constexpr auto log = static_cast<std::uint64_t>(priority_failure_log);
+  const priority_failure f = report.log[first % log];
+  std::string tail;
+  if (more > 0)
+    tail = " (and " + std::to_string(more) + " later update" + (more > 1 ? "s" : "") +
+           " from device memory failed and changed nothing)";
+  if (failures() - first <= log)  // the entry was not overwritten while it was read
+    throw error(static_cast<errc>(f.code), priority_failure_message(f, capacity) + tail);
+  // More failed than the log holds before any was raised: the first one's entry is gone.
+  const priority_failure latest = report.log[(seen - 1) % log];
+  throw error(static_cast<errc>(latest.code),
+              std::to_string(more + 1) +
+                  " updates from device memory failed and changed nothing before any was raised; "
+                  "the latest: " +
+                  priority_failure_message(latest, capacity));
+}
+
 /// Throws (changing nothing) unless there is one priority per key and each is finite and >= 0.
 /// Returns the largest priority.
 inline float validate_priorities(std::span<const key> keys, std::span<const float> priorities) {
@@ -149,6 +258,8 @@ class prioritized::state<exec::host> {
   [[nodiscard]] double beta() const noexcept { return policy_.beta; }
   /// The priority new trajectories enter with: the largest given so far, 1 before any.
   [[nodiscard]] float max_priority() const noexcept { return max_priority_; }
+  /// The same; the stream is for code written for both states (the device state's synchronises).
+  [[nodiscard]] float max_priority(cuda::stream_ref) const noexcept { return max_priority_; }
 
   // ---- inspection (tests, diagnostics) -----------------------------------------------------
 
