@@ -37,6 +37,7 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <cuda/atomic>
 #include <cuda/stream_ref>
 #include <gear/detail/cuda.hpp>
 #include <gear/detail/memory.hpp>
@@ -181,10 +182,11 @@ __global__ void priority_apply_kernel(priority_source src, Tree t, unsigned long
     const unsigned bit = 1u << (j % sum_tree_fanout);
     j /= sum_tree_fanout;
     const std::int64_t node = t.shape.offset[d - 1] + j;
-    __threadfence();  // this child's value before its arrival
-    const unsigned now = atomicOr(t.flags + node, bit << 16) | (bit << 16);
+    // The arrival releases this child's value; the last arrival acquires every sibling's.
+    const unsigned now = cuda::atomic_ref<unsigned, cuda::thread_scope_device>(t.flags[node])
+                             .fetch_or(bit << 16, cuda::memory_order_acq_rel) |
+                         (bit << 16);
     if ((now >> 16) != (now & 0xFFFFu)) return;  // a touched sibling is still on its way
-    __threadfence();                             // every touched sibling's value after its arrival
     if (!failed) {
       const double* child = t.nodes + t.shape.offset[d] + j * sum_tree_fanout;
       double v[sum_tree_fanout];
