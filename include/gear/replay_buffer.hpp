@@ -193,8 +193,8 @@ class replay_buffer {
     validate_insert(in, keys_out);
     const auto count = static_cast<std::int64_t>(in.lengths.size());
     const reservation r = reserve_slots(count, stream);
-    write_trajectories(in, r, stream);
-    commit_slots(r, in.lengths, keys_out, stream);
+    const bool committed_by_scatter = write_trajectories(in, r, stream);
+    commit_slots(r, in.lengths, keys_out, stream, /*publish=*/!committed_by_scatter);
   }
   /// insert_async, then synchronises the stream.
   void insert(const trajectories<Spec>& in, std::span<key> keys_out, cuda::stream_ref stream) {
@@ -549,9 +549,10 @@ class replay_buffer {
   [[nodiscard]] slot_table selection_table() const noexcept {
     slot_table t;
     if constexpr (on_device) {
-      t.lengths = device_meta_.template device_as<std::int64_t>();
-      t.generations = reinterpret_cast<const std::uint32_t*>(t.lengths + capacity_);
-      t.tickets = reinterpret_cast<const std::uint64_t*>(t.generations + generations_padded());
+      const detail::slot_metadata m = device_metadata();
+      t.lengths = m.lengths;
+      t.generations = m.generations;
+      t.tickets = m.tickets;
     } else {
       t.lengths = lengths_host();
       t.generations = generations_host();
@@ -599,9 +600,15 @@ class replay_buffer {
   // Metadata: lengths (int64), generations (uint32, padded to 8 bytes), tickets (uint64) and
   // states (uint8), each [capacity]. The host copy is authoritative; GPU buffers mirror the first
   // three in device memory, published after every change.
-  [[nodiscard]] std::int64_t generations_padded() const noexcept { return (capacity_ + 1) / 2 * 2; }
   [[nodiscard]] std::size_t device_meta_bytes() const noexcept {
-    return static_cast<std::size_t>(capacity_ * 8 + generations_padded() * 4 + capacity_ * 8);
+    return detail::slot_metadata::bytes(capacity_);
+  }
+  /// The device mirror (GPU buffers), as kernels address it.
+  [[nodiscard]] detail::slot_metadata device_metadata() const noexcept {
+    return detail::slot_metadata::at(device_meta_.device_data(), capacity_);
+  }
+  [[nodiscard]] detail::slot_metadata host_metadata() const noexcept {
+    return detail::slot_metadata::at(host_meta_.data(), capacity_);
   }
   void allocate_metadata() {
     const std::size_t bytes = device_meta_bytes() + static_cast<std::size_t>(capacity_);
@@ -621,15 +628,11 @@ class replay_buffer {
     }
   }
 
-  [[nodiscard]] std::int64_t* lengths_host() const noexcept {
-    return host_meta_.template as<std::int64_t>();
-  }
+  [[nodiscard]] std::int64_t* lengths_host() const noexcept { return host_metadata().lengths; }
   [[nodiscard]] std::uint32_t* generations_host() const noexcept {
-    return reinterpret_cast<std::uint32_t*>(lengths_host() + capacity_);
+    return host_metadata().generations;
   }
-  [[nodiscard]] std::uint64_t* tickets_host() const noexcept {
-    return reinterpret_cast<std::uint64_t*>(generations_host() + generations_padded());
-  }
+  [[nodiscard]] std::uint64_t* tickets_host() const noexcept { return host_metadata().tickets; }
   [[nodiscard]] detail::slot_state* states_host() const noexcept {
     return reinterpret_cast<detail::slot_state*>(tickets_host() + capacity_);
   }
@@ -641,9 +644,7 @@ class replay_buffer {
       const auto cap = static_cast<std::uint64_t>(capacity_);
       const auto begin = static_cast<std::int64_t>(first % cap);
       const std::int64_t n1 = std::min(count, capacity_ - begin);
-      auto* dev_lengths = device_meta_.template as<std::int64_t>();
-      auto* dev_generations = reinterpret_cast<std::uint32_t*>(dev_lengths + capacity_);
-      auto* dev_tickets = reinterpret_cast<std::uint64_t*>(dev_generations + generations_padded());
+      const detail::slot_metadata dev = device_metadata(), host = host_metadata();
       auto copy = [&](auto* dst, const auto* src, std::int64_t at, std::int64_t n) {
         GEAR_CUDA_TRY(cudaMemcpyAsync(dst + at, src + at,
                                       static_cast<std::size_t>(n) * sizeof(*src),
@@ -651,9 +652,9 @@ class replay_buffer {
       };
       for (auto [at, n] : {std::pair{begin, n1}, std::pair{std::int64_t{0}, count - n1}}) {
         if (n <= 0) continue;
-        copy(dev_lengths, lengths_host(), at, n);
-        copy(dev_generations, generations_host(), at, n);
-        copy(dev_tickets, tickets_host(), at, n);
+        copy(dev.lengths, host.lengths, at, n);
+        copy(dev.generations, host.generations, at, n);
+        copy(dev.tickets, host.tickets, at, n);
       }
     } else {
       (void)first, (void)count, (void)stream;
@@ -811,8 +812,10 @@ class replay_buffer {
     return r;
   }
 
+  /// Commits reserved slots in the host metadata, and in the device mirror with `publish` (an
+  /// insert whose scatter kernel committed them there already passes false).
   void commit_slots(const reservation& r, std::span<const std::int64_t> lengths,
-                    std::span<key> keys_out, cuda::stream_ref stream) {
+                    std::span<key> keys_out, cuda::stream_ref stream, bool publish = true) {
     for (std::int64_t i = 0; i < r.count; ++i) {
       const std::int64_t slot = r.slot(i);
       lengths_host()[slot] = lengths[static_cast<std::size_t>(i)];
@@ -821,7 +824,7 @@ class replay_buffer {
           key{static_cast<std::uint64_t>(slot), generations_host()[slot], transport_.shard_id()};
     }
     live_ += r.count;
-    publish_metadata(r.first_ticket, r.count, stream);
+    if (publish) publish_metadata(r.first_ticket, r.count, stream);
     if constexpr (requires {
                     selection_state_->on_commit(slot_table{}, r.first_ticket, r.count, stream);
                   })
@@ -845,14 +848,16 @@ class replay_buffer {
   ///   host source:   host-resident columns by the CPU (several threads when large); GPU-resident
   ///                  columns staged into mapped pinned memory by the CPU, then one scatter launch
   ///   device source: one scatter launch for all columns
-  void write_trajectories(const trajectories<Spec>& in, const reservation& r,
+  /// Returns true when a scatter launch also committed the trajectories' metadata to the device
+  /// mirror (then commit_slots need not publish it).
+  bool write_trajectories(const trajectories<Spec>& in, const reservation& r,
                           cuda::stream_ref stream) {
     if (in.source == memory_kind::device) {
       std::array<const std::byte*, num_columns> sources{};
       for (std::size_t c = 0; c < num_columns; ++c)
         sources[c] = static_cast<const std::byte*>(in.columns[c].data);
       scatter(sources, in.lengths, r, stream, /*sources_in_staging=*/false);
-      return;
+      return on_device;
     }
     std::int64_t steps = 0, cpu_bytes = 0, gpu_bytes = 0;
     for (std::int64_t len : in.lengths) steps += len;
@@ -899,6 +904,7 @@ class replay_buffer {
         }
       });
     }
+    return on_device && gpu_bytes > 0;
   }
 
   /// Waits until the previous scatter has read the staging memory, grows it to hold the rows table
@@ -921,7 +927,8 @@ class replay_buffer {
   }
 
   /// One scatter launch writing, for every column with a source, trajectory i (packed, lengths[i]
-  /// steps) into slot r.slot(i). The rows table is written at the head of the pinned staging and
+  /// steps) into slot r.slot(i), and committing its length, generation and ticket to the device
+  /// mirror. The rows table is written at the head of the pinned staging and
   /// copied to device memory; an event keeps the next insert from overwriting staging too early:
   /// recorded after the scatter where it reads its sources from the staging, else right after
   /// the rows table's copy, so that the host prepares the next insert while this one runs.
@@ -938,7 +945,8 @@ class replay_buffer {
       std::int64_t at = 0;
       for (std::int64_t i = 0; i < r.count; ++i) {
         const std::int64_t len = lengths[static_cast<std::size_t>(i)];
-        rows[i] = {r.slot(i), at, len};
+        const std::int64_t slot = r.slot(i);
+        rows[i] = {slot, at, len, tickets_host()[slot], generations_host()[slot]};
         at += len;
         args.max_count_length = std::max(args.max_count_length, len);
       }
@@ -954,6 +962,7 @@ class replay_buffer {
                                     stream.get()));
       if (!sources_in_staging) GEAR_CUDA_TRY(cudaEventRecord(staging_ready_.get(), stream.get()));
       args.rows = device_rows_.template as<detail::scatter_row>();
+      args.commit = device_metadata();
       for (std::size_t c = 0; c < num_columns; ++c)
         if (sources[c] != nullptr)
           args.columns[args.num_columns++] = {sources[c], kernel_columns_[c].base,

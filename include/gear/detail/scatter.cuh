@@ -1,6 +1,7 @@
 #pragma once
 // The fused scatter kernel: one launch writes every column of every inserted trajectory from
-// device (or mapped) memory into its slot. Blocks are laid out like the gather's.
+// device (or mapped) memory into its slot, and, for an insert, commits each trajectory's metadata
+// to the device mirror. Blocks are laid out like the gather's.
 
 #include <cuda/stream_ref>
 #include <gear/detail/copy.cuh>
@@ -19,6 +20,12 @@ __global__ void __launch_bounds__(tuning::copy_threads)
   g.locate(blockIdx.x, c, i, chunk);
 
   const scatter_row r = a.rows[i];
+  if (a.commit.lengths != nullptr && c == 0 && chunk == 0 && threadIdx.x == 0) {
+    // Visible to the stream's later work, which starts after every block has copied its part.
+    a.commit.lengths[r.slot] = r.length;
+    a.commit.generations[r.slot] = r.generation;
+    a.commit.tickets[r.slot] = r.ticket;
+  }
   const auto& col = a.columns[c];
   const std::int64_t bytes = r.length * col.step_bytes;
   const std::int64_t lo = chunk * tuning::copy_chunk_bytes;
