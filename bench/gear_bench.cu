@@ -28,6 +28,11 @@
 #include <functional>
 #include <gear/gear.cuh>
 #include <map>
+#include <thrust/binary_search.h>
+#include <thrust/copy.h>
+#include <thrust/device_vector.h>
+#include <thrust/execution_policy.h>
+#include <thrust/scan.h>
 #include <memory>
 #include <random>
 #include <span>
@@ -243,7 +248,7 @@ void record(benchmark::State& state, table_row row) {
 
 void print_table() {
   if (g_rows.empty()) return;
-  std::printf("\n%-58s %10s %-7s  %-22s %10s %7s  %-14s %-4s %s\n", "operation", "figure", "unit",
+  std::printf("\n%-70s %10s %-7s  %-22s %10s %7s  %-14s %-4s %s\n", "operation", "figure", "unit",
               "limit / baseline", "value", "ratio", "target", "met", "note");
   for (const auto& r : g_rows) {
     const double ratio = r.limit > 0 ? r.figure / r.limit : 0;
@@ -257,7 +262,7 @@ void print_table() {
                       : r.target_ratio <= 0     ? "-"
                       : ratio >= r.target_ratio ? "yes"
                                                 : "NO";
-    std::printf("%-58s %10s %-7s  %-22s %10s %7s  %-14s %-4s %s\n", r.operation.c_str(), fig,
+    std::printf("%-70s %10s %-7s  %-22s %10s %7s  %-14s %-4s %s\n", r.operation.c_str(), fig,
                 r.unit.c_str(), r.limit_name.empty() ? "-" : r.limit_name.c_str(), lim, rat,
                 r.target.empty() ? "-" : r.target.c_str(), met, r.note.c_str());
   }
@@ -856,6 +861,223 @@ void bm_select(benchmark::State& state, std::int64_t n) {
   record(state, row);
 }
 
+// ---- prioritized selection and update (P3, P3u) -------------------------------------------------
+
+/// Median microseconds of `reps` timed calls of f on the benchmark clock's stream, after 3 warm-up
+/// calls; each call timed on its own (events around it), as PERF.md's GPU time.
+template <class F>
+double median_call_us(int reps, F&& f) {
+  auto& c = clock_();
+  for (int i = 0; i < 3; ++i) f();
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    c.begin();
+    f();
+    t.push_back(1e6 * c.end());
+  }
+  return median(t);
+}
+
+/// Median microseconds of `reps` calls of f on the CPU.
+template <class F>
+double median_cpu_us(int reps, F&& f) {
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    t.push_back(
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return median(t);
+}
+
+/// P3 and P3u on gear's prioritized device state (the part of replay_buffer they are about), with
+/// their PERF.md baselines in the same run: N = 2^24 trajectories with random priorities, B = 4096.
+///   select:  one sample's selection with importance weights (3 launches), against
+///            thrust inclusive_scan + upper_bound over all N (fp64, like the tree) and gear's
+///            one-thread CPU sum tree (the host state, the same 16-ary tree Reverb's design uses);
+///   update:  4096 pairs, every tenth naming the key before it again (last write wins), from host
+///            spans (checked on the CPU, staged, copied) and from device memory (checked on the
+///            GPU), against the CPU sum tree's update.
+/// Checked once: selected rows carry p_i^alpha / sum p^alpha, and updated priorities are the last
+/// written.
+void bm_prioritized(benchmark::State& state) {
+  release_cached_tables();
+  const std::int64_t n = std::int64_t{1} << 24, batch = 4096;
+  const gear::select::prioritized policy{0.6, 0.4};
+  auto& c = clock_();
+  gear::select::prioritized::state<gear::exec::device> dev(policy, n);
+  gear::select::prioritized::state<gear::exec::host> host(policy, n);
+  // Slot metadata as a full buffer would publish it: every slot committed, generation 0.
+  gear::detail::allocation lengths(gear::memory_kind::device, static_cast<std::size_t>(n) * 8);
+  gear::detail::allocation generations(gear::memory_kind::device, static_cast<std::size_t>(n) * 4);
+  {
+    const std::vector<std::int64_t> ones(static_cast<std::size_t>(n), 1);
+    GEAR_CUDA_TRY(cudaMemcpy(lengths.data(), ones.data(), lengths.size(), cudaMemcpyHostToDevice));
+    GEAR_CUDA_TRY(cudaMemset(generations.data(), 0, generations.size()));
+  }
+  gear::slot_table t;
+  t.lengths = lengths.as<std::int64_t>();
+  t.generations = generations.as<std::uint32_t>();
+  t.capacity = t.occupied = t.live = n;
+  t.next_ticket = static_cast<std::uint64_t>(n);
+  dev.on_commit(t, 0, n, c.stream);
+  host.on_commit(t, 0, n, gear::detail::no_stream());
+  // Random priorities (log-uniform over [0.05, 20]) on every slot, 2^20 keys per update.
+  std::mt19937_64 gen(2026);
+  std::uniform_real_distribution<double> log_p(std::log(0.05), std::log(20.0));
+  std::vector<float> raw(static_cast<std::size_t>(n));
+  for (auto& p : raw) p = static_cast<float>(std::exp(log_p(gen)));
+  {
+    std::vector<gear::key> keys(std::size_t{1} << 20);
+    for (std::int64_t at = 0; at < n; at += static_cast<std::int64_t>(keys.size())) {
+      const auto m = std::min(keys.size(), static_cast<std::size_t>(n - at));
+      for (std::size_t i = 0; i < m; ++i) keys[i].slot = static_cast<std::uint64_t>(at) + i;
+      const std::span<const gear::key> k(keys.data(), m);
+      const std::span<const float> p(raw.data() + at, m);
+      dev.update(t, k, p, c.stream);
+      host.update(t, k, p, gear::detail::no_stream());
+    }
+    GEAR_CUDA_TRY(cudaStreamSynchronize(c.stream));
+  }
+  using select_batch_type = gear::batch<select_spec>;
+  select_batch_type out(gear::memory_kind::device, gear::batch_size{batch}, gear::window_length{1});
+  gear::selection_request r;
+  r.batch = batch;
+  r.slots = out.slots_data();
+  r.probabilities = out.probabilities_data();
+  r.weights = out.weights_data();
+  r.scratch = out.scratch_data();
+  r.scratch_size = out.scratch_size();
+  gear::rng g{7};
+  // Check once: every row's probability is p^alpha / sum p^alpha of its slot.
+  {
+    r.draw = g.next();
+    dev.select(t, r, c.stream);
+    std::vector<std::int64_t> slots(static_cast<std::size_t>(batch));
+    std::vector<float> probabilities(slots.size());
+    GEAR_CUDA_TRY(cudaMemcpy(slots.data(), r.slots, slots.size() * 8, cudaMemcpyDeviceToHost));
+    GEAR_CUDA_TRY(cudaMemcpy(probabilities.data(), r.probabilities, slots.size() * 4,
+                             cudaMemcpyDeviceToHost));
+    double total = 0;
+    for (float p : raw) total += std::pow(double(p), policy.alpha);
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      const double want =
+          slots[i] < 0 || slots[i] >= n ? -1 : std::pow(double(raw[slots[i]]), policy.alpha) / total;
+      if (!(std::abs(probabilities[i] - want) <= 1e-3 * want))
+        return fail(state, "prioritized row " + std::to_string(i) + ": slot " +
+                               std::to_string(slots[i]) + " probability " +
+                               std::to_string(probabilities[i]) + ", expected " +
+                               std::to_string(want));
+    }
+  }
+  const double select_us = median_call_us(200, [&] {
+    r.draw = g.next();
+    dev.select(t, r, c.stream);
+  });
+  // Baseline: inclusive_scan + upper_bound over all N (the weights p^alpha already computed).
+  double scan_us = 0;
+  {
+    std::vector<double> w(raw.size()), targets(static_cast<std::size_t>(batch));
+    double total = 0;
+    for (std::size_t i = 0; i < w.size(); ++i) total += (w[i] = std::pow(double(raw[i]), 0.6));
+    for (auto& x : targets) x = gear::detail::unit_interval(gen()) * total;
+    thrust::device_vector<double> dw(w.begin(), w.end()), prefix(w.size()),
+        dt(targets.begin(), targets.end());
+    thrust::device_vector<std::int64_t> found(targets.size());
+    scan_us = median_call_us(50, [&] {
+      thrust::inclusive_scan(thrust::cuda::par.on(c.stream), dw.begin(), dw.end(), prefix.begin());
+      thrust::upper_bound(thrust::cuda::par.on(c.stream), prefix.begin(), prefix.end(), dt.begin(),
+                          dt.end(), found.begin());
+    });
+  }
+  // Baseline: the one-thread CPU sum tree, the same draws.
+  std::vector<std::int64_t> hs(static_cast<std::size_t>(batch));
+  std::vector<float> hp(hs.size()), hw(hs.size());
+  gear::selection_request hr = r;
+  hr.slots = hs.data();
+  hr.probabilities = hp.data();
+  hr.weights = hw.data();
+  const double cpu_select_us = median_cpu_us(21, [&] {
+    hr.draw = g.next();
+    host.select(t, hr, gear::detail::no_stream());
+  });
+
+  // Updates: 4096 pairs, about 10% naming the key before them again.
+  std::vector<gear::key> uk(static_cast<std::size_t>(batch));
+  std::vector<float> up(uk.size());
+  for (std::size_t i = 0; i < uk.size(); ++i) {
+    uk[i].slot = i % 10 == 9 ? uk[i - 1].slot : gen() % static_cast<std::uint64_t>(n);
+    up[i] = static_cast<float>(gen() % 1000 + 1) * 0.01f;
+  }
+  gear::detail::allocation device_pairs(gear::memory_kind::device,
+                                        uk.size() * (sizeof(gear::key) + sizeof(float)));
+  auto* device_keys = device_pairs.as<gear::key>();
+  auto* device_priorities = reinterpret_cast<float*>(device_keys + uk.size());
+  GEAR_CUDA_TRY(cudaMemcpy(device_keys, uk.data(), uk.size() * sizeof(gear::key),
+                           cudaMemcpyHostToDevice));
+  GEAR_CUDA_TRY(cudaMemcpy(device_priorities, up.data(), up.size() * sizeof(float),
+                           cudaMemcpyHostToDevice));
+  const double update_host_us = median_call_us(200, [&] { dev.update(t, uk, up, c.stream); });
+  const std::span<const gear::key> dk(device_keys, uk.size());
+  const std::span<const float> dp(device_priorities, up.size());
+  const double update_device_us =
+      median_call_us(200, [&] { dev.update_from_device(t, 0, dk, dp, c.stream); });
+  GEAR_CUDA_TRY(cudaStreamSynchronize(c.stream));
+  try {
+    dev.raise_update_failures();  // every pair is good
+  } catch (const gear::error& e) {
+    return fail(state, std::string("an update from device memory failed: ") + e.what());
+  }
+  {
+    const std::vector<float> now = dev.priorities(c.stream);
+    std::map<std::uint64_t, float> last;  // last write wins
+    for (std::size_t i = 0; i < uk.size(); ++i) last[uk[i].slot] = up[i];
+    for (const auto& [slot, p] : last)
+      if (now[slot] != p)
+        return fail(state, "after the updates slot " + std::to_string(slot) + " has priority " +
+                               std::to_string(now[slot]) + ", expected " + std::to_string(p));
+  }
+  const double cpu_update_us =
+      median_cpu_us(21, [&] { host.update(t, uk, up, gear::detail::no_stream()); });
+  for (auto _ : state) state.SetIterationTime(select_us * 1e-6);
+
+  state.counters["select_us"] = select_us;
+  state.counters["scan_baseline_us"] = scan_us;
+  state.counters["cpu_tree_select_us"] = cpu_select_us;
+  state.counters["update_host_spans_us"] = update_host_us;
+  state.counters["update_device_memory_us"] = update_device_us;
+  state.counters["cpu_tree_update_us"] = cpu_update_us;
+  const std::string name = g_name;
+  char note[160];
+  auto row = [&](const std::string& what, double us, const std::string& base_name,
+                 double base_us) {
+    table_row r(name + "/" + what, us, base_name, base_us, "", 0);
+    r.unit = "us";
+    return r;
+  };
+  // P3: <= 30 us, >= 3x the scan, >= 50x the CPU tree.
+  table_row p3 = row("select", select_us, "thrust scan + upper_bound", scan_us);
+  p3.target = "P3 <= 30 us";
+  p3.met = select_us <= 30 && scan_us >= 3 * select_us && cpu_select_us >= 50 * select_us
+               ? "yes"
+               : "NO";
+  std::snprintf(note, sizeof note, "%.1fx faster than the scan (>= 3x), %.0fx the CPU tree (>= 50x)",
+                scan_us / select_us, cpu_select_us / select_us);
+  p3.note = note;
+  record(state, p3);
+  record(state, row("baseline/cpu_sum_tree_select", cpu_select_us, "", 0));
+  for (auto [what, us] : {std::pair{"update/host_spans", update_host_us},
+                          std::pair{"update/device_memory", update_device_us}}) {
+    table_row u = row(what, us, "CPU sum tree update", cpu_update_us);
+    u.target = "P3u <= 20 us";
+    u.met = us <= 20 ? "yes" : "NO";
+    std::snprintf(note, sizeof note, "%.1fx faster than the CPU tree", cpu_update_us / us);
+    u.note = note;
+    record(state, u);
+  }
+}
+
 // ---- capacity (P6) -----------------------------------------------------------------------------
 
 /// Step size of the capacity buffers (an Atari frame stack): few, large slots.
@@ -1247,6 +1469,10 @@ void register_gpu_benchmarks() {
   register_sample_family<28672, gear::storage::pinned_host>();
   register_insert<1024>();
   register_insert<28672>();
+  add("prioritized/device/N:16777216/batch:4096", bm_prioritized)
+      ->UseManualTime()
+      ->Iterations(1)
+      ->Unit(benchmark::kMicrosecond);
   register_select_axis<gear::select::uniform>();
   register_select_axis<gear::select::prioritized>();
   register_select_axis<gear::select::recency>();

@@ -1,23 +1,17 @@
 // Selection suite, device side: prioritized and recency selection on device storage, checked
 // against exact distributions (chi-square at significance 0.001, fixed printed seeds, power
-// checks), the device sum tree against a host rebuild, and (skipped unless asked for with
-// --no-skip) the P3 / P3u timings of ../shared/PERF.md with their in-run baselines.
+// checks), the device sum tree against a host rebuild, and priority updates from device memory.
+// The P3 / P3u timings and their baselines are in bench/ (prioritized/device/...).
 // Exits 77 (skipped) where no GPU is usable.
 
 #include <gear/gear.cuh>
 
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
-#include <thrust/binary_search.h>
-#include <thrust/device_vector.h>
-#include <thrust/execution_policy.h>
-#include <thrust/scan.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <map>
 #include <random>
 #include <span>
 #include <string>
@@ -575,188 +569,6 @@ TEST_CASE("recency (device): uniform over the newest K committed (chi-square, 0.
   MESSAGE("chi2 " << fit.statistic << " df " << fit.df << " critical " << fit.critical);
   CHECK_FALSE(fit.rejects());
   CHECK(chi2_test(c, pl, 4096.0 * 245).rejects());
-}
-
-// ---- P3 / P3u ---------------------------------------------------------------------------------
-
-namespace {
-template <class F>
-double median_us(cudaStream_t s, int reps, F&& f) {
-  cudaEvent_t a, b;
-  GEAR_CUDA_TRY(cudaEventCreate(&a));
-  GEAR_CUDA_TRY(cudaEventCreate(&b));
-  for (int i = 0; i < 5; ++i) f();
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    GEAR_CUDA_TRY(cudaEventRecord(a, s));
-    f();
-    GEAR_CUDA_TRY(cudaEventRecord(b, s));
-    GEAR_CUDA_TRY(cudaEventSynchronize(b));
-    float ms = 0;
-    GEAR_CUDA_TRY(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms * 1000.0);
-  }
-  (void)cudaEventDestroy(a);
-  (void)cudaEventDestroy(b);
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-}  // namespace
-
-TEST_CASE("P3 / P3u: prioritized select and update, N = 2^24, B = 4096" * doctest::skip()) {
-  stream_holder s;
-  const std::int64_t n = std::int64_t{1} << 24, B = 4096;
-  const gear::select::prioritized policy{0.6, 0.4};
-  per_state st(policy, n);
-  gear::detail::allocation lengths(gear::memory_kind::device, std::size_t(n) * 8);
-  {
-    std::vector<std::int64_t> ones(static_cast<std::size_t>(n), 1);
-    GEAR_CUDA_TRY(cudaMemcpy(lengths.data(), ones.data(), lengths.size(), cudaMemcpyHostToDevice));
-  }
-  gear::slot_table t;
-  t.lengths = lengths.as<std::int64_t>();
-  t.capacity = t.occupied = t.live = n;
-  t.next_ticket = std::uint64_t(n);
-  st.on_commit(t, 0, n, s);
-  // Random priorities everywhere (2^24 keys in chunks), so the tree is not uniform.
-  const auto raw = random_priorities(1, std::size_t(n), false);
-  std::vector<gear::key> ks(1 << 20);
-  for (std::int64_t at = 0; at < n; at += std::int64_t(ks.size())) {
-    for (std::size_t i = 0; i < ks.size(); ++i) ks[i].slot = std::uint64_t(at) + i;
-    st.update(t, ks, std::span<const float>(raw.data() + at, ks.size()), s);
-  }
-  GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
-  auto out =
-      gear::batch<spec>(gear::memory_kind::device, gear::batch_size{B}, gear::window_length{1});
-  gear::selection_request r;
-  r.batch = B;
-  r.slots = out.slots_data();
-  r.probabilities = out.probabilities_data();
-  r.weights = out.weights_data();
-  r.scratch = out.scratch_data();
-  r.scratch_size = out.scratch_size();
-  gear::rng g{2026};
-  const double select_us = median_us(s.s, 200, [&] {
-    r.draw = g.next();
-    st.select(t, r, s);
-  });
-  // Updates: 4096 keys, about 10% duplicates.
-  std::mt19937_64 gen(3);
-  std::vector<gear::key> uk(B);
-  std::vector<float> up(B);
-  for (std::int64_t i = 0; i < B; ++i) {
-    uk[std::size_t(i)].slot = i % 10 == 9 ? uk[std::size_t(i - 1)].slot : gen() % std::uint64_t(n);
-    up[std::size_t(i)] = float(gen() % 1000 + 1) * 0.01f;
-  }
-  const double update_us = median_us(s.s, 200, [&] { st.update(t, uk, up, s); });
-  // The same pairs already in device memory (a learner's keys and TD errors): every key and
-  // priority checked on the GPU, inside the same two launches; no copy, no host work.
-  gear::detail::allocation generations(gear::memory_kind::device, std::size_t(n) * 4);
-  GEAR_CUDA_TRY(cudaMemset(generations.data(), 0, generations.size()));
-  t.generations = generations.as<std::uint32_t>();
-  const gpu_array<gear::key> device_keys(uk);
-  const gpu_array<float> device_priorities(up);
-  const double device_update_us = median_us(s.s, 200, [&] {
-    st.update_from_device(t, 0, device_keys.span(), device_priorities.span(), s);
-  });
-  CHECK_NOTHROW(st.raise_update_failures());  // every pair was good
-  {
-    const auto now = st.priorities(s);
-    std::map<std::uint64_t, float> last;  // last write wins
-    for (std::int64_t i = 0; i < B; ++i) last[uk[std::size_t(i)].slot] = up[std::size_t(i)];
-    for (const auto& [slot, p] : last) REQUIRE(now[slot] == p);
-  }
-  // Baseline: inclusive_scan + lower_bound over all N (fp64, like the tree).
-  thrust::device_vector<double> w(n), prefix(n), targets(B);
-  thrust::device_vector<std::int64_t> found(B);
-  {
-    std::vector<double> wh(static_cast<std::size_t>(n)), th(static_cast<std::size_t>(B));
-    for (std::size_t i = 0; i < wh.size(); ++i) wh[i] = std::pow(double(raw[i]), 0.6);
-    double total = 0;
-    for (double x : wh) total += x;
-    for (auto& x : th) x = gear::detail::unit_interval(gen()) * total;
-    thrust::copy(wh.begin(), wh.end(), w.begin());
-    thrust::copy(th.begin(), th.end(), targets.begin());
-  }
-  const double scan_us = median_us(s.s, 50, [&] {
-    thrust::inclusive_scan(thrust::cuda::par.on(s.s), w.begin(), w.end(), prefix.begin());
-    thrust::upper_bound(thrust::cuda::par.on(s.s), prefix.begin(), prefix.end(), targets.begin(),
-                        targets.end(), found.begin());
-  });
-  // Baseline: the one-thread CPU sum tree (gear's host state, 16-ary, same draws).
-  gear::select::prioritized::state<gear::exec::host> host(policy, n);
-  host.on_commit(t, 0, n, gear::detail::no_stream());
-  for (std::int64_t at = 0; at < n; at += std::int64_t(ks.size())) {
-    for (std::size_t i = 0; i < ks.size(); ++i) ks[i].slot = std::uint64_t(at) + i;
-    host.update(t, ks, std::span<const float>(raw.data() + at, ks.size()),
-                gear::detail::no_stream());
-  }
-  std::vector<std::int64_t> hs(B);
-  std::vector<float> hp(B), hw(B);
-  gear::selection_request hr = r;
-  hr.slots = hs.data();
-  hr.probabilities = hp.data();
-  hr.weights = hw.data();
-  std::vector<double> cpu;
-  for (int i = 0; i < 21; ++i) {
-    hr.draw = g.next();
-    const auto t0 = std::chrono::steady_clock::now();
-    host.select(t, hr, gear::detail::no_stream());
-    cpu.push_back(
-        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(cpu.begin(), cpu.end());
-  std::vector<double> cpu_up;
-  for (int i = 0; i < 21; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    host.update(t, uk, up, gear::detail::no_stream());
-    cpu_up.push_back(
-        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(cpu_up.begin(), cpu_up.end());
-  // The user's call: a buffer of 2^24 committed trajectories, keys and priorities in device memory
-  // (the buffer's pointer checks included).
-  double buffer_update_us = 0;
-  {
-    per_buffer big{gear::capacity{n}, gear::max_length{1}, policy};
-    for (std::int64_t at = 0; at < n; at += std::int64_t{1} << 20)
-      insert_ids(big, std::int32_t(at), std::int64_t{1} << 20, cuda::stream_ref{s});
-    buffer_update_us = median_us(s.s, 200, [&] {
-      big.update_priorities_async(device_keys.span(), device_priorities.span(),
-                                  gear::memory_kind::device, s);
-    });
-    CHECK_NOTHROW(big.check_priority_updates(s));
-  }
-  std::printf("\nP3/P3u, N = 2^24, B = 4096 (median GPU time, CUDA events)\n");
-  std::printf("| figure | value | ratio |\n|---|---|---|\n");
-  std::printf("| P3 prioritized select + weights (3 launches) | %.1f us | target <= 30 us |\n",
-              select_us);
-  std::printf(
-      "| baseline thrust inclusive_scan + upper_bound, all N | %.1f us | %.1fx faster (target >= "
-      "3x) |\n",
-      scan_us, scan_us / select_us);
-  std::printf(
-      "| baseline one-thread CPU sum tree select (gear host state) | %.1f us | %.1fx faster "
-      "(target >= 50x) |\n",
-      cpu[cpu.size() / 2], cpu[cpu.size() / 2] / select_us);
-  std::printf(
-      "| P3u prioritized update, 10%% duplicates, host spans (host checks, staging + H2D) | %.1f "
-      "us | target <= 20 us |\n",
-      update_us);
-  std::printf(
-      "| P3u prioritized update, 10%% duplicates, device memory (GPU checks, 2 launches) | %.1f "
-      "us | target <= 20 us |\n",
-      device_update_us);
-  std::printf(
-      "| P3u same, through replay_buffer::update_priorities_async(memory_kind::device) | %.1f us "
-      "| target <= 20 us |\n",
-      buffer_update_us);
-  std::printf(
-      "| baseline one-thread CPU sum tree update | %.1f us | %.1fx (host spans), %.1fx "
-      "(device memory) |\n",
-      cpu_up[cpu_up.size() / 2], cpu_up[cpu_up.size() / 2] / update_us,
-      cpu_up[cpu_up.size() / 2] / device_update_us);
-  std::fflush(stdout);
 }
 
 int main(int argc, char** argv) {
