@@ -17,6 +17,22 @@ mkdir -p "$outdir"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
+# Writes one PNG: render <png> <title> <xlabel> <ylabel> <more gnuplot settings> <plot list>.
+render() {
+  gnuplot <<EOF
+set terminal pngcairo size 900,560 noenhanced
+set output '$1'
+set title '$2'
+set xlabel '$3'
+set ylabel '$4'
+set offsets graph 0.03, graph 0.03, 0, 0
+set grid
+$5
+plot $6
+EOF
+  echo "wrote $1"
+}
+
 # op storage step batch GBps limit_GBps, one line per benchmark that reported a figure.
 jq -r '.benchmarks[]
   | select(.GBps != null and (.error_occurred | not))
@@ -46,21 +62,12 @@ for storage in device pinned_host; do
   fi
   [[ -n $limit ]] && plots+=("$limit with lines dashtype 2 linewidth 2 title '$what: $limit GB/s'")
   joined=$(IFS=,; echo "${plots[*]}")
-  gnuplot <<EOF
-set terminal pngcairo size 900,560 noenhanced
-set output '$outdir/sample_$storage.png'
-set title 'gear sample + gather, $storage storage, windows of 64 steps'
-set xlabel 'step size'
-set ylabel '$ylabel'
-set logscale x 2
+  render "$outdir/sample_$storage.png" "gear sample + gather, $storage storage, windows of 64 steps" \
+    "step size" "$ylabel" \
+    "set logscale x 2
 set xtics ('256 B' 256, '1 KiB' 1024, '4 KiB' 4096, '28 KiB' 28672, '1 MiB' 1048576)
 set yrange [0:${limit:+$limit * 1.1}]
-set offsets graph 0.03, graph 0.03, 0, 0
-set key bottom right
-set grid
-plot $joined
-EOF
-  echo "wrote $outdir/sample_$storage.png"
+set key bottom right" "$joined"
 done
 
 # Window-length axis: percent of the in-run limit, one line per storage.
@@ -83,20 +90,11 @@ if [[ -s $tmp/window.tsv ]]; then
   done
   if ((${#plots[@]})); then
     joined=$(IFS=,; echo "${plots[*]}")
-    gnuplot <<EOF
-set terminal pngcairo size 900,560 noenhanced
-set output '$outdir/sample_window.png'
-set title 'gear sample + gather against window length'
-set xlabel 'window length (steps)'
-set ylabel 'percent of the copy limit measured in the same run'
-set logscale x 2
+    render "$outdir/sample_window.png" "gear sample + gather against window length" \
+      "window length (steps)" "percent of the copy limit measured in the same run" \
+      "set logscale x 2
 set yrange [0:110]
-set offsets graph 0.03, graph 0.03, 0, 0
-set key bottom right
-set grid
-plot $joined
-EOF
-    echo "wrote $outdir/sample_window.png"
+set key bottom right" "$joined"
   fi
 fi
 
@@ -115,19 +113,10 @@ if [[ -s $tmp/select.tsv ]]; then
     plots+=("'$f' using 2:4 with linespoints title '$policy, B = $(head -n1 "$f" | cut -f3)'")
   done
   joined=$(IFS=,; echo "${plots[*]}")
-  gnuplot <<EOF
-set terminal pngcairo size 900,560 noenhanced
-set output '$outdir/select_cost.png'
-set title 'gear sample_async (selection + gather of 8 B per row), device storage, every slot filled'
-set xlabel 'capacity N (trajectories)'
-set ylabel 'microseconds per sample call (GPU time)'
-set logscale x 2
+  render "$outdir/select_cost.png" "gear sample_async (selection + gather of 8 B per row), device storage, every slot filled" \
+    "capacity N (trajectories)" "microseconds per sample call (GPU time)" \
+    "set logscale x 2
 set format x '2^%L'
 set yrange [0:*]
-set offsets graph 0.03, graph 0.03, 0, 0
-set key top left
-set grid
-plot $joined
-EOF
-  echo "wrote $outdir/select_cost.png"
+set key top left" "$joined"
 fi
