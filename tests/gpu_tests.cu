@@ -245,7 +245,14 @@ wide_rows sample_wide(Dev& dev, std::int64_t B, std::int64_t keep, cuda::stream_
 /// bit for bit, and the small batch must hold the trajectories its keys name.
 template <class Dev>
 void check_drawn_in_gather(Dev& dev, cuda::stream_ref s) {
-  const std::int64_t small = 64, large = 4096, L = 8;
+  // A frame row (8 steps of 20000 bytes) takes 10 copy blocks, an id row 1: the small batch stays
+  // within the waves the gather draws rows for itself, the large one does not.
+  const std::int64_t fused_blocks = std::int64_t{gear::detail::tuning::fused_gather_max_waves} *
+                                    gear::detail::multiprocessors() *
+                                    gear::detail::tuning::copy_blocks_per_sm;
+  const std::int64_t small = std::min<std::int64_t>(64, fused_blocks / 11), large = 4096, L = 8;
+  REQUIRE(small >= 1);
+  REQUIRE(large * 11 > fused_blocks);
   const wide_rows a = sample_wide(dev, small, small, s);
   const wide_rows b = sample_wide(dev, large, small, s);
   CHECK(a.keys == b.keys);
@@ -300,6 +307,14 @@ TEST_CASE("rows drawn inside the gather equal rows drawn by a separate selection
         gear::capacity{500}, gear::max_length{steps}, policy};
     insert_wide(dev, host, 1, 400, steps, s);
     check_drawn_in_gather(dev, s);
+    if (half_life == 0) {  // uniform over the newest: the host draws the same rows
+      auto oh = host.make_batch(gear::batch_size{64}, gear::window_length{8});
+      gear::rng g{2024};
+      host.sample(oh, gear::window{8, 0, gear::anchor::random, gear::pad::tail}, g);
+      const wide_rows d = sample_wide(dev, 64, 64, s);
+      CHECK(std::equal(d.keys.begin(), d.keys.end(), oh.keys_data()));
+      CHECK(std::memcmp(d.frames.data(), oh.column_data(0), d.frames.size()) == 0);
+    }
   }
 }
 

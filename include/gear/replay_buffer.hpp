@@ -515,6 +515,8 @@ class replay_buffer {
                  std::string(what) + " is not aligned to its element size");
     cudaPointerAttributes attributes{};
     GEAR_CUDA_TRY(cudaPointerGetAttributes(&attributes, p));
+    int device = 0;
+    GEAR_CUDA_TRY(cudaGetDevice(&device));
     GEAR_REQUIRE(attributes.type == cudaMemoryTypeDevice ||
                      attributes.type == cudaMemoryTypeManaged ||
                      attributes.type == cudaMemoryTypeHost,
@@ -522,6 +524,15 @@ class replay_buffer {
                  std::string(what) +
                      " is not in GPU-readable memory (device, managed or pinned) as "
                      "memory_kind::device says");
+    GEAR_REQUIRE(attributes.type != cudaMemoryTypeDevice || attributes.device == device,
+                 errc::wrong_memory,
+                 std::string(what) + " is in the memory of GPU " +
+                     std::to_string(attributes.device) + ", the buffer works on GPU " +
+                     std::to_string(device));
+    GEAR_REQUIRE(attributes.devicePointer == p, errc::wrong_memory,
+                 std::string(what) +
+                     " is registered host memory whose GPU address differs from its CPU address: "
+                     "pass the GPU address (cudaHostGetDevicePointer)");
   }
 
  public:

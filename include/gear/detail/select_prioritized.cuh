@@ -496,10 +496,12 @@ class prioritized::state<exec::device> {
   /// The two update launches (see the top of this file).
   void apply(const detail::priority_source& src, cuda::stream_ref stream) {
     if (src.count <= 0) return;
-    if (++epoch_ == (1ull << 32)) {  // 2^32 updates: old bids could tie with new ones; clear them
+    if (epoch_ + 1 >= (1ull << 32)) {  // 2^32 updates: old bids could tie with new ones
+      // A failure leaves epoch_ as it is, so the next update clears them again.
       GEAR_CUDA_TRY(cudaMemsetAsync(winner_.data(), 0, winner_.size(), stream.get()));
-      epoch_ = 2;  // even: the last apply (odd epoch) cleared verdict word 0
+      epoch_ = 1;  // then 2 (even): verdict word 0, which the last apply (odd epoch) cleared
     }
+    ++epoch_;
     constexpr int threads = detail::tuning::priority_update_threads;
     const unsigned blocks = detail::blocks_for(src.count, threads);
     detail::priority_mark_kernel<<<blocks, threads, 0, stream.get()>>>(src, tree(), epoch_);

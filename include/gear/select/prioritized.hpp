@@ -188,11 +188,12 @@ inline void raise_priority_failures(priority_report& report, std::uint64_t& rais
   raised = seen;
   constexpr auto log = static_cast<std::uint64_t>(priority_failure_log);
   const priority_failure f = report.log[first % log];
+  std::atomic_thread_fence(std::memory_order_acquire);  // the entry is read before the recount
   std::string tail;
   if (more > 0)
     tail = " (and " + std::to_string(more) + " later update" + (more > 1 ? "s" : "") +
            " from device memory failed and changed nothing)";
-  if (failures() - first <= log)  // the entry was not overwritten while it was read
+  if (failures() - first < log)  // failure first + log (same entry) had not started writing
     throw error(static_cast<errc>(f.code), priority_failure_message(f, capacity) + tail);
   // More failed than the log holds before any was raised: the first one's entry is gone.
   const priority_failure latest = report.log[(seen - 1) % log];
