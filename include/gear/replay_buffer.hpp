@@ -513,26 +513,10 @@ class replay_buffer {
     GEAR_REQUIRE(p != nullptr, errc::null_pointer, std::string(what) + " is null");
     GEAR_REQUIRE(reinterpret_cast<std::uintptr_t>(p) % align == 0, errc::misaligned_pointer,
                  std::string(what) + " is not aligned to its element size");
-    cudaPointerAttributes attributes{};
-    GEAR_CUDA_TRY(cudaPointerGetAttributes(&attributes, p));
-    int device = 0;
-    GEAR_CUDA_TRY(cudaGetDevice(&device));
-    GEAR_REQUIRE(attributes.type == cudaMemoryTypeDevice ||
-                     attributes.type == cudaMemoryTypeManaged ||
-                     attributes.type == cudaMemoryTypeHost,
-                 errc::wrong_memory,
+    GEAR_REQUIRE(detail::memory_of(p).gpu_readable, errc::wrong_memory,
                  std::string(what) +
-                     " is not in GPU-readable memory (device, managed or pinned) as "
-                     "memory_kind::device says");
-    GEAR_REQUIRE(attributes.type != cudaMemoryTypeDevice || attributes.device == device,
-                 errc::wrong_memory,
-                 std::string(what) + " is in the memory of GPU " +
-                     std::to_string(attributes.device) + ", the buffer works on GPU " +
-                     std::to_string(device));
-    GEAR_REQUIRE(attributes.devicePointer == p, errc::wrong_memory,
-                 std::string(what) +
-                     " is registered host memory whose GPU address differs from its CPU address: "
-                     "pass the GPU address (cudaHostGetDevicePointer)");
+                     " is not in memory kernels can read at this address (device, managed or "
+                     "pinned) as memory_kind::device says");
   }
 
  public:
@@ -718,12 +702,8 @@ class replay_buffer {
                    "storage::host takes trajectories from host memory only");
     } else {
       for (std::size_t c = 0; c < num_columns; ++c) {
-        cudaPointerAttributes attributes{};
-        GEAR_CUDA_TRY(cudaPointerGetAttributes(&attributes, in.columns[c].data));
-        const bool device_memory =
-            attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
-        const bool gpu_readable = device_memory || attributes.type == cudaMemoryTypeHost;
-        const bool ok = in.source == memory_kind::device ? gpu_readable : !device_memory;
+        const detail::pointer_memory m = detail::memory_of(in.columns[c].data);
+        const bool ok = in.source == memory_kind::device ? m.gpu_readable : !m.device;
         GEAR_REQUIRE(ok, errc::wrong_memory,
                      "column '" + std::string(Spec::names[c]) + "' is not in " +
                          (in.source == memory_kind::device ? "GPU-readable" : "host") +

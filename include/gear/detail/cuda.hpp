@@ -4,6 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <gear/error.hpp>
 #include <string>
 
@@ -43,11 +44,18 @@ inline bool gpu_available() noexcept {
   return count > 0;
 }
 
-/// Streaming multiprocessors of the current device.
+/// Streaming multiprocessors of the current device, asked of the driver once per device (sample
+/// consults it on every call).
 inline int multiprocessors() {
-  int device = 0, count = 0;
+  constexpr int cached_devices = 64;
+  static std::atomic<int> counts[cached_devices] = {};  // 0: not asked yet
+  int device = 0;
   GEAR_CUDA_TRY(cudaGetDevice(&device));
+  if (device < cached_devices)
+    if (const int known = counts[device].load(std::memory_order_relaxed); known > 0) return known;
+  int count = 0;
   GEAR_CUDA_TRY(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  if (device < cached_devices) counts[device].store(count, std::memory_order_relaxed);
   return count;
 }
 

@@ -26,6 +26,25 @@ constexpr bool device_accessible(memory_kind k) noexcept { return k != memory_ki
 
 namespace detail {
 
+/// Where a caller's pointer points, as kernels and the CPU may use it.
+struct pointer_memory {
+  bool device = false;        ///< device or managed memory
+  bool gpu_readable = false;  ///< kernels may dereference the pointer as it is
+};
+
+/// Classifies `p` with cudaPointerGetAttributes. Registered host memory counts as GPU-readable
+/// only where its GPU address is its CPU address. Throws errc::cuda_error.
+inline pointer_memory memory_of(const void* p) {
+  cudaPointerAttributes attributes{};
+  GEAR_CUDA_TRY(cudaPointerGetAttributes(&attributes, p));
+  pointer_memory m;
+  m.device =
+      attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
+  m.gpu_readable = (m.device || attributes.type == cudaMemoryTypeHost) &&
+                   attributes.devicePointer == p;
+  return m;
+}
+
 inline constexpr std::size_t allocation_alignment = 256;
 
 /// A move-only allocation of `bytes` bytes of one memory kind, 256-byte aligned.

@@ -20,6 +20,7 @@
 #include <cuda/stream_ref>
 #include <gear/config.hpp>
 #include <gear/detail/claim.hpp>
+#include <gear/detail/select_rows.hpp>
 #include <gear/error.hpp>
 #include <gear/select/concept.hpp>
 #include <gear/select/uniform.hpp>
@@ -306,13 +307,7 @@ class recency::state<exec::host> : public detail::recency_state_base {
   using recency_state_base::recency_state_base;
 
   void select(const slot_table& t, const selection_request& r, cuda::stream_ref) {
-    const detail::recency_rows rows{t, r, window(t)};
-    for (std::int64_t row = 0; row < r.batch; ++row) {
-      const selected_row s = rows(row);
-      r.slots[row] = s.slot;
-      r.probabilities[row] = s.probability;
-      r.weights[row] = s.weight;
-    }
+    detail::select_rows_on_host(detail::recency_rows{t, r, window(t)}, r);
   }
 };
 

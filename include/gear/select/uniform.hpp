@@ -16,6 +16,7 @@
 #include <cuda/stream_ref>
 #include <gear/config.hpp>
 #include <gear/detail/claim.hpp>
+#include <gear/detail/select_rows.hpp>
 #include <gear/error.hpp>
 #include <gear/select/concept.hpp>
 #include <string>
@@ -90,13 +91,7 @@ class uniform::state<exec::host> {
 
   void select(const slot_table& t, const selection_request& r, cuda::stream_ref) {
     if (!policy_.replacement) std::fill_n(r.scratch, r.scratch_size, std::uint64_t{0});
-    const detail::uniform_rows rows{t, r, policy_.replacement};
-    for (std::int64_t row = 0; row < r.batch; ++row) {
-      const selected_row s = rows(row);
-      r.slots[row] = s.slot;
-      r.probabilities[row] = s.probability;
-      r.weights[row] = s.weight;
-    }
+    detail::select_rows_on_host(detail::uniform_rows{t, r, policy_.replacement}, r);
   }
 
  private:
