@@ -34,6 +34,7 @@
 #include <thrust/execution_policy.h>
 #include <thrust/scan.h>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <span>
 #include <string>
@@ -427,8 +428,8 @@ void release_cached_tables() {
 }
 
 /// Checks rows of a gathered [B, L, step_bytes] batch (host copy, L = `length`) against the
-/// pattern: each row is L consecutive steps of the slot its key (if given) names. Returns "" or
-/// what is wrong.
+/// pattern: each row is L consecutive steps of the slot its key (if given) names. The tables are
+/// filled once, so slot i holds ticket i. Returns "" or what is wrong.
 std::string check_rows(const std::uint8_t* rows, std::int64_t batch, std::int64_t step_bytes,
                        std::int64_t length, const gear::key* keys, const std::uint8_t* mask,
                        std::int64_t max_slot, std::int64_t first_row = 0,
@@ -443,8 +444,8 @@ std::string check_rows(const std::uint8_t* rows, std::int64_t batch, std::int64_
     if (slot >= max_slot || start > trajectory_steps - length)
       return "row " + std::to_string(r) + ": header names slot " + std::to_string(slot) + " step " +
              std::to_string(start);
-    if (keys != nullptr && keys[r].slot != static_cast<std::uint64_t>(slot))
-      return "row " + std::to_string(r) + ": key slot " + std::to_string(keys[r].slot) +
+    if (keys != nullptr && keys[r].ticket != static_cast<std::uint64_t>(slot))
+      return "row " + std::to_string(r) + ": key ticket " + std::to_string(keys[r].ticket) +
              ", data of slot " + std::to_string(slot);
     for (std::int64_t t = 0; t < length; ++t) {
       if (mask != nullptr && mask[r * length + t] != 1)
@@ -716,8 +717,7 @@ void bm_insert_device(benchmark::State& state) {
   {
     const auto ref = buf.ref(gear::op::write_steps{});
     std::vector<std::uint8_t> a(static_cast<std::size_t>(trajectory_bytes)), b(a.size());
-    GEAR_CUDA_TRY(cudaMemcpy(a.data(),
-                             ref.template step<0>(static_cast<std::int64_t>(keys.back().slot), 0),
+    GEAR_CUDA_TRY(cudaMemcpy(a.data(), ref.template step<0>(keys.back().slot(buf.capacity()), 0),
                              a.size(), cudaMemcpyDeviceToHost));
     GEAR_CUDA_TRY(cudaMemcpy(b.data(), src.as<std::uint8_t>() + (count - 1) * trajectory_bytes,
                              b.size(), cudaMemcpyDeviceToHost));
@@ -755,7 +755,7 @@ void bm_insert_pinned(benchmark::State& state) {
   }
   const auto ref = buf.ref(gear::op::write_steps{});
   const auto* stored = reinterpret_cast<const std::uint8_t*>(
-      ref.template step<0>(static_cast<std::int64_t>(keys.back().slot), 0));
+      ref.template step<0>(keys.back().slot(buf.capacity()), 0));
   if (std::memcmp(stored, src.data() + (count - 1) * trajectory_bytes,
                   static_cast<std::size_t>(trajectory_bytes)) != 0)
     return fail(state, "stored trajectory differs from its source");
@@ -831,17 +831,18 @@ void bm_select(benchmark::State& state, std::int64_t n) {
     GEAR_CUDA_TRY(cudaMemcpy(probabilities.data(), out.probabilities().data(), b * 4,
                              cudaMemcpyDeviceToHost));
     GEAR_CUDA_TRY(cudaMemcpy(weights.data(), out.weights().data(), b * 4, cudaMemcpyDeviceToHost));
+    // Filled once: the trajectory of ticket i is in slot i.
     for (std::size_t r = 0; r < b; ++r)
-      if (keys[r].slot >= static_cast<std::uint64_t>(n) || ids[r] != keys[r].slot << 32 ||
-          keys[r].generation != 0 || mask[r] != 1 ||
+      if (keys[r].ticket >= static_cast<std::uint64_t>(n) || ids[r] != keys[r].ticket << 32 ||
+          keys[r].shard != 0 || keys[r].incarnation != 0 || mask[r] != 1 ||
           std::abs(double(probabilities[r]) * double(n) - 1) > 1e-3 || weights[r] != 1.0f)
-        return fail(state, "row " + std::to_string(r) + ": key slot " +
-                               std::to_string(keys[r].slot) + " generation " +
-                               std::to_string(keys[r].generation) + ", data " +
-                               std::to_string(ids[r]) + ", mask " + std::to_string(mask[r]) +
-                               ", probability " + std::to_string(probabilities[r]) + ", weight " +
+        return fail(state, "row " + std::to_string(r) + ": key ticket " +
+                               std::to_string(keys[r].ticket) + " shard " +
+                               std::to_string(keys[r].shard) + ", data " + std::to_string(ids[r]) +
+                               ", mask " + std::to_string(mask[r]) + ", probability " +
+                               std::to_string(probabilities[r]) + ", weight " +
                                std::to_string(weights[r]) +
-                               " (expected: data = slot << 32, probability 1/N, weight 1)");
+                               " (expected: data = ticket << 32, probability 1/N, weight 1)");
   }
   const double us = 1e6 * time_gpu(state, 100, [&] { buf.sample_async(out, w, g, c.stream); });
   state.counters["us_per_sample"] = us;
@@ -908,17 +909,20 @@ void bm_prioritized(benchmark::State& state) {
   auto& c = clock_();
   gear::select::prioritized::state<gear::exec::device> dev(policy, n);
   gear::select::prioritized::state<gear::exec::host> host(policy, n);
-  // Slot metadata as a full buffer would publish it: every slot committed, generation 0.
+  // Slot metadata as a full buffer of first-time inserts would publish it: every slot committed,
+  // slot i holding ticket i (updates check their keys against it on the GPU).
   gear::detail::allocation lengths(gear::memory_kind::device, static_cast<std::size_t>(n) * 8);
-  gear::detail::allocation generations(gear::memory_kind::device, static_cast<std::size_t>(n) * 4);
+  gear::detail::allocation tickets(gear::memory_kind::device, static_cast<std::size_t>(n) * 8);
   {
     const std::vector<std::int64_t> ones(static_cast<std::size_t>(n), 1);
     GEAR_CUDA_TRY(cudaMemcpy(lengths.data(), ones.data(), lengths.size(), cudaMemcpyHostToDevice));
-    GEAR_CUDA_TRY(cudaMemset(generations.data(), 0, generations.size()));
+    std::vector<std::uint64_t> first(static_cast<std::size_t>(n));
+    std::iota(first.begin(), first.end(), std::uint64_t{0});
+    GEAR_CUDA_TRY(cudaMemcpy(tickets.data(), first.data(), tickets.size(), cudaMemcpyHostToDevice));
   }
   gear::slot_table t;
   t.lengths = lengths.as<std::int64_t>();
-  t.generations = generations.as<std::uint32_t>();
+  t.tickets = tickets.as<std::uint64_t>();
   t.capacity = t.occupied = t.live = n;
   t.next_ticket = static_cast<std::uint64_t>(n);
   dev.on_commit(t, 0, n, c.stream);
@@ -932,7 +936,7 @@ void bm_prioritized(benchmark::State& state) {
     std::vector<gear::key> keys(std::size_t{1} << 20);
     for (std::int64_t at = 0; at < n; at += static_cast<std::int64_t>(keys.size())) {
       const auto m = std::min(keys.size(), static_cast<std::size_t>(n - at));
-      for (std::size_t i = 0; i < m; ++i) keys[i].slot = static_cast<std::uint64_t>(at) + i;
+      for (std::size_t i = 0; i < m; ++i) keys[i].ticket = static_cast<std::uint64_t>(at) + i;
       const std::span<const gear::key> k(keys.data(), m);
       const std::span<const float> p(raw.data() + at, m);
       dev.update(t, k, p, c.stream);
@@ -1007,7 +1011,7 @@ void bm_prioritized(benchmark::State& state) {
   std::vector<gear::key> uk(static_cast<std::size_t>(batch));
   std::vector<float> up(uk.size());
   for (std::size_t i = 0; i < uk.size(); ++i) {
-    uk[i].slot = i % 10 == 9 ? uk[i - 1].slot : gen() % static_cast<std::uint64_t>(n);
+    uk[i].ticket = i % 10 == 9 ? uk[i - 1].ticket : gen() % static_cast<std::uint64_t>(n);
     up[i] = static_cast<float>(gen() % 1000 + 1) * 0.01f;
   }
   gear::detail::allocation device_pairs(gear::memory_kind::device,
@@ -1032,7 +1036,7 @@ void bm_prioritized(benchmark::State& state) {
   {
     const std::vector<float> now = dev.priorities(c.stream);
     std::map<std::uint64_t, float> last;  // last write wins
-    for (std::size_t i = 0; i < uk.size(); ++i) last[uk[i].slot] = up[i];
+    for (std::size_t i = 0; i < uk.size(); ++i) last[uk[i].ticket] = up[i];  // ticket = slot
     for (const auto& [slot, p] : last)
       if (now[slot] != p)
         return fail(state, "after the updates slot " + std::to_string(slot) + " has priority " +
@@ -1347,7 +1351,7 @@ void bm_host_insert(benchmark::State& state) {
   const gear::trajectories<host_spec> in{lengths, {gear::input(src.data(), {256})}};
   for (auto _ : state) buf.insert(in, keys);
   const auto ref = buf.ref(gear::op::write_steps{});
-  if (std::memcmp(ref.step<0>(static_cast<std::int64_t>(keys.back().slot), 0),
+  if (std::memcmp(ref.step<0>(keys.back().slot(buf.capacity()), 0),
                   src.data() + (count - 1) * trajectory_steps * 256, trajectory_steps * 256) != 0)
     return fail(state, "stored trajectory differs from its source");
   state.counters["GBps"] =

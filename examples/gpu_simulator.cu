@@ -2,7 +2,8 @@
 // writes step by step, and a learner samples both.
 //
 //   1. buf.reserve(n, stream)            hands out n slots (evicting the oldest when full)
-//   2. a kernel writes steps through buf.ref(gear::op::write_steps{})  (a trivially copyable view)
+//   2. a kernel writes steps through buf.ref(gear::op::write_steps{})  (a trivially copyable view),
+//      enqueued on the same stream after reserve (reserve is stream-ordered and does not wait)
 //   3. buf.commit(reservation, lengths, keys, stream)  makes them visible to sampling
 //
 // Storage is mixed: the large observation column lives in pinned host memory (capacity bounded by
@@ -63,8 +64,9 @@ int main() {
       writer.append(obs.data(), &reward, &done);
     }
     const gear::key actor_key = writer.commit();
-    std::printf("actor committed slot %llu (50 steps); buffer holds %lld trajectories\n",
-                static_cast<unsigned long long>(actor_key.slot),
+    std::printf("actor committed ticket %llu in slot %lld (50 steps); %lld trajectories stored\n",
+                static_cast<unsigned long long>(actor_key.ticket),
+                static_cast<long long>(actor_key.slot(buf.capacity())),
                 static_cast<long long>(buf.size()));
 
     // Learner: windows of 32 random steps.
@@ -81,7 +83,8 @@ int main() {
     int wrong = 0;
     for (int row = 0; row < 512; ++row) {
       const gear::key k = sampled[row];
-      const float env = k == actor_key ? -1.0f : static_cast<float>(k.slot - r.slot(0));
+      // The simulator's trajectories hold tickets r.first_ticket + env.
+      const float env = k == actor_key ? -1.0f : static_cast<float>(k.ticket - r.first_ticket);
       wrong += static_cast<int>(first_obs[row]) != static_cast<int>(env);
     }
     std::printf("learner sampled 512 x 32 windows; %d rows disagree with their trajectory\n",

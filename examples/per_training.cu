@@ -67,9 +67,10 @@ int run(cuda::stream_ref stream) {
           td_device);
       GEAR_CHECK_LAUNCH("fake_td_errors");
       // Keys and priorities stay on the GPU (memory_kind::device): the update's kernels read them
-      // in stream order and check them there; no copy, no synchronisation. A bad key or a NaN
-      // priority would make this update change nothing and be thrown by a later call
-      // (check_priority_updates below, at the latest).
+      // in stream order and check them there; no copy, no synchronisation. A key whose trajectory
+      // was evicted since it was sampled is skipped (and counted: selection_state().stale_pairs);
+      // a key of another shard or a NaN priority would make this update change nothing and be
+      // thrown by a later call (check_priority_updates below, at the latest).
       buf.update_priorities_async(std::span<const gear::key>(batch.keys().data(), B),
                                   std::span<const float>(td_device, B), gear::memory_kind::device,
                                   stream);
@@ -83,7 +84,9 @@ int run(cuda::stream_ref stream) {
         td[r] = sum / L * (0.5f + 0.5f * batch.weights()[r]) + epsilon;
         batch_keys[r] = batch.keys()[r];
       }
-      buf.update_priorities(batch_keys, td, stream);
+      // From host memory the counts come back at once: {applied, stale}.
+      const gear::priority_update_result done = buf.update_priorities(batch_keys, td, stream);
+      if (done.applied + done.stale != B) return 1;
     }
   }
   // Waits for the last update and throws if any update from device memory failed.

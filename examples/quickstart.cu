@@ -42,9 +42,11 @@ int run(const char* where, cuda::stream_ref stream) {
                 {gear::input(obs.data(), {4, 84, 84}), gear::input(action.data()),
                  gear::input(reward.data()), gear::input(done)}},
                keys, stream);
-  std::printf("inserted 400 trajectories; %lld stored, newest key: slot %llu generation %u\n",
-              static_cast<long long>(buf.size()), static_cast<unsigned long long>(keys[3].slot),
-              keys[3].generation);
+  // A key names one trajectory by its ticket (the n-th reservation gets ticket n and slot
+  // n % capacity); a key to an evicted trajectory is stale, never confused with its slot's new one.
+  std::printf("inserted 400 trajectories; %lld stored, newest key: ticket %llu (slot %lld)\n",
+              static_cast<long long>(buf.size()), static_cast<unsigned long long>(keys[3].ticket),
+              static_cast<long long>(keys[3].slot(buf.capacity())));
 
   // 4. Sample: 32 windows of the last 64 steps, left-padded like a causal transformer wants.
   auto batch = buf.make_batch(gear::batch_size{32}, gear::window_length{64});

@@ -92,22 +92,26 @@ inline std::int64_t reference_first(const gear::window& w, std::int64_t len) {
   return w.from == gear::anchor::start ? w.offset : len - w.offset - w.length;
 }
 
-/// Which trajectory (id, length) each key names, as a test inserted them.
+/// Which trajectory (id, length) each key names, as a test inserted them. Keyed by ticket: tickets
+/// are never reused, so a stale key still finds the trajectory it named (use contains() to ask
+/// whether it is stored).
 struct model {
-  std::map<std::pair<std::uint64_t, std::uint32_t>, std::pair<std::uint64_t, std::int64_t>> by_key;
+  std::map<std::uint64_t, std::pair<std::uint64_t, std::int64_t>> by_key;  // ticket -> id, length
   std::uint64_t next_id = 1;
 
   void record(const gear::key& k, std::uint64_t id, std::int64_t length) {
-    by_key[{k.slot, k.generation}] = {id, length};
+    by_key[k.ticket] = {id, length};
   }
   [[nodiscard]] std::uint64_t id(const gear::key& k) const {
-    auto it = by_key.find({k.slot, k.generation});
+    auto it = by_key.find(k.ticket);
     return it == by_key.end() ? ~std::uint64_t{0} : it->second.first;
   }
   [[nodiscard]] std::int64_t length(const gear::key& k) const {
-    auto it = by_key.find({k.slot, k.generation});
+    auto it = by_key.find(k.ticket);
     return it == by_key.end() ? -1 : it->second.second;
   }
+  /// The key of a recorded ticket (shard 0, incarnation 0: transport::local).
+  [[nodiscard]] static gear::key key_of(std::uint64_t ticket) { return gear::key{ticket, 0, 0}; }
   /// check_batch against this model.
   [[nodiscard]] std::string check(const struct host_batch& h, const gear::window& w,
                                   std::vector<std::int64_t>* firsts = nullptr) const;

@@ -144,7 +144,7 @@ TEST_CASE_TEMPLATE("gather matches the host reference for every window shape", S
                                              << " from=" << int(from) << " pad=" << int(padding));
             if (!replacement) {
               std::set<std::uint64_t> rows;
-              for (auto k : h.keys) rows.insert(k.slot);
+              for (auto k : h.keys) rows.insert(k.ticket);
               REQUIRE(rows.size() == 128);
             }
             for (auto p : h.probabilities) REQUIRE(p == doctest::Approx(1.0 / 301));
@@ -264,7 +264,7 @@ void check_drawn_in_gather(Dev& dev, cuda::stream_ref s) {
   for (std::int64_t r = 0; r < small; ++r) {
     INFO("row " << r);
     REQUIRE(dev.contains(a.keys[r]));
-    REQUIRE(a.slots[r] == static_cast<std::int64_t>(a.keys[r].slot));
+    REQUIRE(a.slots[r] == a.keys[r].slot(dev.capacity()));
     REQUIRE(a.probabilities[r] > 0.0f);
     REQUIRE(a.weights[r] == 1.0f);
     // The window covers whole trajectories (L == steps), so position t holds step t.
@@ -400,7 +400,7 @@ TEST_CASE_TEMPLATE("large host inserts (staged on several threads) land byte for
   std::int64_t at = 0;
   for (std::size_t i = 0; i < lens.size(); ++i)
     for (std::int64_t t = 0; t < lens[i]; ++t, ++at) {
-      const auto slot = static_cast<std::int64_t>(keys[i].slot);
+      const std::int64_t slot = keys[i].slot(buf.capacity());
       GEAR_CUDA_TRY(
           cudaMemcpy(frame.data(), ref.template step<0>(slot, t), 65536, cudaMemcpyDefault));
       GEAR_CUDA_TRY(cudaMemcpy(&reward, ref.template step<1>(slot, t), 4, cudaMemcpyDefault));
@@ -422,7 +422,8 @@ TEST_CASE("uniform on the device: chi-square at significance 0.001 over 10^6 dra
   gear::rng g{seed};
   for (int call = 0; call < 10; ++call) {
     buf.sample(out, gear::window{}, g, s);
-    for (auto k : copy_device_batch(out).keys) counts[k.slot] += 1;
+    for (auto k : copy_device_batch(out).keys)
+      counts[static_cast<std::size_t>(k.slot(buf.capacity()))] += 1;
   }
   for (std::size_t i = 1000; i < 1100; ++i) REQUIRE(counts[i] == 0);
   counts.resize(1000);
@@ -436,6 +437,8 @@ TEST_CASE("GPU-side errors leave the buffer unchanged") {
   stream_holder s;
   using buffer = gear::replay_buffer<spec, gear::storage::device>;
   buffer buf{gear::capacity{8}, gear::max_length{4}};
+  // The buffer lives on the device current at construction (device 0 in this process).
+  CHECK(buf.device() == 0);
   model m;
   auto out = buf.make_batch(gear::batch_size{2}, gear::window_length{2});
   gear::rng g{1};
@@ -459,8 +462,6 @@ TEST_CASE("GPU-side errors leave the buffer unchanged") {
   CHECK(code_of([&] { buf.sample(host_out, gear::window{2}, g, s); }) ==
         gear::errc::batch_mismatch);
   CHECK(g.calls() == 0);
-  // A failing CUDA call becomes errc::cuda_error with the call's text.
-  CHECK(code_of([&] { GEAR_CUDA_TRY(cudaSetDevice(1 << 20)); }) == gear::errc::cuda_error);
   CHECK(buf.size() == before_size);
   CHECK(buf.tickets_issued() == before_tickets);
   // And the buffer still samples what it held.

@@ -1,5 +1,6 @@
 // Host suite: the whole storage::host path, the index maths the kernels share, and every error.
-// Compiled by the plain C++ compiler; needs no GPU.
+// Compiled by the plain C++ compiler; needs no GPU. Removal, queues, recency and errors are in
+// host_removal_tests.cpp.
 
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
@@ -13,74 +14,9 @@
 #include <type_traits>
 #include <utility>
 
-#include "common.hpp"
+#include "host_common.hpp"
 
-using namespace gear_test;
-using host_buffer =
-    gear::replay_buffer<spec, gear::storage::host, gear::select::uniform, gear::transport::local>;
-
-namespace {
-
-std::vector<std::int64_t> random_lengths(std::mt19937_64& gen, std::size_t n, std::int64_t max) {
-  std::uniform_int_distribution<std::int64_t> d(1, max);
-  std::vector<std::int64_t> out(n);
-  for (auto& l : out) l = d(gen);
-  return out;
-}
-
-template <class Buffer>
-std::vector<gear::key> insert(Buffer& buf, model& m, const std::vector<std::int64_t>& lens) {
-  packed p(m.next_id, lens);
-  m.next_id += lens.size();
-  std::vector<gear::key> keys(lens.size());
-  buf.insert(p.input(), keys);
-  for (std::size_t i = 0; i < keys.size(); ++i) m.record(keys[i], p.ids[i], p.lengths[i]);
-  return keys;
-}
-
-/// Everything observable about a buffer: sizes, per-slot metadata, the stored bytes.
-struct fingerprint {
-  std::int64_t size;
-  std::uint64_t tickets;
-  std::vector<std::int64_t> lengths;
-  std::vector<std::uint32_t> generations;
-  std::vector<std::byte> bytes;
-  bool operator==(const fingerprint&) const = default;
-};
-
-template <class Buffer>
-fingerprint take_fingerprint(const Buffer& buf) {
-  fingerprint f{buf.size(), buf.tickets_issued(), {}, {}, {}};
-  auto r = buf.ref(gear::op::write_steps{});
-  for (std::int64_t s = 0; s < buf.capacity(); ++s) {
-    f.lengths.push_back(buf.length(s));
-    f.generations.push_back(buf.generation(s));
-    for (std::int64_t t = 0; t < buf.length(s); ++t) {
-      const auto* o = reinterpret_cast<const std::byte*>(r.template step<0>(s, t));
-      f.bytes.insert(f.bytes.end(), o, o + spec::step_bytes[0]);
-      const auto* i = reinterpret_cast<const std::byte*>(r.template step<3>(s, t));
-      f.bytes.insert(f.bytes.end(), i, i + spec::step_bytes[3]);
-    }
-  }
-  return f;
-}
-
-template <class Buffer, class F>
-void expect_error(Buffer& buf, gear::errc code, F&& f) {
-  const fingerprint before = take_fingerprint(buf);
-  bool thrown = false;
-  try {
-    f();
-  } catch (const gear::error& e) {
-    thrown = true;
-    CHECK_MESSAGE(e.code() == code, "got " << e.what());
-    CHECK(std::string(e.what()).find(std::string(gear::to_string(code))) != std::string::npos);
-  }
-  CHECK_MESSAGE(thrown, "expected gear::error " << gear::to_string(code));
-  CHECK(take_fingerprint(buf) == before);
-}
-
-}  // namespace
+using namespace host_test;
 
 // ---- index maths ------------------------------------------------------------------------------
 
@@ -222,9 +158,9 @@ TEST_CASE("large inserts (copied on several threads) land byte for byte") {
   std::int64_t at = 0;
   for (std::size_t i = 0; i < lens.size(); ++i) {
     for (std::int64_t t = 0; t < lens[i]; ++t, ++at) {
-      REQUIRE(std::memcmp(ref.step<0>(std::int64_t(keys[i].slot), t), frames.data() + at * 65536,
-                          65536) == 0);
-      REQUIRE(*ref.step<1>(std::int64_t(keys[i].slot), t) == r[static_cast<std::size_t>(at)]);
+      const std::int64_t slot = keys[i].slot(buf.capacity());
+      REQUIRE(std::memcmp(ref.step<0>(slot, t), frames.data() + at * 65536, 65536) == 0);
+      REQUIRE(*ref.step<1>(slot, t) == r[static_cast<std::size_t>(at)]);
     }
   }
 }
@@ -308,23 +244,32 @@ TEST_CASE("typed mdspan views address the gathered bytes") {
   CHECK(out.keys()[0] == out.keys()[1]);
 }
 
-TEST_CASE("FIFO eviction bumps generations and makes old keys stale") {
+TEST_CASE("FIFO eviction advances tickets and makes old keys stale") {
   host_buffer buf{gear::capacity{5}, gear::max_length{8}};
   model m;
   const auto first = insert(buf, m, {3, 4, 5});
   CHECK(buf.size() == 3);
+  for (std::size_t i = 0; i < 3; ++i) {
+    CHECK(first[i].ticket == i);
+    CHECK(first[i].shard == 0);
+    CHECK(first[i].incarnation == 0);
+  }
   const auto second = insert(buf, m, {2, 2, 2, 2});  // wraps: evicts the first two
   CHECK(buf.size() == 5);
   CHECK(buf.tickets_issued() == 7);
   CHECK(!buf.contains(first[0]));
   CHECK(!buf.contains(first[1]));
   CHECK(buf.contains(first[2]));
-  CHECK(second[2].slot == 0);
-  CHECK(second[2].generation == 1);
-  CHECK(second[3].slot == 1);
-  CHECK(buf.generation(2) == 0);
+  CHECK(second[2].ticket == 5);
+  CHECK(second[2].slot(5) == 0);
+  CHECK(second[3].ticket == 6);
+  CHECK(second[3].slot(5) == 1);
+  CHECK(buf.ticket(0) == 5);
+  CHECK(buf.ticket(1) == 6);
+  CHECK(buf.ticket(2) == 2);  // not reserved again: its trajectory and ticket stay
   CHECK(buf.length(0) == 2);
-  CHECK_THROWS_AS(buf.check_key(first[0]), gear::error);
+  CHECK(buf.length(2) == 5);
+  CHECK(code_of([&] { buf.check_key(first[0]); }) == gear::errc::stale_key);
   buf.check_key(second[3]);
   // Sampling never returns an evicted trajectory.
   auto out = buf.make_batch(gear::batch_size{256}, gear::window_length{2});
@@ -333,11 +278,45 @@ TEST_CASE("FIFO eviction bumps generations and makes old keys stale") {
   for (auto k : out.keys()) CHECK(buf.contains(k));
 }
 
+TEST_CASE("tickets never wrap: a key is stale forever once its slot is reserved again") {
+  host_buffer buf{gear::capacity{4}, gear::max_length{2}};
+  model m;
+  const auto first = insert(buf, m, {1, 2, 1, 2});
+  const auto fifth = insert(buf, m, {2});
+  CHECK(fifth[0].ticket == 4);
+  CHECK(fifth[0].slot(4) == 0);
+  CHECK(buf.ticket(0) == 4);
+  CHECK(buf.length(0) == 2);
+  CHECK(!buf.contains(first[0]));
+  CHECK(buf.contains(first[1]));
+  const std::string what =
+      expect_error(buf, gear::errc::stale_key, [&] { buf.check_key(first[0]); });
+  CHECK_MESSAGE(
+      what.find("key (ticket 0, slot 0) names a trajectory no longer stored") != std::string::npos,
+      what);
+  // Many laps later slot 0 holds ticket 4 + 4n; neither old key comes back, and every key of the
+  // current lap is live.
+  for (int lap = 0; lap < 25; ++lap) insert(buf, m, {1, 1, 1, 1});
+  CHECK(buf.tickets_issued() == 105);
+  CHECK(buf.ticket(0) == 104);
+  CHECK(buf.ticket(1) == 101);
+  CHECK(!buf.contains(first[0]));
+  CHECK(!buf.contains(fifth[0]));
+  for (std::uint64_t t = 0; t < 105; ++t) CHECK(buf.contains(model::key_of(t)) == (t >= 101));
+  CHECK(!buf.contains(model::key_of(105)));  // not issued yet
+  CHECK(!buf.contains(model::key_of(gear::no_ticket)));
+  CHECK(code_of([&] { buf.check_key(model::key_of(105)); }) == gear::errc::stale_key);
+}
+
 TEST_CASE("step-wise writer: append, commit, abandon, takeover") {
+  static_assert(std::is_same_v<decltype(std::declval<host_buffer&>().make_writer()),
+                               host_buffer::writer_type>);
   host_buffer buf{gear::capacity{3}, gear::max_length{4}};
   packed p(42, {3});
   {
     auto w = buf.make_writer();
+    CHECK(buf.tickets_issued() == 1);  // reserved at once
+    CHECK(buf.ticket(w.slot()) == 0);
     for (std::int64_t t = 0; t < 3; ++t)
       w.append(reinterpret_cast<const float*>(p.columns[0].data()) + t * 6,
                reinterpret_cast<const std::int32_t*>(p.columns[1].data()) + t,
@@ -347,7 +326,8 @@ TEST_CASE("step-wise writer: append, commit, abandon, takeover") {
     const gear::key k = w.commit();
     CHECK(buf.size() == 1);
     CHECK(buf.contains(k));
-    CHECK(buf.length(k.slot) == 3);
+    CHECK(buf.length(k.slot(buf.capacity())) == 3);
+    CHECK(buf.ticket(k.slot(buf.capacity())) == k.ticket);
     model m;
     m.record(k, 42, 3);
     auto out = buf.make_batch(gear::batch_size{4}, gear::window_length{4});
@@ -367,29 +347,63 @@ TEST_CASE("step-wise writer: append, commit, abandon, takeover") {
     const std::uint8_t img[64] = {};
     w.append(obs, &a, &d, img);
     CHECK(buf.length(slot) == 0);
-  }  // abandoned: the slot stays empty and unsampled
+    CHECK(buf.ticket(slot) == 1);
+    CHECK(!buf.contains(model::key_of(1)));  // pending: not a stored trajectory
+  }                                          // abandoned: the slot stays empty and unsampled
   CHECK(buf.size() == 1);
+  CHECK(buf.length(1) == 0);
+  CHECK(buf.ticket(1) == 1);
+  CHECK(!buf.contains(model::key_of(1)));
+  {
+    auto w = buf.make_writer();  // ticket 2, slot 2
+    const float obs[6] = {1, 2, 3, 4, 5, 6};
+    const std::int32_t a = 7;
+    const bool d = true;
+    const std::uint8_t img[64] = {9};
+    w.append(obs, &a, &d, img);
+    w.append(obs, &a, &d, img);
+    const gear::key k = w.commit_async();  // host storage: visible when it returns
+    CHECK(k == gear::key{2, 0, 0});
+    CHECK(buf.contains(k));
+    CHECK(buf.size() == 2);
+    CHECK(buf.length(2) == 2);
+    CHECK(code_of([&] { (void)w.commit_async(); }) == gear::errc::invalid_reservation);
+    CHECK(code_of([&] { w.append(obs, &a, &d, img); }) == gear::errc::invalid_reservation);
+    CHECK(buf.size() == 2);
+  }
   {
     auto w = buf.make_writer();
     model m;
-    insert(buf, m, {1, 1, 1});  // three newer reservations take the writer's slot over
     const float obs[6] = {};
     const std::int32_t a = 0;
     const bool d = false;
     const std::uint8_t img[64] = {};
+    w.append(obs, &a, &d, img);
+    insert(buf, m, {1, 1, 1});  // three newer reservations take the writer's slot over
     try {
       w.append(obs, &a, &d, img);
       FAIL("append after takeover must throw");
     } catch (const gear::error& e) {
       CHECK(e.code() == gear::errc::invalid_reservation);
     }
-  }
+    const fingerprint before = take_fingerprint(buf);
+    CHECK(code_of([&] { (void)w.commit(); }) == gear::errc::invalid_reservation);
+    CHECK(take_fingerprint(buf) == before);
+  }  // destroying the taken-over writer leaves the new occupant alone
+  CHECK(buf.size() == 3);
+  CHECK(buf.tickets_issued() == 7);
+  for (std::int64_t s = 0; s < 3; ++s) CHECK(buf.length(s) == 1);
 }
 
 TEST_CASE("reserve, write through ref, commit (the GPU-simulator path, on the host)") {
   host_buffer buf{gear::capacity{6}, gear::max_length{5}};
   const gear::reservation r = buf.reserve(4);
+  CHECK(r.first_ticket == 0);
+  CHECK(r.count == 4);
+  CHECK(r.capacity == 6);
+  CHECK(buf.tickets_issued() == 4);
   auto ref = buf.ref(gear::op::write_steps{}, gear::op::read_metadata{});
+  for (std::int64_t i = 0; i < 4; ++i) CHECK(ref.ticket(r.slot(i)) == std::uint64_t(i));
   packed p(100, {5, 5, 5, 5});
   for (std::int64_t i = 0; i < 4; ++i) {
     CHECK(ref.length(r.slot(i)) == 0);
@@ -406,6 +420,11 @@ TEST_CASE("reserve, write through ref, commit (the GPU-simulator path, on the ho
   buf.commit(r, lens, keys);
   CHECK(buf.size() == 4);
   CHECK(ref.length(r.slot(2)) == 3);
+  for (std::size_t i = 0; i < 4; ++i) {
+    CHECK(keys[i] == gear::key{r.first_ticket + i, 0, 0});
+    CHECK(ref.ticket(r.slot(std::int64_t(i))) == keys[i].ticket);
+    CHECK(ref.length(r.slot(std::int64_t(i))) == lens[i]);
+  }
   model m;
   for (std::size_t i = 0; i < 4; ++i) m.record(keys[i], 100 + i, lens[i]);
   auto out = buf.make_batch(gear::batch_size{64}, gear::window_length{5});
@@ -433,7 +452,7 @@ TEST_CASE("uniform with replacement: chi-square at significance 0.001 over 10^6 
   gear::rng g{seed};
   for (int call = 0; call < 100; ++call) {
     buf.sample(out, gear::window{}, g);
-    for (auto k : out.keys()) counts[k.slot] += 1;
+    for (auto k : out.keys()) counts[static_cast<std::size_t>(k.slot(1200))] += 1;
   }
   for (std::size_t s = 1000; s < 1200; ++s) REQUIRE(counts[s] == 0);
   counts.resize(1000);
@@ -463,10 +482,10 @@ TEST_CASE("uniform without replacement: distinct rows, uniform inclusion (chi-sq
   gear::rng g{seed};
   for (int call = 0; call < 50000; ++call) {  // 10^6 rows
     buf.sample(out, gear::window{}, g);
-    std::set<std::uint64_t> rows;
+    std::set<std::int64_t> rows;
     for (auto k : out.keys()) {
-      rows.insert(k.slot);
-      counts[k.slot] += 1;
+      rows.insert(k.slot(64));
+      counts[static_cast<std::size_t>(k.slot(64))] += 1;
     }
     REQUIRE(rows.size() == 20);
   }
@@ -478,7 +497,7 @@ TEST_CASE("uniform without replacement: distinct rows, uniform inclusion (chi-sq
   auto all = buf.make_batch(gear::batch_size{50}, gear::window_length{1});
   buf.sample(all, gear::window{}, g);
   std::set<std::uint64_t> rows;
-  for (auto k : all.keys()) rows.insert(k.slot);
+  for (auto k : all.keys()) rows.insert(k.ticket);
   CHECK(rows.size() == 50);
 }
 
@@ -519,428 +538,4 @@ TEST_CASE("the same seed gives the same batch") {
   CHECK(ha.columns == hb.columns);
   buf.sample(b, w, g2);  // the next call of the stream differs
   CHECK(copy_host_batch(b).keys != ha.keys);
-}
-
-// ---- removal: erase, max_times_sampled, queues ------------------------------------------------
-
-namespace {
-/// Samples batches of `rows` until the buffer is empty; returns how often each id came back.
-template <class Buffer>
-std::map<std::uint64_t, int> drain(Buffer& buf, const model& m, std::int64_t rows, int max_calls) {
-  std::map<std::uint64_t, int> seen;
-  auto out = buf.make_batch(gear::batch_size{rows}, gear::window_length{1});
-  gear::rng g{77};
-  for (int call = 0; call < max_calls && buf.size() > 0; ++call) {
-    buf.sample(out, gear::window{}, g);
-    const host_batch h = copy_host_batch(out);
-    for (auto k : h.keys) ++seen[m.id(k)];
-  }
-  return seen;
-}
-}  // namespace
-
-TEST_CASE("erase removes trajectories: stale keys, never sampled, errors change nothing") {
-  host_buffer buf{gear::capacity{8}, gear::max_length{3}};
-  model m;
-  const auto keys = insert(buf, m, {1, 2, 3, 1, 2});
-  const std::vector<gear::key> gone{keys[1], keys[3]};
-  buf.erase(gone);
-  CHECK(buf.size() == 3);
-  CHECK(!buf.contains(keys[1]));
-  CHECK(!buf.contains(keys[3]));
-  CHECK(buf.length(static_cast<std::int64_t>(keys[1].slot)) == 0);
-  auto out = buf.make_batch(gear::batch_size{1000}, gear::window_length{1});
-  gear::rng g{3};
-  buf.sample(out, gear::window{}, g);
-  for (auto k : out.keys()) CHECK((k == keys[0] || k == keys[2] || k == keys[4]));
-  expect_error(buf, gear::errc::stale_key, [&] { buf.erase(gone); });
-  const std::vector<gear::key> twice{keys[0], keys[0]};
-  expect_error(buf, gear::errc::stale_key, [&] { buf.erase(twice); });
-  const std::vector<gear::key> mixed{keys[0], {99, 0, 0}};
-  expect_error(buf, gear::errc::key_out_of_range, [&] { buf.erase(mixed); });
-  // The ring reuses erased slots when it reaches them: tickets 5..9 take slots 5, 6, 7, 0, 1,
-  // evicting keys[0] (slot 0) and refilling erased slot 1.
-  insert(buf, m, {1, 1, 1, 1, 1});
-  CHECK(buf.size() == 7);
-  CHECK(!buf.contains(keys[0]));
-  CHECK(buf.contains(keys[2]));
-}
-
-TEST_CASE("max_times_sampled: each trajectory returned exactly k times, then removed") {
-  SUBCASE("k = 1 without replacement drains every trajectory once") {
-    host_buffer buf{gear::capacity{64}, gear::max_length{1}, gear::select::uniform{false}};
-    model m;
-    insert(buf, m, std::vector<std::int64_t>(50, 1));
-    buf.set_max_times_sampled(1);
-    const auto seen = drain(buf, m, 10, 100);
-    CHECK(buf.size() == 0);
-    CHECK(seen.size() == 50);
-    for (auto [id, n] : seen) CHECK(n == 1);
-  }
-  SUBCASE("k = 3 with replacement, one row at a time") {
-    host_buffer buf{gear::capacity{32}, gear::max_length{1}};
-    model m;
-    insert(buf, m, std::vector<std::int64_t>(20, 1));
-    buf.set_max_times_sampled(3);
-    const auto seen = drain(buf, m, 1, 1000);
-    CHECK(buf.size() == 0);
-    CHECK(seen.size() == 20);
-    for (auto [id, n] : seen) CHECK(n == 3);
-  }
-  SUBCASE("with prioritized selection: removed trajectories lose their priority") {
-    gear::replay_buffer<spec, gear::storage::host, gear::select::prioritized> buf{
-        gear::capacity{32}, gear::max_length{1}, gear::select::prioritized{0.6, 0.4}};
-    model m;
-    packed p(1, std::vector<std::int64_t>(20, 1));
-    std::vector<gear::key> keys(20);
-    buf.insert(p.input(), keys);
-    for (std::size_t i = 0; i < 20; ++i) m.record(keys[i], p.ids[i], 1);
-    std::vector<float> priorities(20);
-    for (std::size_t i = 0; i < 20; ++i) priorities[i] = 0.5f + static_cast<float>(i);
-    buf.update_priorities(keys, priorities);
-    buf.set_max_times_sampled(2);
-    const auto seen = drain(buf, m, 1, 1000);
-    CHECK(buf.size() == 0);
-    CHECK(seen.size() == 20);
-    for (auto [id, n] : seen) CHECK(n == 2);
-  }
-  SUBCASE("with recency selection") {
-    gear::replay_buffer<spec, gear::storage::host, gear::select::recency> buf{
-        gear::capacity{32}, gear::max_length{1}, gear::select::recency{8}};
-    model m;
-    insert(buf, m, std::vector<std::int64_t>(8, 1));
-    buf.set_max_times_sampled(1);
-    const auto seen = drain(buf, m, 1, 1000);
-    CHECK(buf.size() == 0);
-    CHECK(seen.size() == 8);
-  }
-  SUBCASE("a negative limit is refused") {
-    host_buffer buf{gear::capacity{4}, gear::max_length{1}};
-    CHECK(code_of([&] { buf.set_max_times_sampled(-1); }) == gear::errc::invalid_argument);
-    CHECK(buf.max_times_sampled() == 0);
-  }
-}
-
-TEST_CASE_TEMPLATE("fifo and lifo return each trajectory once, in order", Policy,
-                   gear::select::fifo, gear::select::lifo) {
-  constexpr bool oldest_first = std::is_same_v<Policy, gear::select::fifo>;
-  gear::replay_buffer<spec, gear::storage::host, Policy> buf{gear::capacity{16},
-                                                             gear::max_length{6}};
-  model m;
-  std::mt19937_64 gen(8);
-  std::vector<std::uint64_t> order;  // ids in the order the policy must return them
-  std::vector<std::uint64_t> stored;
-  auto add = [&](std::size_t n) {
-    const auto first = m.next_id;
-    packed p(first, random_lengths(gen, n, 6));
-    m.next_id += n;
-    std::vector<gear::key> keys(n);
-    buf.insert(p.input(), keys);
-    for (std::size_t i = 0; i < n; ++i) {
-      m.record(keys[i], p.ids[i], p.lengths[i]);
-      stored.push_back(p.ids[i]);
-    }
-  };
-  auto take = [&](std::int64_t rows) {
-    auto out = buf.make_batch(gear::batch_size{rows}, gear::window_length{6});
-    gear::rng g{1};
-    const gear::window w{6};
-    buf.sample(out, w, g);
-    const host_batch h = copy_host_batch(out);
-    REQUIRE(m.check(h, w).empty());
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const std::uint64_t want = oldest_first ? stored.front() : stored.back();
-      CHECK(m.id(h.keys[r]) == want);
-      CHECK(h.probabilities[r] == 1.0f);
-      if (oldest_first)
-        stored.erase(stored.begin());
-      else
-        stored.pop_back();
-    }
-  };
-  add(5);
-  take(2);
-  add(3);
-  take(4);
-  CHECK(buf.size() == 2);
-  auto out = buf.make_batch(gear::batch_size{3}, gear::window_length{6});
-  gear::rng g{1};
-  expect_error(buf, gear::errc::not_enough_items, [&] { buf.sample(out, gear::window{6}, g); });
-  take(2);
-  CHECK(buf.size() == 0);
-}
-
-// ---- age-weighted recency --------------------------------------------------------------------
-
-namespace {
-/// Counts over 10^6 rows of an age-weighted recency buffer against the exact distribution
-/// (weights 2^(-age / h) over the committed among the newest K); returns {chi2, df, critical}.
-/// wrong_h != 0 tests the same counts against a planted wrong half-life instead.
-template <class Buffer, class Sample>
-std::tuple<double, double, double> decay_chi2(Buffer& buf, const model& m, std::int64_t K, double h,
-                                              double wrong_h, Sample&& sample) {
-  std::map<std::uint64_t, double> counts;  // by ticket-ordered id
-  double rows = 0;
-  for (int call = 0; call < 100; ++call) {
-    const host_batch out = sample();
-    for (const auto& k : out.keys) {
-      counts[m.id(k)] += 1;
-      rows += 1;
-    }
-  }
-  // Ids were inserted in ticket order, one per ticket: age = newest id - id.
-  const std::uint64_t newest = m.next_id - 1;
-  std::vector<double> observed, expected, weights;
-  double total = 0;
-  for (std::uint64_t id = newest + 1 - static_cast<std::uint64_t>(K); id <= newest; ++id) {
-    const bool live =
-        m.by_key.end() != std::find_if(m.by_key.begin(), m.by_key.end(), [&](auto& kv) {
-          return kv.second.first == id &&
-                 buf.contains(gear::key{kv.first.first, kv.first.second, 0});
-        });
-    const double w =
-        live ? std::exp2(-static_cast<double>(newest - id) / (wrong_h ? wrong_h : h)) : 0;
-    if (!live) {
-      REQUIRE(counts[id] == 0);
-      continue;
-    }
-    observed.push_back(counts[id]);
-    weights.push_back(w);
-    total += w;
-  }
-  for (double w : weights) expected.push_back(rows * w / total);
-  const auto [stat, df] = pooled_chi2(observed, expected);
-  return {stat, df, chi2_critical_0001(df)};
-}
-}  // namespace
-
-TEST_CASE("recency weighted by age: chi-square at 0.001 over 10^6 draws, power, probabilities") {
-  using buffer = gear::replay_buffer<spec, gear::storage::host, gear::select::recency>;
-  for (double h : {40.0, 0.75}) {  // 0.75: the weights are rebased every 384 insertions
-    CAPTURE(h);
-    const std::int64_t K = 250;
-    buffer buf{gear::capacity{400}, gear::max_length{1}, gear::select::recency{K, h}};
-    model m;
-    for (int i = 0; i < 1000; ++i) insert(buf, m, {1});  // one ticket per id; ring wraps twice
-    std::vector<gear::key> holes;
-    for (auto& [k, v] : m.by_key)
-      if (v.first % 7 == 3 && buf.contains(gear::key{k.first, k.second, 0}))
-        holes.push_back(gear::key{k.first, k.second, 0});
-    buf.erase(holes);
-    auto out = buf.make_batch(gear::batch_size{10000}, gear::window_length{1});
-    const std::uint64_t seed = 4711;
-    INFO("seed " << seed);
-    gear::rng g{seed};
-    auto sample = [&] {
-      buf.sample(out, gear::window{}, g);
-      return copy_host_batch(out);
-    };
-    const auto [stat, df, crit] = decay_chi2(buf, m, K, h, 0, sample);
-    MESSAGE("age-weighted recency h = " << h << ": chi2 = " << stat << ", df " << df
-                                        << ", critical " << crit);
-    CHECK(stat < crit);
-    if (h > 1) {  // power: the same test rejects a half-life 10% off
-      gear::rng g2{seed};
-      auto sample2 = [&] {
-        buf.sample(out, gear::window{}, g2);
-        return copy_host_batch(out);
-      };
-      const auto [bad, bad_df, bad_crit] = decay_chi2(buf, m, K, h, 1.1 * h, sample2);
-      CHECK(bad > bad_crit);
-    }
-    // Reported probabilities equal w_i / sum of the candidates' weights.
-    const host_batch h1 = sample();
-    double total = 0;
-    const std::uint64_t newest = m.next_id - 1;
-    for (auto& [k, v] : m.by_key)
-      if (buf.contains(gear::key{k.first, k.second, 0}) && newest - v.first < std::uint64_t(K))
-        total += std::exp2(-static_cast<double>(newest - v.first) / h);
-    for (std::size_t r = 0; r < 100; ++r) {
-      const double w = std::exp2(-static_cast<double>(newest - m.id(h1.keys[r])) / h);
-      CHECK(h1.probabilities[r] == doctest::Approx(w / total).epsilon(1e-5));
-    }
-  }
-  CHECK(code_of([] {
-          buffer b{gear::capacity{4}, gear::max_length{1}, gear::select::recency{4, -1.0}};
-        }) == gear::errc::invalid_argument);
-}
-
-// ---- errors: each one named, each leaves the buffer as it was
-// ------------------------------------
-
-TEST_CASE("bad input: a gear::error with its code, and the buffer unchanged") {
-  host_buffer buf{gear::capacity{8}, gear::max_length{6}};
-  model m;
-  auto out1 = buf.make_batch(gear::batch_size{4}, gear::window_length{3});
-  gear::rng g{1};
-
-  SUBCASE("sampling an empty buffer") {
-    expect_error(buf, gear::errc::empty_buffer, [&] { buf.sample(out1, gear::window{3}, g); });
-    CHECK(g.calls() == 0);
-  }
-
-  const auto keys = insert(buf, m, {6, 5, 4});
-  packed good(500, {2});
-
-  SUBCASE("more rows without replacement than trajectories") {
-    host_buffer nr{gear::capacity{8}, gear::max_length{6}, gear::select::uniform{false}};
-    model m2;
-    insert(nr, m2, {2, 2});
-    auto out = nr.make_batch(gear::batch_size{3}, gear::window_length{1});
-    expect_error(nr, gear::errc::not_enough_items, [&] { nr.sample(out, gear::window{}, g); });
-    CHECK(g.calls() == 0);
-  }
-  SUBCASE("stale key") {
-    insert(buf, m, {1, 1, 1, 1, 1, 1});  // evicts keys[0]
-    expect_error(buf, gear::errc::stale_key, [&] { buf.check_key(keys[0]); });
-  }
-  SUBCASE("key out of range: slot") {
-    expect_error(buf, gear::errc::key_out_of_range, [&] { buf.check_key({8, 0, 0}); });
-  }
-  SUBCASE("key out of range: shard") {
-    expect_error(buf, gear::errc::key_out_of_range, [&] { buf.check_key({0, 0, 3}); });
-  }
-  SUBCASE("slot out of range") {
-    expect_error(buf, gear::errc::key_out_of_range, [&] { (void)buf.length(-1); });
-  }
-  SUBCASE("empty trajectory") {
-    packed p(600, {2, 0});
-    std::vector<gear::key> k(2);
-    expect_error(buf, gear::errc::empty_trajectory, [&] { buf.insert(p.input(), k); });
-  }
-  SUBCASE("trajectory longer than max_length") {
-    packed p(600, {2, 7});
-    std::vector<gear::key> k(2);
-    expect_error(buf, gear::errc::trajectory_too_long, [&] { buf.insert(p.input(), k); });
-  }
-  SUBCASE("wrong element type") {
-    auto in = good.input();
-    in.columns[1] = gear::input(reinterpret_cast<const float*>(good.columns[1].data()));
-    std::vector<gear::key> k(1);
-    expect_error(buf, gear::errc::wrong_type, [&] { buf.insert(in, k); });
-  }
-  SUBCASE("wrong per-step shape") {
-    auto in = good.input();
-    in.columns[0] = gear::input(reinterpret_cast<const float*>(good.columns[0].data()), {3, 2});
-    std::vector<gear::key> k(1);
-    expect_error(buf, gear::errc::wrong_shape, [&] { buf.insert(in, k); });
-  }
-  SUBCASE("wrong rank") {
-    auto in = good.input();
-    in.columns[3] = gear::input(reinterpret_cast<const std::uint8_t*>(good.columns[3].data()));
-    std::vector<gear::key> k(1);
-    expect_error(buf, gear::errc::wrong_shape, [&] { buf.insert(in, k); });
-  }
-  SUBCASE("null column pointer") {
-    auto in = good.input();
-    in.columns[2].data = nullptr;
-    std::vector<gear::key> k(1);
-    expect_error(buf, gear::errc::null_pointer, [&] { buf.insert(in, k); });
-  }
-  SUBCASE("misaligned column pointer") {
-    auto in = good.input();
-    in.columns[0].data = good.columns[0].data() + 2;
-    std::vector<gear::key> k(1);
-    expect_error(buf, gear::errc::misaligned_pointer, [&] { buf.insert(in, k); });
-  }
-  SUBCASE("device source into host storage") {
-    auto in = good.input();
-    in.source = gear::memory_kind::device;
-    std::vector<gear::key> k(1);
-    expect_error(buf, gear::errc::wrong_memory, [&] { buf.insert(in, k); });
-  }
-  SUBCASE("too many trajectories for the capacity") {
-    packed p(600, std::vector<std::int64_t>(9, 1));
-    std::vector<gear::key> k(9);
-    expect_error(buf, gear::errc::invalid_argument, [&] { buf.insert(p.input(), k); });
-  }
-  SUBCASE("keys_out too small") {
-    std::vector<gear::key> k;
-    expect_error(buf, gear::errc::invalid_argument, [&] { buf.insert(good.input(), k); });
-  }
-  SUBCASE("empty window") {
-    auto out0 = buf.make_batch(gear::batch_size{4}, gear::window_length{3});
-    expect_error(buf, gear::errc::empty_window, [&] { buf.sample(out0, gear::window{0}, g); });
-  }
-  SUBCASE("window offset beyond max_length") {
-    expect_error(buf, gear::errc::window_out_of_range, [&] {
-      buf.sample(out1, gear::window{3, 6}, g);
-    });
-  }
-  SUBCASE("negative window offset") {
-    expect_error(buf, gear::errc::window_out_of_range, [&] {
-      buf.sample(out1, gear::window{3, -1}, g);
-    });
-  }
-  SUBCASE("batch made for another window length") {
-    expect_error(buf, gear::errc::batch_mismatch, [&] { buf.sample(out1, gear::window{4}, g); });
-    CHECK(g.calls() == 0);
-  }
-  SUBCASE("writer past max_length") {
-    auto w = buf.make_writer();
-    const float obs[6] = {};
-    const std::int32_t a = 0;
-    const bool d = false;
-    const std::uint8_t img[64] = {};
-    for (int t = 0; t < 6; ++t) w.append(obs, &a, &d, img);
-    const fingerprint before = take_fingerprint(buf);
-    try {
-      w.append(obs, &a, &d, img);
-      FAIL("expected writer_full");
-    } catch (const gear::error& e) {
-      CHECK(e.code() == gear::errc::writer_full);
-    }
-    CHECK(take_fingerprint(buf) == before);
-    CHECK(w.steps() == 6);
-  }
-  SUBCASE("writer committed with no steps") {
-    auto w = buf.make_writer();
-    const fingerprint before = take_fingerprint(buf);
-    try {
-      (void)w.commit();
-      FAIL("expected empty_trajectory");
-    } catch (const gear::error& e) {
-      CHECK(e.code() == gear::errc::empty_trajectory);
-    }
-    CHECK(take_fingerprint(buf) == before);
-  }
-  SUBCASE("commit of an overwritten reservation") {
-    const auto r = buf.reserve(2);
-    insert(buf, m, {1, 1, 1, 1, 1, 1, 1, 1});  // a full lap takes both slots over
-    std::vector<gear::key> k(2);
-    const std::vector<std::int64_t> lens{1, 1};
-    expect_error(buf, gear::errc::invalid_reservation, [&] { buf.commit(r, lens, k); });
-  }
-  SUBCASE("commit twice") {
-    const auto r = buf.reserve(1);
-    std::vector<gear::key> k(1);
-    const std::vector<std::int64_t> lens{1};
-    buf.commit(r, lens, k);
-    expect_error(buf, gear::errc::invalid_reservation, [&] { buf.commit(r, lens, k); });
-  }
-  SUBCASE("commit with the wrong number of lengths") {
-    const auto r = buf.reserve(2);
-    std::vector<gear::key> k(2);
-    const std::vector<std::int64_t> lens{1};
-    expect_error(buf, gear::errc::invalid_argument, [&] { buf.commit(r, lens, k); });
-  }
-  SUBCASE("reserve more than capacity") {
-    expect_error(buf, gear::errc::invalid_argument, [&] { (void)buf.reserve(9); });
-  }
-}
-
-TEST_CASE("bad construction arguments") {
-  CHECK(code_of([] {
-          host_buffer b{gear::capacity{0}, gear::max_length{4}};
-        }) == gear::errc::invalid_argument);
-  CHECK(code_of([] {
-          host_buffer b{gear::capacity{4}, gear::max_length{0}};
-        }) == gear::errc::invalid_argument);
-  CHECK(code_of([] {
-          host_buffer::batch_type b(gear::memory_kind::host, gear::batch_size{0},
-                                    gear::window_length{1});
-        }) == gear::errc::invalid_argument);
-  CHECK(code_of([] {
-          (void)gear::input(static_cast<const float*>(nullptr), {1, 1, 1, 1, 1, 1, 1});
-        }) == gear::errc::wrong_shape);
 }

@@ -215,8 +215,9 @@ TEST_CASE("prioritized (device): duplicates (last write wins), stale keys, bad p
   per_buffer buf{gear::capacity{8}, gear::max_length{1}, gear::select::prioritized{0.5, 0.5}};
   const auto old = insert_ids(buf, 0, 8, cuda::stream_ref{s});
   const auto k = insert_ids(buf, 8, 3, cuda::stream_ref{s});  // evicts old[0..3)
-  buf.update_priorities(std::vector<gear::key>{k[2], old[5], k[2], old[5], k[2]},
-                        std::vector<float>{4.0f, 9.0f, 16.0f, 1.0f, 0.25f}, s);
+  CHECK(buf.update_priorities(std::vector<gear::key>{k[2], old[5], k[2], old[5], k[2]},
+                              std::vector<float>{4.0f, 9.0f, 16.0f, 1.0f, 0.25f},
+                              s) == gear::priority_update_result{5, 0});
   std::vector<float> raw(8, 1.0f);
   raw[2] = 0.25f;
   raw[5] = 1.0f;
@@ -236,10 +237,25 @@ TEST_CASE("prioritized (device): duplicates (last write wins), stale keys, bad p
     CHECK(buf.size() == 8);
     CHECK(sample_once() == before);
   };
-  expect(gear::errc::stale_key, {k[0], old[1]}, {3.0f, 3.0f});
   expect(gear::errc::invalid_priority, {k[0], k[1]}, {3.0f, std::nanf("")});
   expect(gear::errc::invalid_priority, {k[0], k[1]}, {-0.5f, 3.0f});
   expect(gear::errc::invalid_priority, {k[0], k[1]}, {3.0f, INFINITY});
+  // A bad priority fails the update even where its key is stale.
+  expect(gear::errc::invalid_priority, {k[0], old[1]}, {3.0f, std::nanf("")});
+  // A key of another shard fails the whole update.
+  gear::key other_shard = k[1];
+  other_shard.shard = 1;
+  expect(gear::errc::key_out_of_range, {k[0], other_shard}, {3.0f, 3.0f});
+  // Stale keys (their slots were reserved again) are skipped and counted, the live pairs applied;
+  // the skipped pairs' priorities do not raise the largest priority.
+  CHECK(buf.update_priorities(std::vector<gear::key>{k[0], old[1], k[1], old[2]},
+                              std::vector<float>{3.0f, 100.0f, 0.5f, 100.0f},
+                              s) == gear::priority_update_result{2, 2});
+  raw[0] = 3.0f;
+  raw[1] = 0.5f;
+  check_device_tree(buf.selection_state(), raw, 0.5, s);
+  CHECK(buf.selection_state().max_priority(s) == 16.0f);
+  CHECK(buf.size() == 8);
 }
 
 TEST_CASE("prioritized (device): 10^6 random updates with duplicates keep the tree exact") {
@@ -336,11 +352,11 @@ TEST_CASE("prioritized (device): updates from device memory equal host-span upda
   insert_ids(a, 0, 100, cuda::stream_ref{s});
   largest = std::max(largest, *std::max_element(td.begin(), td.end()));
   const auto after = b.selection_state().priorities(s);
-  for (const auto& k : fresh) REQUIRE(after[k.slot] == largest);
+  for (const auto& k : fresh) REQUIRE(after[static_cast<std::size_t>(k.slot(n))] == largest);
   CHECK(snapshot(b.selection_state(), s) == snapshot(a.selection_state(), s));
 }
 
-TEST_CASE("prioritized (device): bad pairs from device memory change nothing and raise the error") {
+TEST_CASE("prioritized (device): bad pairs from device memory fail the update; stale ones skip") {
   stream_holder s;
   per_buffer buf{gear::capacity{50}, gear::max_length{1}, gear::select::prioritized{0.8, 0.6}};
   const auto old_keys = insert_ids(buf, 0, 50, cuda::stream_ref{s});
@@ -352,7 +368,8 @@ TEST_CASE("prioritized (device): bad pairs from device memory change nothing and
     buf.update_priorities(dk.span(), dp.span(), gear::memory_kind::device, s);
   }
   auto writer = buf.make_writer(s);  // slot 20 pending (old_keys[20] evicted)
-  const gear::key pending{20, buf.generation(20), 0};
+  const gear::key pending{buf.ticket(20), 0, 0};
+  REQUIRE(pending.ticket == 70);
   auto sample_once = [&] {
     gear::rng g{99};
     auto b = buf.make_batch(gear::batch_size{300}, gear::window_length{1});
@@ -383,16 +400,16 @@ TEST_CASE("prioritized (device): bad pairs from device memory change nothing and
     CHECK(gear_test::code_of([&] { buf.update_priorities(ks, ps, s); }) == code);
     unchanged();
   };
-  gear::key far = keys[1], other_shard = keys[1], huge = keys[1];
-  far.slot = 50;
+  gear::key other_shard = keys[1];
   other_shard.shard = 1;
-  huge.slot = (std::uint64_t{1} << 63) + 5;
-  expect(gear::errc::stale_key, {keys[1], old_keys[3]}, {5.0f, 5.0f}, "key 1 (slot 3,");
-  expect(gear::errc::stale_key, {keys[1], keys[2], keys[5]}, {5.0f, 5.0f, 5.0f}, "key 2 (slot 5,");
-  expect(gear::errc::stale_key, {pending, keys[1]}, {5.0f, 5.0f}, "key 0 (slot 20,");
-  expect(gear::errc::key_out_of_range, {keys[1], far}, {5.0f, 5.0f}, "key 1 (shard 0, slot 50)");
   expect(gear::errc::key_out_of_range, {other_shard}, {5.0f}, "key 0 (shard 1,");
-  expect(gear::errc::key_out_of_range, {keys[1], keys[2], huge}, {1.0f, 1.0f, 1.0f}, "key 2 ");
+  // A key of another incarnation of this shard is not this shard's either.
+  gear::key other_incarnation = keys[1];
+  other_incarnation.incarnation = 1;
+  expect(gear::errc::key_out_of_range, {keys[2], other_incarnation}, {5.0f, 5.0f}, "key 1 (");
+  // A stale key before it does not hide a key of another shard.
+  expect(gear::errc::key_out_of_range, {keys[1], old_keys[3], other_shard}, {1.0f, 1.0f, 1.0f},
+         "key 2 (shard 1,");
   expect(gear::errc::invalid_priority, {keys[1], keys[2]}, {100.0f, std::nanf("")},
          "priority 1 is nan");
   expect(gear::errc::invalid_priority, {keys[1], keys[2]}, {100.0f, -1.0f}, "priority 1 is -1");
@@ -400,8 +417,8 @@ TEST_CASE("prioritized (device): bad pairs from device memory change nothing and
   expect(gear::errc::invalid_priority, {keys[1], keys[2], keys[3]}, {-INFINITY, 3.0f, NAN},
          "priority 0 ");
   // Every key is checked before any priority, as on the host: a later bad key is named first.
-  expect(gear::errc::stale_key, {keys[1], keys[2], keys[3], old_keys[4], far},
-         {std::nanf(""), 3.0f, 3.0f, 3.0f, 3.0f}, "key 3 (slot 4,");
+  expect(gear::errc::key_out_of_range, {keys[1], keys[2], keys[3], other_shard},
+         {std::nanf(""), 3.0f, 3.0f, 3.0f}, "key 3 (shard 1,");
   // Checked at once on the host: sizes, pointers, memory.
   const gpu_array<gear::key> dk(std::vector<gear::key>{keys[1], keys[2]});
   const gpu_array<float> dp(std::vector<float>{1.0f, 2.0f, 3.0f});
@@ -427,6 +444,43 @@ TEST_CASE("prioritized (device): bad pairs from device memory change nothing and
         }) == gear::errc{});  // nothing to do
   unchanged();
   CHECK(code([&] { buf.check_priority_updates(s); }) == gear::errc{});  // nothing pending
+  // A bad priority fails the update even where its key is stale, as on the host.
+  expect(gear::errc::invalid_priority, {old_keys[3], keys[1]}, {std::nanf(""), 5.0f},
+         "priority 0 is nan");
+
+  // Stale keys are skipped on the GPU and counted (stale_pairs); the live pairs are applied, and
+  // the skipped pairs' priorities do not raise the largest priority. Stale here: evicted, erased,
+  // pending (its slot is being written), never issued, and the key of a row without a trajectory.
+  gear::key future = keys[1], huge = keys[1];
+  future.ticket = 1000;
+  huge.ticket = (std::uint64_t{1} << 63) + 5;
+  const gear::key none{gear::no_ticket, 0, 0};
+  const std::vector<gear::key> ks{keys[1], old_keys[3], keys[5], pending, future,
+                                  huge,    none,        keys[2], keys[1]};
+  const std::vector<float> ps{50.0f, 60.0f, 70.0f, 80.0f, 90.0f, 100.0f, 110.0f, 0.5f, 4.0f};
+  constexpr std::int64_t stale_in_ks = 6;
+  auto want = buf.selection_state().priorities(s);
+  want[static_cast<std::size_t>(keys[1].slot(buf.capacity()))] = 4.0f;  // its last pair wins
+  want[static_cast<std::size_t>(keys[2].slot(buf.capacity()))] = 0.5f;
+  const float largest = std::max(buf.selection_state().max_priority(s), 50.0f);
+  const std::uint64_t stale_before = buf.selection_state().stale_pairs(s);
+  {
+    const gpu_array<gear::key> dk(ks);
+    const gpu_array<float> dp(ps);
+    const auto [got, what] = error_of(
+        [&] { buf.update_priorities(dk.span(), dp.span(), gear::memory_kind::device, s); });
+    INFO(what);
+    CHECK(got == gear::errc{});
+  }
+  CHECK(buf.selection_state().stale_pairs(s) ==
+        stale_before + static_cast<std::uint64_t>(stale_in_ks));
+  check_device_tree(buf.selection_state(), want, 0.8, s);
+  CHECK(buf.selection_state().max_priority(s) == largest);
+  CHECK(buf.size() == size);
+  // The same pairs from host memory: skipped on the CPU, counted in the result.
+  CHECK(buf.update_priorities(ks, ps, s) == gear::priority_update_result{3, stale_in_ks});
+  check_device_tree(buf.selection_state(), want, 0.8, s);
+  CHECK(buf.selection_state().max_priority(s) == largest);
 }
 
 TEST_CASE("prioritized (device): a failed asynchronous update is raised once, later") {
@@ -436,10 +490,11 @@ TEST_CASE("prioritized (device): a failed asynchronous update is raised once, la
   per_buffer twin{gear::capacity{n}, gear::max_length{1}, gear::select::prioritized{0.6, 0.4}};
   const auto k = insert_ids(buf, 0, n, cuda::stream_ref{s});
   insert_ids(twin, 0, n, cuda::stream_ref{s});
-  gear::key stale = k[9];
-  stale.generation += 1;
-  // bad_key: key 2 is stale; bad_priority: priority 7 is NaN. Both carry a priority (1000) that
-  // would raise the largest priority if they were applied.
+  gear::key foreign = k[9];
+  foreign.shard = 1;
+  // bad_key: key 2 is of another shard; with_nan: priority 7 is NaN. Both carry a priority (1000)
+  // that would raise the largest priority if they were applied. (A stale key does not fail an
+  // update: it is skipped.)
   std::vector<gear::key> ks(10), good_k(10);
   std::vector<float> ps(10), good_p(10), nan_p(10);
   for (std::size_t i = 0; i < 10; ++i) {
@@ -449,7 +504,7 @@ TEST_CASE("prioritized (device): a failed asynchronous update is raised once, la
     good_p[i] = 0.5f + static_cast<float>(i);
     nan_p[i] = 1000.0f;
   }
-  ks[2] = stale;
+  ks[2] = foreign;
   nan_p[7] = std::nanf("");
   const gpu_array<gear::key> bad_key(ks), good_keys(good_k),
       all_good(std::vector<gear::key>(k.begin(), k.begin() + 10));
@@ -465,9 +520,10 @@ TEST_CASE("prioritized (device): a failed asynchronous update is raised once, la
     buf.update_priorities_async(all_good.span(), with_nan.span(), device, s);
     const auto [code, what] = error_of([&] { buf.check_priority_updates(s); });
     INFO(what);
-    CHECK(code == gear::errc::stale_key);
+    CHECK(code == gear::errc::key_out_of_range);
     CHECK(what.find("(call 1)") != std::string::npos);
-    CHECK(what.find("key 2 (slot 9, generation 1)") != std::string::npos);
+    CHECK(what.find("key 2 (shard 1,") != std::string::npos);
+    CHECK(what.find("ticket 9) is not in this shard") != std::string::npos);
     CHECK(what.find("and 1 later update from device memory failed") != std::string::npos);
     CHECK(gear_test::code_of([&] { buf.check_priority_updates(s); }) == gear::errc{});  // once
     CHECK(snapshot(buf.selection_state(), s) == snapshot(twin.selection_state(), s));
@@ -489,7 +545,7 @@ TEST_CASE("prioritized (device): a failed asynchronous update is raised once, la
     buf.update_priorities_async(bad_key.span(), thousand.span(), device, s);
     GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
     CHECK(gear_test::code_of([&] { buf.update_priorities_async(good_k, good_p, s); }) ==
-          gear::errc::stale_key);
+          gear::errc::key_out_of_range);
     CHECK(snapshot(buf.selection_state(), s) == untouched);
     buf.update_priorities(good_k, good_p, s);
     CHECK(snapshot(buf.selection_state(), s) == snapshot(twin.selection_state(), s));
@@ -499,7 +555,7 @@ TEST_CASE("prioritized (device): a failed asynchronous update is raised once, la
     buf.update_priorities_async(bad_key.span(), thousand.span(), device, s);
     CHECK(gear_test::code_of([&] {
             buf.update_priorities(good_keys.span(), good.span(), device, s);
-          }) == gear::errc::stale_key);
+          }) == gear::errc::key_out_of_range);
     CHECK(snapshot(buf.selection_state(), s) == untouched);
     CHECK(gear_test::code_of([&] {
             buf.update_priorities(all_good.span(), with_nan.span(), device, s);

@@ -7,9 +7,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <random>
+#include <set>
+#include <span>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include "select_common.hpp"
@@ -191,7 +195,9 @@ TEST_CASE("prioritized: duplicate keys in one update, last write wins") {
   CHECK(st.max_priority() == 16.0f);  // the largest given, even though overwritten
 }
 
-TEST_CASE("prioritized: stale, out-of-range keys and bad priorities change nothing") {
+TEST_CASE(
+    "prioritized: keys of another shard and bad priorities change nothing; stale keys are skipped "
+    "and counted") {
   const std::uint64_t seed = 99;
   INFO("seed " << seed);
   per_buffer buf{gear::capacity{50}, gear::max_length{1}, gear::select::prioritized{0.8, 0.6}};
@@ -207,7 +213,8 @@ TEST_CASE("prioritized: stale, out-of-range keys and bad priorities change nothi
                            std::vector<float>(b.weights_data(), b.weights_data() + 300));
   };
   const std::vector<float> ok{2.0f, 3.0f};
-  buf.update_priorities(std::vector<gear::key>{keys[0], old_keys[30]}, ok);
+  CHECK(buf.update_priorities(std::vector<gear::key>{keys[0], old_keys[30]}, ok) ==
+        gear::priority_update_result{2, 0});
   const auto before = sample_once();
   const auto nodes = st.nodes();
   const auto size = buf.size();
@@ -219,17 +226,41 @@ TEST_CASE("prioritized: stale, out-of-range keys and bad priorities change nothi
     CHECK(buf.size() == size);
     CHECK(sample_once() == before);
   };
-  expect(gear::errc::stale_key, {keys[1], old_keys[3]}, {5.0f, 5.0f});
-  gear::key far = keys[1];
-  far.slot = 50;
+  gear::key far = keys[1], reborn = keys[1];
+  far.shard = 1;
+  reborn.incarnation = 1;
   expect(gear::errc::key_out_of_range, {keys[1], far}, {5.0f, 5.0f});
+  expect(gear::errc::key_out_of_range, {old_keys[3], reborn}, {5.0f, 5.0f});
   expect(gear::errc::invalid_priority, {keys[1], keys[2]}, {100.0f, std::nanf("")});
   expect(gear::errc::invalid_priority, {keys[1], keys[2]}, {100.0f, -1.0f});
   expect(gear::errc::invalid_priority, {keys[1], keys[2]}, {100.0f, INFINITY});
+  // A stale key does not excuse a bad priority, its own or another pair's.
+  expect(gear::errc::invalid_priority, {keys[1], old_keys[3]}, {100.0f, -1.0f});
+  expect(gear::errc::invalid_priority, {old_keys[3], keys[2]}, {100.0f, std::nanf("")});
   expect(gear::errc::invalid_argument, {keys[1], keys[2]}, {100.0f});
   CHECK(gear_test::code_of([&] { buf.selection_state().set_exponents(-1, 0.5); }) ==
         gear::errc::invalid_argument);
   CHECK(sample_once() == before);
+  // Stale keys (old_keys[3] was evicted by keys[3], which now holds slot 3) are skipped and
+  // counted: the live pair is applied, the new occupant keeps its priority, and the stale pair's
+  // priority does not raise the maximum.
+  const float slot3 = st.priority(3);
+  const auto r = buf.update_priorities(std::vector<gear::key>{keys[1], old_keys[3]},
+                                       std::vector<float>{5.0f, 50.0f});
+  CHECK(r == gear::priority_update_result{1, 1});
+  CHECK(st.priority(keys[1].slot(50)) == 5.0f);
+  CHECK(st.priority(3) == slot3);
+  CHECK(st.max_priority() == std::max(max_before, 5.0f));  // not 50
+  CHECK(buf.size() == size);
+  CHECK(sample_once() != before);
+  // Only stale keys: nothing applied, nothing thrown.
+  const auto changed = st.nodes();
+  CHECK(buf.update_priorities(std::vector<gear::key>{old_keys[0], old_keys[19], old_keys[0]},
+                              std::vector<float>{1.0f, 2.0f, 3.0f}) ==
+        gear::priority_update_result{0, 3});
+  CHECK(st.nodes() == changed);
+  CHECK(buf.update_priorities(std::vector<gear::key>{}, std::vector<float>{}) ==
+        gear::priority_update_result{0, 0});
 }
 
 TEST_CASE("prioritized: the GPU's pair check agrees with check_key and the host priority check") {
@@ -241,16 +272,19 @@ TEST_CASE("prioritized: the GPU's pair check agrees with check_key and the host 
   const gear::slot_table t = buf.selection_table();
   std::vector<gear::key> probes(old_keys.begin(), old_keys.end());
   probes.insert(probes.end(), keys.begin(), keys.end());
-  gear::key pending{10, buf.generation(10), 0}, far = keys[0], shard = keys[0], huge = keys[0];
-  far.slot = 40;
+  CHECK(buf.ticket(10) == 50);
+  const gear::key pending{buf.ticket(10), 0, 0};
+  gear::key ahead = keys[0], shard = keys[0], none = keys[0], stale_shard = old_keys[0];
+  ahead.ticket = buf.tickets_issued() + 40;  // not issued yet; its slot (11) holds ticket 11, live
   shard.shard = 3;
-  huge.slot = ~std::uint64_t{0};
-  probes.insert(probes.end(), {pending, far, shard, huge});
+  none.ticket = gear::no_ticket;
+  stale_shard.shard = 1;
+  probes.insert(probes.end(), {pending, ahead, shard, none, stale_shard});
   for (std::size_t i = 0; i < probes.size(); ++i) {
     const gear::key& k = probes[i];
-    INFO("probe " << i << ": slot " << k.slot << " generation " << k.generation);
+    INFO("probe " << i << ": ticket " << k.ticket << " shard " << k.shard);
     const auto verdict =
-        gear::detail::check_priority_pair(k, 1.0f, i, t.lengths, t.generations, t.capacity, 0);
+        gear::detail::check_priority_pair(k, 1.0f, i, t.lengths, t.tickets, t.capacity, 0);
     const gear::errc host = gear_test::code_of([&] { buf.check_key(k); });
     if (host == gear::errc{}) {
       CHECK(verdict == gear::detail::priority_ok);
@@ -261,11 +295,11 @@ TEST_CASE("prioritized: the GPU's pair check agrees with check_key and the host 
     CHECK(gear::detail::priority_verdict_index(verdict) == i);
   }
   for (float p : {0.0f, -0.0f, 1e-30f, 3.0f, 0x1.fffffep127f})
-    CHECK(gear::detail::check_priority_pair(keys[0], p, 0, t.lengths, t.generations, 40, 0) ==
+    CHECK(gear::detail::check_priority_pair(keys[0], p, 0, t.lengths, t.tickets, 40, 0) ==
           gear::detail::priority_ok);
   for (float p : {-1e-30f, -1.0f, INFINITY, -INFINITY, std::nanf("")})
     CHECK(gear::detail::priority_verdict_code(gear::detail::check_priority_pair(
-              keys[0], p, 7, t.lengths, t.generations, 40, 0)) == gear::errc::invalid_priority);
+              keys[0], p, 7, t.lengths, t.tickets, 40, 0)) == gear::errc::invalid_priority);
   // The minimum of verdicts names the first bad key, else the first bad priority.
   using gear::errc;
   using gear::detail::priority_verdict;
@@ -277,6 +311,19 @@ TEST_CASE("prioritized: the GPU's pair check agrees with check_key and the host 
         gear::detail::priority_ok);
   CHECK(gear::detail::priority_verdict_index(priority_verdict(errc::invalid_priority, 123456)) ==
         123456);
+}
+
+TEST_CASE("prioritized: the GPU's pair check refuses keys of another incarnation") {
+  per_buffer buf{gear::capacity{8}, gear::max_length{1}, gear::select::prioritized{0.6, 0.4}};
+  const auto keys = insert_ids(buf, 0, 8);
+  const gear::slot_table t = buf.selection_table();
+  gear::key reborn = keys[2];
+  reborn.incarnation = 1;
+  REQUIRE(gear_test::code_of([&] { buf.check_key(reborn); }) == gear::errc::key_out_of_range);
+  const auto verdict =
+      gear::detail::check_priority_pair(reborn, 1.0f, 4, t.lengths, t.tickets, t.capacity, 0);
+  CHECK(verdict != gear::detail::priority_ok);
+  CHECK(gear::detail::priority_verdict_code(verdict) == gear::errc::key_out_of_range);
 }
 
 TEST_CASE("prioritized: failures reported by the GPU are raised once, the earliest first") {
@@ -296,21 +343,23 @@ TEST_CASE("prioritized: failures reported by the GPU are raised once, the earlie
     return std::make_pair(gear::errc{}, std::string());
   };
   CHECK(raise().first == gear::errc{});
-  record({3, 17, gear::key{5, 2, 0}, 1.0f, static_cast<std::int32_t>(gear::errc::stale_key)});
+  record({3, 17, gear::key{105, 0, 0}, 1.0f, static_cast<std::int32_t>(gear::errc::stale_key)});
   auto [code, what] = raise();
   CHECK(code == gear::errc::stale_key);
   CHECK(what ==
         "gear: stale_key: update_priorities from device memory (call 3) changed nothing: key 17 "
-        "(slot 5, generation 2) names a trajectory no longer stored");
+        "(ticket 105, slot 5) names a trajectory no longer stored");
   CHECK(raise().first == gear::errc{});  // once
   record(
-      {4, 2, gear::key{70, 0, 1}, 1.0f, static_cast<std::int32_t>(gear::errc::key_out_of_range)});
+      {4, 2, gear::key{70, 1, 0}, 1.0f, static_cast<std::int32_t>(gear::errc::key_out_of_range)});
   record({6, 9, gear::key{}, -2.0f, static_cast<std::int32_t>(gear::errc::invalid_priority)});
   record({7, 0, gear::key{}, 0.0f, static_cast<std::int32_t>(gear::errc::invalid_priority)});
   std::tie(code, what) = raise();
   CHECK(code == gear::errc::key_out_of_range);
-  CHECK(what.find("(call 4) changed nothing: key 2 (shard 1, slot 70) is not in this shard of 50 "
-                  "slots (and 2 later updates from device memory failed") != std::string::npos);
+  CHECK_MESSAGE(
+      what.find("(call 4) changed nothing: key 2 (shard 1, incarnation 0, ticket 70) is not in this "
+                "shard (and 2 later updates from device memory failed") != std::string::npos,
+      what);
   CHECK(raise().first == gear::errc{});
   for (int i = 0; i < 70; ++i)  // more than the log holds before any is raised
     record({std::uint64_t(10 + i), 1, gear::key{}, -1.0f,
@@ -320,6 +369,97 @@ TEST_CASE("prioritized: failures reported by the GPU are raised once, the earlie
   CHECK(what.find("70 updates from device memory failed") != std::string::npos);
   CHECK(what.find("(call 79)") != std::string::npos);
   CHECK(raised == report.failures);
+}
+
+TEST_CASE("prioritized: an update after newer inserts skips the evicted keys, applies the rest") {
+  // The learner's loop: sample from a full buffer, let actors insert, then update the sampled keys
+  // with their TD errors. Keys whose trajectories were evicted meanwhile are skipped and counted.
+  const std::uint64_t seed = 8080;
+  MESSAGE("stale-update host seed " << seed);
+  const std::int64_t n = 1000, rows = 256;
+  const double alpha = 0.6;
+  per_buffer buf{gear::capacity{n}, gear::max_length{1}, gear::select::prioritized{alpha, 0.4}};
+  const auto& st = buf.selection_state();
+  const auto keys = insert_ids(buf, 0, n);  // full: ticket i in slot i, holding id i
+  // The 8 oldest (evicted below) get a large priority, so that the batch surely holds some.
+  CHECK(buf.update_priorities(std::span(keys).first(8), std::vector<float>(8, 40.0f)) ==
+        gear::priority_update_result{8, 0});
+  gear::rng g{seed};
+  auto b = buf.make_batch(gear::batch_size{rows}, gear::window_length{1});
+  buf.sample(b, gear::window{1}, g);
+  const std::vector<gear::key> sampled(b.keys_data(), b.keys_data() + rows);
+  for (std::int64_t r = 0; r < rows; ++r)  // the rows hold the trajectories their keys name
+    REQUIRE(reinterpret_cast<const std::int32_t*>(b.column_data(0))[r] ==
+            static_cast<std::int32_t>(sampled[static_cast<std::size_t>(r)].ticket));
+  insert_ids(buf, static_cast<std::int32_t>(n), 8);  // tickets 1000..1007 evict tickets 0..7
+  std::int64_t evicted = 0;                          // counted from the insertion order alone
+  for (const auto& k : sampled) evicted += k.ticket < 8;
+  MESSAGE(evicted << " of " << rows << " sampled rows name evicted trajectories");
+  REQUIRE(evicted > 0);
+  REQUIRE(evicted < rows);
+  std::vector<float> td(static_cast<std::size_t>(rows));
+  for (std::size_t r = 0; r < td.size(); ++r) td[r] = 0.25f + 0.5f * static_cast<float>(r);
+  float live_max = 0;
+  std::map<std::uint64_t, float> last;  // ticket -> its last priority in the update (live only)
+  for (std::size_t r = 0; r < td.size(); ++r)
+    if (sampled[r].ticket >= 8) {
+      last[sampled[r].ticket] = td[r];
+      live_max = std::max(live_max, td[r]);
+    }
+  gear::priority_update_result result;
+  CHECK_NOTHROW(result = buf.update_priorities(sampled, td));
+  CHECK(result.stale == evicted);
+  CHECK(result.applied == rows - evicted);
+  for (const auto& [ticket, p] : last) CHECK(st.priority(static_cast<std::int64_t>(ticket)) == p);
+  // The evicted slots hold the new trajectories, at the priority they entered with (the largest
+  // so far, 40): the stale pairs did not reach them.
+  for (std::int64_t s = 0; s < 8; ++s) {
+    CHECK(buf.ticket(s) == static_cast<std::uint64_t>(n + s));
+    CHECK(st.priority(s) == 40.0f);
+  }
+  CHECK(st.max_priority() == std::max(40.0f, live_max));
+  long double fresh = 0;
+  for (std::int64_t i = 0; i < n; ++i)
+    fresh += std::pow(static_cast<long double>(st.priority(i)), static_cast<long double>(alpha));
+  CHECK(std::abs(static_cast<double>((st.total() - fresh) / fresh)) < 1e-9);
+
+  // With every sampled trajectory removed after one return, the batch just sampled is all stale.
+  buf.set_max_times_sampled(1);
+  buf.sample(b, gear::window{1}, g);
+  const std::vector<gear::key> consumed(b.keys_data(), b.keys_data() + rows);
+  std::set<std::uint64_t> distinct;
+  for (const auto& k : consumed) distinct.insert(k.ticket);
+  CHECK(buf.size() == n - static_cast<std::int64_t>(distinct.size()));
+  for (const auto& k : consumed) REQUIRE(!buf.contains(k));
+  const auto nodes = st.nodes();
+  const float max_before = st.max_priority();
+  gear::priority_update_result all_stale;
+  CHECK_NOTHROW(all_stale = buf.update_priorities(consumed, td));
+  CHECK(all_stale.stale == rows);
+  CHECK(all_stale.applied == 0);
+  CHECK(st.nodes() == nodes);
+  CHECK(st.max_priority() == max_before);
+  for (const auto t : distinct) CHECK(st.priority(static_cast<std::int64_t>(t % n)) < 0);
+}
+
+TEST_CASE("selection() reports the policy's settings as the state holds them now") {
+  static_assert(std::is_same_v<decltype(std::declval<const per_buffer&>().selection()),
+                               gear::select::prioritized>);
+  per_buffer buf{gear::capacity{8}, gear::max_length{1},
+                 gear::select::prioritized{.alpha = 0.6, .beta = 0.4, .stratified = true}};
+  CHECK(buf.selection().alpha == 0.6);
+  CHECK(buf.selection().beta == 0.4);
+  CHECK(buf.selection().stratified);
+  buf.selection_state().set_exponents(0.9, 1.0);
+  const gear::select::prioritized now = buf.selection();
+  CHECK(now.alpha == 0.9);
+  CHECK(now.beta == 1.0);
+  CHECK(now.stratified);
+  recent_buffer rb{gear::capacity{8}, gear::max_length{1}, gear::select::recency{5, 2.0}};
+  CHECK(rb.selection().newest == 5);
+  rb.selection_state().set_newest(3);
+  CHECK(rb.selection().newest == 3);
+  CHECK(rb.selection().half_life == 2.0);
 }
 
 TEST_CASE("prioritized: storage::host takes priorities from host memory only") {
@@ -395,7 +535,7 @@ TEST_CASE(
   std::vector<float> ps(1024);
   for (int round = 0; round < 10'000'000 / 1024 + 1; ++round) {
     for (std::size_t i = 0; i < ks.size(); ++i) {
-      ks[i].slot = gen() % n;
+      ks[i].ticket = gen() % (std::uint64_t{n} << 20);  // slot = ticket % n
       ps[i] = static_cast<float>(std::exp(lg(gen)));
     }
     st.update(t, ks, ps, gear::detail::no_stream());

@@ -1,21 +1,32 @@
 #pragma once
-// Keys name one stored trajectory: its shard, slot and the slot's generation when it was written.
+// Keys name one stored trajectory: its ticket (the insertion sequence number of its reservation),
+// the shard that holds it, and that shard's incarnation.
 
 #include <cstdint>
 #include <gear/config.hpp>
 
 namespace gear {
 
-/// Identifies one trajectory. A slot's generation is bumped every time the slot is overwritten or
-/// removed, so a key outlives its trajectory only as a stale key, which every operation rejects.
+/// Identifies one trajectory. Ticket t lives in slot t % capacity; a slot's ticket changes every
+/// time the slot is reserved again, so a key outlives its trajectory only as a stale key, which
+/// every operation recognises (reads reject it, priority updates skip and count it). Tickets are
+/// 64-bit and never reused: keys cannot wrap.
 struct key {
-  std::uint64_t slot = 0;        ///< slot index within the shard
-  std::uint32_t generation = 0;  ///< slot generation when the trajectory was committed
-  std::uint32_t shard = 0;       ///< shard that owns the slot (0 with transport::local)
+  std::uint64_t ticket = 0;       ///< insertion sequence number of the trajectory's reservation
+  std::uint32_t shard = 0;        ///< shard that owns the slot (0 with transport::local)
+  std::uint32_t incarnation = 0;  ///< the shard's incarnation (0 with transport::local)
+
+  /// The slot this key's trajectory occupies in a shard of `capacity` slots.
+  [[nodiscard]] GEAR_HD constexpr std::int64_t slot(std::int64_t capacity) const noexcept {
+    return static_cast<std::int64_t>(ticket % static_cast<std::uint64_t>(capacity));
+  }
 
   friend constexpr bool operator==(const key&, const key&) = default;
 };
 
 static_assert(sizeof(key) == 16);
+
+/// The ticket no reservation ever gets: keys of rows that hold no trajectory carry it.
+inline constexpr std::uint64_t no_ticket = ~std::uint64_t{0};
 
 }  // namespace gear

@@ -4,7 +4,7 @@
 // the operations asked for in replay_buffer::ref(ops...):
 //
 //   gear::op::write_steps    step<I>(slot, t): pointer to step t of column I of a slot
-//   gear::op::read_metadata  length(slot), generation(slot), ticket(slot)
+//   gear::op::read_metadata  length(slot), ticket(slot)
 //
 // Addresses are those of the side that selects: device addresses for pinned_host, device and
 // mixed storage, host addresses for host storage. The view does not own anything and is valid
@@ -33,6 +33,7 @@ struct reservation {
   std::uint64_t first_ticket = 0;
   std::int64_t count = 0;
   std::int64_t capacity = 1;
+  std::uint64_t buffer = 0;  ///< the buffer that made it (commit refuses another's)
 
   GEAR_HD constexpr std::int64_t slot(std::int64_t i) const noexcept {
     return static_cast<std::int64_t>((first_ticket + static_cast<std::uint64_t>(i)) %
@@ -59,10 +60,9 @@ class buffer_ref {
   static constexpr std::size_t num_columns = Elements::size;
 
   buffer_ref(const std::array<detail::column_geometry, num_columns>& columns,
-             const std::int64_t* lengths, const std::uint32_t* generations,
-             const std::uint64_t* tickets, std::int64_t capacity, std::int64_t max_length)
+             const std::int64_t* lengths, const std::uint64_t* tickets, std::int64_t capacity,
+             std::int64_t max_length)
       : lengths_(lengths),
-        generations_(generations),
         tickets_(tickets),
         capacity_(capacity),
         max_length_(max_length) {
@@ -80,15 +80,14 @@ class buffer_ref {
     return reinterpret_cast<typename Elements::template at<I>*>(columns_[I].at(slot, t));
   }
 
-  /// Committed length of `slot`, 0 if empty or pending (requires op::read_metadata).
+  /// Committed length of `slot`, 0 if empty or pending, as the stream's earlier work left it
+  /// (requires op::read_metadata).
   GEAR_HD std::int64_t length(std::int64_t slot) const noexcept requires can_read {
     return lengths_[slot];
   }
-  /// Generation of `slot` (requires op::read_metadata).
-  GEAR_HD std::uint32_t generation(std::int64_t slot) const noexcept requires can_read {
-    return generations_[slot];
-  }
-  /// Insertion sequence number of the trajectory in `slot` (requires op::read_metadata).
+  /// Ticket of the latest reservation of `slot`, as the stream's earlier work left it; a key names
+  /// the slot's trajectory when its ticket is this one and length(slot) > 0
+  /// (requires op::read_metadata).
   GEAR_HD std::uint64_t ticket(std::int64_t slot) const noexcept requires can_read {
     return tickets_[slot];
   }
@@ -96,7 +95,6 @@ class buffer_ref {
  private:
   detail::column_geometry columns_[num_columns];
   const std::int64_t* lengths_;
-  const std::uint32_t* generations_;
   const std::uint64_t* tickets_;
   std::int64_t capacity_;
   std::int64_t max_length_;

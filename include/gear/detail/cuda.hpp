@@ -11,12 +11,33 @@
 /// Evaluates a cudaError_t expression and throws gear::error if it is not cudaSuccess.
 #define GEAR_CUDA_TRY(expr)                                                \
   do {                                                                     \
-    const cudaError_t gear_status_ = (expr);                               \
+    cudaError_t gear_status_ = GEAR_INJECTED_FAULT();                      \
+    if (gear_status_ == cudaSuccess) gear_status_ = (expr);                \
     if (gear_status_ != cudaSuccess) {                                     \
       (void)cudaGetLastError();                                            \
       ::gear::detail::throw_cuda(gear_status_, #expr, __FILE__, __LINE__); \
     }                                                                      \
   } while (0)
+
+// Fault injection for tests: a program built with GEAR_FAULT_INJECTION defined (in every
+// translation unit) can make the n-th checked CUDA call or allocation from now on this thread fail
+// (gear::detail::fault_injection), to test what each failure leaves behind. Otherwise free.
+#if defined(GEAR_FAULT_INJECTION)
+#define GEAR_INJECTED_FAULT() ::gear::detail::fault_injection::hit()
+namespace gear::detail::fault_injection {
+/// > 0: the countdown-th checked call from now fails (with cudaErrorMemoryAllocation); 0: none.
+inline thread_local long countdown = 0;
+/// Checked calls made so far on this thread.
+inline thread_local long calls = 0;
+inline cudaError_t hit() noexcept {
+  ++calls;
+  if (countdown > 0 && --countdown == 0) return cudaErrorMemoryAllocation;
+  return cudaSuccess;
+}
+}  // namespace gear::detail::fault_injection
+#else
+#define GEAR_INJECTED_FAULT() cudaSuccess
+#endif
 
 /// Checks the kernel launch just made (configuration and launch errors).
 #define GEAR_CHECK_LAUNCH(name) GEAR_CUDA_TRY((static_cast<void>(name), cudaGetLastError()))

@@ -33,9 +33,10 @@ struct gather_args {
   window win{};
   rng_draw draw{};
   const std::int64_t* slots = nullptr;         ///< [batch] from selection; -1 marks no row
-  const std::int64_t* lengths = nullptr;       ///< slot metadata
-  const std::uint32_t* generations = nullptr;  ///< slot metadata
+  const std::int64_t* lengths = nullptr;  ///< slot metadata
+  const std::uint64_t* tickets = nullptr;  ///< slot metadata
   std::uint32_t shard = 0;
+  std::uint32_t incarnation = 0;
   std::uint8_t* mask = nullptr;  ///< out: [batch][window length]
   key* keys = nullptr;           ///< out: [batch]
 };
@@ -47,10 +48,10 @@ GEAR_HD inline window_plan row_plan(const gather_args& a, std::int64_t row, std:
                      a.draw.extra(static_cast<std::uint64_t>(row), 0xFFFFFFFFu));
 }
 
-/// The key of row `row`; slot -1 gives an all-ones key, which no slot has.
+/// The key of row `row`; slot -1 gives the ticket no_ticket, which no trajectory has.
 GEAR_HD inline key row_key(const gather_args& a, std::int64_t slot) {
-  if (slot < 0) return key{~std::uint64_t{0}, ~std::uint32_t{0}, a.shard};
-  return key{static_cast<std::uint64_t>(slot), a.generations[slot], a.shard};
+  if (slot < 0) return key{no_ticket, a.shard, a.incarnation};
+  return key{a.tickets[slot], a.shard, a.incarnation};
 }
 
 /// The gather on the CPU.

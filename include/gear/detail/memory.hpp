@@ -55,7 +55,8 @@ class allocation {
     if (bytes == 0) return;
     switch (kind) {
       case memory_kind::host:
-        ptr_ = ::operator new (bytes, std::align_val_t{allocation_alignment}, std::nothrow);
+        if (GEAR_INJECTED_FAULT() == cudaSuccess)
+          ptr_ = ::operator new (bytes, std::align_val_t{allocation_alignment}, std::nothrow);
         if (ptr_ == nullptr)
           throw error(errc::out_of_memory,
                       "host allocation of " + std::to_string(bytes) + " bytes");

@@ -10,6 +10,9 @@ inline constexpr int select_threads = 256;
 /// Threads per block of the priority update kernels (one thread per updated key) and of the sum
 /// tree rebuild (one thread per node).
 inline constexpr int priority_update_threads = 256;
+/// Threads per block, and most blocks, of the journal's apply (one thread per slot record).
+inline constexpr int journal_threads = 256;
+inline constexpr std::int64_t journal_max_blocks = 1024;
 /// Threads per block of the gather and scatter kernels.
 inline constexpr int copy_threads = 256;
 /// 16-byte vectors each copy thread moves per chunk.

@@ -34,7 +34,7 @@
 //                           cuda::stream_ref s);
 //   void raise_update_failures();
 //       (device states; both or neither) the same from GPU-readable memory, not checked by the
-//       buffer: the state checks each key against table (device lengths, generations) and shard,
+//       buffer: the state checks each key against table (device lengths, tickets) and shard,
 //       and each priority, on the GPU in stream order without synchronising; an update with a
 //       bad pair changes nothing, and raise_update_failures() throws the earliest failure not
 //       yet thrown whose kernels have finished, without waiting. update_priorities with
@@ -76,8 +76,7 @@ struct device {};
 /// Per-slot metadata as selection sees it (in the memory of the selecting side).
 struct slot_table {
   const std::int64_t* lengths = nullptr;       ///< committed length; 0 if empty, pending or removed
-  const std::uint32_t* generations = nullptr;  ///< bumped at every overwrite or removal
-  const std::uint64_t* tickets = nullptr;      ///< insertion sequence number of each slot
+  const std::uint64_t* tickets = nullptr;      ///< ticket of each slot's latest reservation
   std::int64_t capacity = 0;                   ///< number of slots
   std::int64_t occupied = 0;                   ///< slots [0, occupied) have ever been reserved
   std::int64_t live = 0;                       ///< committed slots (length > 0)

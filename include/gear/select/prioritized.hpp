@@ -14,14 +14,16 @@
 // trajectories.
 //
 // - New trajectories enter with the largest priority given so far (1 before any update).
-// - replay_buffer::update_priorities(keys, priorities) sets priorities in batches. Keys must be
-//   live (errc::stale_key, errc::key_out_of_range) and priorities finite and >= 0
-//   (errc::invalid_priority); everything is checked before anything changes. A slot named twice
-//   in one batch takes the priority of its *last* occurrence (last write wins).
+// - replay_buffer::update_priorities(keys, priorities) sets priorities in batches and returns
+//   {applied, stale}: keys must be of this shard (errc::key_out_of_range) and priorities finite
+//   and >= 0 (errc::invalid_priority), checked before anything changes; keys whose trajectory was
+//   evicted or removed since it was sampled are skipped and counted. A slot named twice in one
+//   batch takes the priority of its *last* occurrence (last write wins).
 // - On the GPU, update_priorities(keys, priorities, gear::memory_kind::device, stream) takes both
 //   arrays in device memory (a batch's keys, TD errors from the learner): the same checks run on
-//   the GPU, in the update's own two launches; a batch with a bad pair changes nothing and its
-//   error is raised later on the host (see replay_buffer::update_priorities_async).
+//   the GPU, in the update's own two launches; stale keys are skipped and counted (stale_pairs);
+//   a batch with a bad pair changes nothing and its error is raised later on the host (see
+//   replay_buffer::update_priorities_async).
 // - The largest priority so far is tracked where the state lives (on the device: in device
 //   memory, folded by the update kernels; commits read it there in stream order).
 // - alpha and beta change at run time with state::set_exponents (buf.selection_state()):
@@ -121,17 +123,18 @@ GEAR_HD constexpr errc priority_verdict_code(unsigned long long verdict) noexcep
 }
 
 /// Checks pair `index` of an update the way replay_buffer::check_key and validate_priorities do,
-/// against slot metadata (lengths: committed length, 0 unless committed; generations): returns
+/// against slot metadata (lengths: committed length, 0 unless committed; tickets): returns
 /// priority_ok or the pair's verdict. Runs unchanged in the update kernel.
 GEAR_HD constexpr unsigned long long check_priority_pair(
     const key& k, float priority, std::uint64_t index, const std::int64_t* lengths,
-    const std::uint32_t* generations, std::int64_t capacity, std::uint32_t shard) noexcept {
-  if (k.shard != shard || k.slot >= static_cast<std::uint64_t>(capacity))
+    const std::uint64_t* tickets, std::int64_t capacity, std::uint32_t shard) noexcept {
+  if (k.shard != shard || k.incarnation != 0)  // transport::local shards have incarnation 0
     return priority_verdict(errc::key_out_of_range, index);
-  if (generations[k.slot] != k.generation || lengths[k.slot] <= 0)
-    return priority_verdict(errc::stale_key, index);
   if (!(priority >= 0 && priority <= 0x1.fffffep127f))  // NaN, negative or infinite
     return priority_verdict(errc::invalid_priority, index);
+  const std::int64_t slot = k.slot(capacity);
+  if (tickets[slot] != k.ticket || lengths[slot] <= 0)
+    return priority_verdict(errc::stale_key, index);  // skipped and counted, not a failure
   return priority_ok;
 }
 
@@ -162,11 +165,11 @@ inline std::string priority_failure_message(const priority_failure& f, std::int6
   switch (static_cast<errc>(f.code)) {
     case errc::key_out_of_range:
       return what + "key " + std::to_string(f.index) + " (shard " + std::to_string(k.shard) +
-             ", slot " + std::to_string(k.slot) + ") is not in this shard of " +
-             std::to_string(capacity) + " slots";
+             ", incarnation " + std::to_string(k.incarnation) + ", ticket " +
+             std::to_string(k.ticket) + ") is not in this shard";
     case errc::stale_key:
-      return what + "key " + std::to_string(f.index) + " (slot " + std::to_string(k.slot) +
-             ", generation " + std::to_string(k.generation) +
+      return what + "key " + std::to_string(f.index) + " (ticket " + std::to_string(k.ticket) +
+             ", slot " + std::to_string(k.slot(capacity)) +
              ") names a trajectory no longer stored";
     default:
       return what + "priority " + std::to_string(f.index) + " is " + std::to_string(f.priority) +
@@ -257,6 +260,8 @@ class prioritized::state<exec::host> {
   void set_exponents(double alpha, double beta, cuda::stream_ref) { set_exponents(alpha, beta); }
   [[nodiscard]] double alpha() const noexcept { return policy_.alpha; }
   [[nodiscard]] double beta() const noexcept { return policy_.beta; }
+  /// The settings as they are now.
+  [[nodiscard]] const prioritized& policy() const noexcept { return policy_; }
   /// The priority new trajectories enter with: the largest given so far, 1 before any.
   [[nodiscard]] float max_priority() const noexcept { return max_priority_; }
   /// The same; the stream is for code written for both states (the device state's synchronises).
@@ -313,7 +318,7 @@ class prioritized::state<exec::host> {
               cuda::stream_ref) {
     const float largest = detail::validate_priorities(keys, priorities);
     for (std::size_t i = 0; i < keys.size(); ++i)
-      set(static_cast<std::int64_t>(keys[i].slot), priorities[i]);
+      set(keys[i].slot(static_cast<std::int64_t>(priorities_.size())), priorities[i]);
     max_priority_ = std::max(max_priority_, largest);
   }
 

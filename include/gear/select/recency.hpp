@@ -273,6 +273,8 @@ class recency_state_base {
     policy_.newest = newest;
   }
   [[nodiscard]] std::int64_t newest() const noexcept { return policy_.newest; }
+  /// The settings as they are now.
+  [[nodiscard]] const select::recency& policy() const noexcept { return policy_; }
 
   void validate(const slot_table& t, std::int64_t) const {
     validate_recency(t, committed_, policy_.newest);

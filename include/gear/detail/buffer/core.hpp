@@ -1,0 +1,288 @@
+#pragma once
+// buffer_core: the state of one replay buffer and the steps every operation shares. The owner
+// (replay_buffer.hpp) keeps it behind a pointer, so moving the owner keeps writers valid; the
+// operations (insert_pipeline.hpp, consume.hpp, sample.hpp, priorities.hpp) act on it.
+//
+//   regions   slot bytes (regions.hpp)
+//   ring      which ticket each slot holds, host side (slot_ring.hpp): the state host queries read
+//   mirror    GPU buffers: the same per-slot metadata in device memory, changed only by slot
+//             records applied in stream order (mirror.hpp; the journal kernel, the scatter)
+//   staging   pinned memory leased to one call and recycled by events (staging.hpp)
+//   order     the events that order the buffer's work across streams (stream_order.hpp)
+//   selection the selection policy's state
+//
+// Threads: every operation holds the buffer's mutex while it reads or changes this state and
+// enqueues its work (an insert lets go of it while the CPU copies host data into its staging).
+// Operations take it through lock(); the helpers they call expect it held.
+//
+// Every mutating operation runs in three phases: check (throws, changes nothing), acquire (leases,
+// allocations; throws, changes nothing), then change the ring and enqueue. An enqueue that fails
+// after the ring changed leaves host and device views apart: the buffer records the failure and
+// every later operation throws it (errc::cuda_error), rather than return wrong rows.
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <cuda/stream_ref>
+#include <gear/detail/buffer/mirror.hpp>
+#include <gear/detail/buffer/regions.hpp>
+#include <gear/detail/buffer/slot_ring.hpp>
+#include <gear/detail/buffer/staging.hpp>
+#include <gear/detail/buffer/stream_order.hpp>
+#include <gear/detail/cuda.hpp>
+#include <gear/detail/memory.hpp>
+#include <gear/error.hpp>
+#include <gear/key.hpp>
+#include <gear/select/concept.hpp>
+#include <gear/storage/concept.hpp>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace gear::detail {
+
+template <class T>
+inline constexpr bool dependent_false = false;
+
+/// A stream that is never used for a CUDA call: host-storage buffers take it where the shared
+/// code path expects a stream.
+inline cuda::stream_ref no_stream() noexcept { return cuda::stream_ref{cudaStream_t{}}; }
+
+/// A process-wide number per buffer, stamped into its reservations.
+inline std::uint64_t next_buffer_id() noexcept {
+  static std::atomic<std::uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
+template <class Spec, class Storage, class Selection, class Transport>
+class buffer_core {
+ public:
+  static constexpr std::size_t num_columns = Spec::num_columns;
+  static constexpr std::array<memory_kind, num_columns> placement =
+      Storage::template placement<num_columns>();
+  static constexpr bool on_device = executes_on_device(placement);
+  using space = std::conditional_t<on_device, exec::device, exec::host>;
+  using state_type = typename Selection::template state<space>;
+  using selection_type = Selection;
+  using spec_type = Spec;
+
+  buffer_core(std::int64_t capacity, std::int64_t max_length, const Selection& selection,
+              Transport transport)
+      : capacity_(capacity),
+        max_length_(max_length),
+        selection_settings_(selection),
+        transport_(std::move(transport)),
+        device_(current_device()),
+        regions_(placement, capacity, max_length),
+        ring_(capacity, next_buffer_id()) {
+    if constexpr (on_device) {
+      mirror_ = allocation(memory_kind::device, slot_mirror::bytes(capacity));
+      cudaStream_t init{};
+      GEAR_CUDA_TRY(cudaStreamCreateWithFlags(&init, cudaStreamNonBlocking));
+      const cudaError_t cleared = cudaMemsetAsync(mirror_.data(), 0, mirror_.size(), init);
+      const cudaError_t synced = cudaStreamSynchronize(init);
+      GEAR_CUDA_TRY(cudaStreamDestroy(init));
+      GEAR_CUDA_TRY(cleared);
+      GEAR_CUDA_TRY(synced);
+    }
+    selection_.emplace(selection, capacity);
+  }
+
+  // ---- parts ---------------------------------------------------------------------------------
+
+  std::int64_t capacity_;
+  std::int64_t max_length_;
+  Selection selection_settings_;  // as constructed; states with setters report their own
+  Transport transport_;
+  int device_;  // the GPU the buffer lives on (-1: none)
+  slot_regions<Spec> regions_;
+  slot_ring ring_;
+  allocation mirror_;  // GPU buffers: slot_mirror in device memory
+  staging_pool staging_;
+  std::optional<state_type> selection_;
+  std::string failure_;  // an enqueue that failed after state changed; empty if none
+  std::int64_t max_times_sampled_ = 0;
+  std::vector<std::int64_t> times_sampled_;     // [capacity] once counting is on
+  std::vector<std::uint64_t> removal_tickets_;  // scratch of erase and counting, reused
+  stream_order order_;
+  mutable std::mutex mutex_;
+
+  [[nodiscard]] std::unique_lock<std::mutex> lock() const { return std::unique_lock(mutex_); }
+
+  /// Orders an access of this call's stream after other streams' (stream_order.hpp).
+  void order_before(cuda::stream_ref stream, stream_order::access a) {
+    if constexpr (on_device) order_.before(stream.get(), a);
+  }
+  void order_after(cuda::stream_ref stream, stream_order::access a) {
+    if constexpr (on_device) order_.after(stream.get(), a);
+  }
+  static constexpr auto read = stream_order::access::read;
+  static constexpr auto write = stream_order::access::write;
+
+  // ---- views ---------------------------------------------------------------------------------
+
+  /// The metadata selection reads: the device mirror for GPU buffers, the ring's arrays on the
+  /// host. Counts are the ring's, as of this call.
+  [[nodiscard]] slot_table table() const noexcept {
+    slot_table t;
+    if constexpr (on_device) {
+      const slot_mirror m = mirror();
+      t.lengths = m.lengths;
+      t.tickets = m.tickets;
+    } else {
+      t.lengths = ring_.lengths();
+      t.tickets = ring_.tickets();
+    }
+    t.capacity = capacity_;
+    t.occupied = ring_.occupied();
+    t.live = ring_.live();
+    t.next_ticket = ring_.next_ticket();
+    t.host_lengths = ring_.lengths();
+    return t;
+  }
+  [[nodiscard]] slot_mirror mirror() const noexcept {
+    return slot_mirror::at(mirror_.data(), capacity_);
+  }
+
+  // ---- keys ----------------------------------------------------------------------------------
+
+  [[nodiscard]] key key_of(std::uint64_t ticket) const noexcept {
+    return key{ticket, transport_.shard_id(), 0};
+  }
+  [[nodiscard]] bool contains(const key& k) const noexcept {
+    return k.shard == transport_.shard_id() && k.incarnation == 0 && ring_.holds(k.ticket);
+  }
+  /// Throws errc::key_out_of_range (another shard) or errc::stale_key unless contains(k).
+  void check_key(const key& k) const {
+    GEAR_REQUIRE(k.shard == transport_.shard_id() && k.incarnation == 0, errc::key_out_of_range,
+                 "key (shard " + std::to_string(k.shard) + ", incarnation " +
+                     std::to_string(k.incarnation) + ") is not of this shard (shard " +
+                     std::to_string(transport_.shard_id()) + ", incarnation 0)");
+    GEAR_REQUIRE(ring_.holds(k.ticket), errc::stale_key,
+                 "key (ticket " + std::to_string(k.ticket) + ", slot " +
+                     std::to_string(k.slot(capacity_)) + ") names a trajectory no longer stored");
+  }
+
+  // ---- the phases every operation shares -----------------------------------------------------
+
+  /// Throws the failure that left this buffer unusable, if any.
+  void check_usable() const {
+    GEAR_REQUIRE(failure_.empty(), errc::cuda_error,
+                 "the buffer is unusable: an earlier operation failed after changing it (" +
+                     failure_ + ")");
+  }
+
+  /// Runs f, which enqueues work after the ring changed; a failure makes the buffer unusable.
+  template <class F>
+  void enqueue(F&& f) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      failure_ = e.what();
+      throw;
+    }
+  }
+
+  /// Reserves `count` slots in the ring (writing pending records to `records`, if any) and
+  /// restarts their return counts. Never throws.
+  reservation reserve_in_ring(std::int64_t count, slot_record* records) noexcept {
+    const reservation r = ring_.reserve(count, records);
+    if (!times_sampled_.empty())
+      for (std::int64_t i = 0; i < count; ++i) times_sampled_[static_cast<std::size_t>(r.slot(i))] = 0;
+    return r;
+  }
+
+  /// Pinned memory for `count` slot records, leased before the ring changes (null for host
+  /// storage, whose ring is its own mirror).
+  [[nodiscard]] std::optional<staging_pool::lease> lease_records(std::int64_t count) {
+    if constexpr (!on_device) {
+      (void)count;
+      return std::nullopt;
+    } else {
+      return staging_.acquire(static_cast<std::size_t>(count) * sizeof(slot_record), 0);
+    }
+  }
+  [[nodiscard]] static slot_record* records_of(const std::optional<staging_pool::lease>& l) {
+    return l ? reinterpret_cast<slot_record*>(l->host) : nullptr;
+  }
+  /// Gives back a lease the operation did not use (it failed before enqueueing).
+  void give_back(const std::optional<staging_pool::lease>& l) noexcept {
+    if (l) staging_.give_back(*l);
+  }
+
+  /// Enqueues the apply of `count` records written into lease `l` (GPU buffers), then ends the
+  /// lease once the apply has read them.
+  void publish(const std::optional<staging_pool::lease>& l, std::int64_t count,
+               cuda::stream_ref stream);
+
+  void synchronize(cuda::stream_ref stream) const {
+    if constexpr (on_device)
+      GEAR_CUDA_TRY(cudaStreamSynchronize(stream.get()));
+    else
+      (void)stream;
+  }
+
+ private:
+  static int current_device() {
+    if constexpr (!on_device) {
+      return -1;
+    } else {
+      GEAR_REQUIRE(gpu_available(), errc::no_device,
+                   "this storage policy needs a CUDA GPU and none is usable; use "
+                   "gear::storage::host on machines without one");
+      int d = 0;
+      GEAR_CUDA_TRY(cudaGetDevice(&d));
+      return d;
+    }
+  }
+};
+
+/// Makes the buffer's device current for a call and restores the caller's afterwards.
+class device_scope {
+ public:
+  explicit device_scope(int device) {
+    if (device < 0) return;
+    GEAR_CUDA_TRY(cudaGetDevice(&previous_));
+    if (previous_ != device) GEAR_CUDA_TRY(cudaSetDevice(device));
+    else previous_ = -1;
+  }
+  device_scope(const device_scope&) = delete;
+  device_scope& operator=(const device_scope&) = delete;
+  ~device_scope() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = -1;
+};
+
+}  // namespace gear::detail
+
+#if defined(GEAR_DEVICE_BACKEND)
+#include <gear/detail/buffer/journal.cuh>
+#endif
+
+template <class Spec, class Storage, class Selection, class Transport>
+void gear::detail::buffer_core<Spec, Storage, Selection, Transport>::publish(
+    const std::optional<staging_pool::lease>& l, std::int64_t count, cuda::stream_ref stream) {
+  if constexpr (on_device) {
+#if defined(GEAR_DEVICE_BACKEND)
+    journal_args a;
+    a.records = reinterpret_cast<const slot_record*>(l->mapped);
+    a.count = count;
+    a.mirror = mirror();
+    a.capacity = capacity_;
+    apply_journal_on_device(a, stream);
+    staging_.release_after(*l, stream.get());
+#else
+    static_assert(dependent_false<Storage>,
+                  "gear: GPU storage needs <gear/gear.cuh>, compiled by nvcc");
+#endif
+  } else {
+    (void)l, (void)count, (void)stream;
+  }
+}

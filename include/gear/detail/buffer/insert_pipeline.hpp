@@ -1,0 +1,253 @@
+#pragma once
+// Inserting whole trajectories (replay_buffer::insert_async), in the three phases of core.hpp:
+//
+//   check    sizes, lengths, every column's type, shape, alignment and memory
+//   acquire  one staging lease: the scatter's table (and, for host data bound for GPU columns,
+//            the data itself, copied by the CPU during the call); for host data bound for
+//            host-resident columns of a GPU buffer, a wait for the stream (earlier gathers may
+//            still read the slots' evicted occupants)
+//   change   host-resident columns written by the CPU; the selection policy's eviction hook; one
+//            scatter launch that writes the GPU columns and, when its last block finishes, commits
+//            every trajectory to the device mirror; the commit hook; then the ring.
+//
+// Host memory (pageable or pinned) is read during the call; device memory by the scatter, in
+// stream order.
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cuda/stream_ref>
+#include <gear/detail/buffer/core.hpp>
+#include <gear/detail/host_copy.hpp>
+#include <gear/detail/memory.hpp>
+#include <gear/detail/scatter.hpp>
+#include <gear/insert.hpp>
+#include <gear/key.hpp>
+#include <span>
+#include <string>
+
+namespace gear::detail {
+
+/// Throws unless `lengths` are each in [1, max_length].
+inline void check_lengths(std::span<const std::int64_t> lengths, std::int64_t max_length) {
+  for (std::size_t i = 0; i < lengths.size(); ++i) {
+    GEAR_REQUIRE(lengths[i] >= 1, errc::empty_trajectory,
+                 "trajectory " + std::to_string(i) + " has length " + std::to_string(lengths[i]));
+    GEAR_REQUIRE(lengths[i] <= max_length, errc::trajectory_too_long,
+                 "trajectory " + std::to_string(i) + " has " + std::to_string(lengths[i]) +
+                     " steps, max_length is " + std::to_string(max_length));
+  }
+}
+
+template <class Core, class Spec>
+void check_insert(const Core& b, const trajectories<Spec>& in, std::span<key> keys_out) {
+  const auto count = static_cast<std::int64_t>(in.lengths.size());
+  GEAR_REQUIRE(count >= 1 && count <= b.capacity_, errc::invalid_argument,
+               "an insert takes 1 to capacity = " + std::to_string(b.capacity_) +
+                   " trajectories, got " + std::to_string(count));
+  GEAR_REQUIRE(in.lengths.data() != nullptr, errc::null_pointer, "lengths is null");
+  GEAR_REQUIRE(static_cast<std::int64_t>(keys_out.size()) >= count, errc::invalid_argument,
+               "keys_out holds " + std::to_string(keys_out.size()) + " keys, need " +
+                   std::to_string(count));
+  check_lengths(in.lengths, b.max_length_);
+  [&]<std::size_t... C>(std::index_sequence<C...>) {
+    (check_column_input<Spec, C>(in.columns[C]), ...);
+  }
+  (std::make_index_sequence<Spec::num_columns>{});
+  GEAR_REQUIRE(in.source == memory_kind::host || in.source == memory_kind::device,
+               errc::wrong_memory, "insert source must be memory_kind::host or ::device");
+  if constexpr (!Core::on_device) {
+    GEAR_REQUIRE(in.source == memory_kind::host, errc::wrong_memory,
+                 "storage::host takes trajectories from host memory only");
+  } else {
+    for (std::size_t c = 0; c < Spec::num_columns; ++c) {
+      const pointer_memory m = memory_of(in.columns[c].data);
+      const bool ok = in.source == memory_kind::device ? m.gpu_readable : !m.device;
+      GEAR_REQUIRE(ok, errc::wrong_memory,
+                   "column '" + std::string(Spec::names[c]) + "' is not in " +
+                       (in.source == memory_kind::device ? "GPU-readable" : "host") +
+                       " memory as the insert says");
+    }
+  }
+}
+
+/// Copies the packed host column data of the columns `wanted` selects into their slots with the
+/// CPU (several threads when large); slot i of the insert is `first_slot(i)`.
+template <class Core, class Spec, class Wanted, class Target>
+void copy_host_columns(const trajectories<Spec>& in, std::int64_t bytes, Wanted&& wanted,
+                       Target&& target) {
+  const unsigned parts = copy_threads_for(bytes);
+  parallel_for(parts, [&](unsigned part) {
+    for (std::size_t c = 0; c < Spec::num_columns; ++c)
+      if (wanted(c))
+        copy_packed_share(static_cast<const std::byte*>(in.columns[c].data), in.lengths,
+                          Spec::step_bytes[c], [&](std::size_t i) { return target(c, i); }, part,
+                          parts);
+  });
+}
+
+template <class Core>
+void evict_hook(Core& b, std::uint64_t first, std::int64_t count, cuda::stream_ref stream) {
+  if constexpr (requires { b.selection_->on_evict(slot_table{}, first, count, stream); })
+    b.selection_->on_evict(b.table(), first, count, stream);
+}
+template <class Core>
+void commit_hook(Core& b, std::uint64_t first, std::int64_t count, cuda::stream_ref stream) {
+  if constexpr (requires { b.selection_->on_commit(slot_table{}, first, count, stream); })
+    b.selection_->on_commit(b.table(), first, count, stream);
+}
+
+/// Changes the ring for an insert or a commit of `lengths` and writes the keys.
+template <class Core>
+void commit_to_ring(Core& b, const reservation& r, std::span<const std::int64_t> lengths,
+                    std::span<key> keys_out) noexcept {
+  b.ring_.commit(r, lengths, nullptr);
+  for (std::int64_t i = 0; i < r.count; ++i)
+    keys_out[static_cast<std::size_t>(i)] = b.key_of(r.first_ticket + static_cast<std::uint64_t>(i));
+}
+
+template <class Core, class Spec>
+void insert_trajectories(Core& b, const trajectories<Spec>& in, std::span<key> keys_out,
+                         cuda::stream_ref stream) {
+  constexpr std::size_t columns = Spec::num_columns;
+  check_insert(b, in, keys_out);
+  const auto count = static_cast<std::int64_t>(in.lengths.size());
+  auto held = b.lock();
+  b.check_usable();
+  std::uint64_t first = b.ring_.next_ticket();
+  auto slot = [&](std::size_t i) { return b.ring_.slot_of(first + i); };
+
+  if constexpr (!Core::on_device) {
+    std::int64_t bytes = 0;
+    for (std::int64_t len : in.lengths)
+      for (std::size_t c = 0; c < columns; ++c) bytes += len * Spec::step_bytes[c];
+    evict_hook(b, first, count, stream);
+    copy_host_columns<Core>(in, bytes, [](std::size_t) { return true; },
+                            [&](std::size_t c, std::size_t i) {
+                              return b.regions_.host[c].at(slot(i), 0);
+                            });
+    const reservation r = b.reserve_in_ring(count, nullptr);
+    commit_to_ring(b, r, in.lengths, keys_out);
+    commit_hook(b, first, count, stream);
+  } else {
+#if defined(GEAR_DEVICE_BACKEND)
+    // What goes where: GPU columns by the scatter (from staging for host data), host-resident
+    // columns by the CPU (host data only).
+    const bool from_host = in.source == memory_kind::host;
+    std::int64_t steps = 0, cpu_bytes = 0, staged_bytes = 0;
+    for (std::int64_t len : in.lengths) steps += len;
+    std::array<std::int64_t, columns> staged_at{};
+    for (std::size_t c = 0; c < columns; ++c) {
+      const std::int64_t bytes = align_up(steps * Spec::step_bytes[c], segment_alignment);
+      if (host_accessible(Core::placement[c])) {
+        if (from_host) cpu_bytes += bytes;
+      } else if (from_host) {
+        staged_at[c] = staged_bytes;
+        staged_bytes += bytes;
+      }
+    }
+    const bool scatters = !from_host || staged_bytes > 0;
+    const std::size_t table_bytes = static_cast<std::size_t>(
+        align_up(static_cast<std::int64_t>(scatter_table::bytes(count)), segment_alignment));
+    const std::size_t record_bytes = static_cast<std::size_t>(count) * sizeof(slot_record);
+
+    // Acquire: the staging lease, then (with the mutex let go) the host data for GPU columns
+    // copied into it by the CPU.
+    const staging_pool::lease lease = b.staging_.acquire(
+        table_bytes + std::max(static_cast<std::size_t>(staged_bytes), record_bytes),
+        scatters ? table_bytes : 0);
+    std::byte* data = lease.host + table_bytes;
+    if (staged_bytes > 0) {
+      held.unlock();
+      const std::int64_t total[] = {steps};
+      const unsigned parts = copy_threads_for(staged_bytes);
+      parallel_for(parts, [&](unsigned part) {
+        for (std::size_t c = 0; c < columns; ++c)
+          if (!host_accessible(Core::placement[c]))
+            copy_packed_share(static_cast<const std::byte*>(in.columns[c].data), total,
+                              Spec::step_bytes[c], [&](std::size_t) { return data + staged_at[c]; },
+                              part, parts);
+      });
+      held.lock();
+      first = b.ring_.next_ticket();
+    }
+    // The waits: before the CPU overwrites evicted slots, every read that may have selected them
+    // has finished; the stream's work follows other streams' (stream_order.hpp).
+    try {
+      b.check_usable();
+      if (cpu_bytes > 0) {
+        b.synchronize(stream);
+        b.order_.wait_for_reads(stream.get());
+      }
+      b.order_before(stream, Core::write);
+    } catch (...) {
+      b.staging_.give_back(lease);
+      throw;
+    }
+
+    // The scatter's table.
+    auto* table = new (lease.host) scatter_table{};
+    std::int64_t at = 0, longest = 0;
+    for (std::int64_t i = 0; i < count; ++i) {
+      const std::int64_t len = in.lengths[static_cast<std::size_t>(i)];
+      table->rows()[i] = {slot(static_cast<std::size_t>(i)), at, len,
+                          first + static_cast<std::uint64_t>(i)};
+      at += len;
+      longest = std::max(longest, len);
+    }
+
+    // Change: from here a failure leaves the buffer unusable.
+    b.enqueue([&] {
+      if (cpu_bytes > 0)
+        copy_host_columns<Core>(in, cpu_bytes,
+                                [](std::size_t c) { return host_accessible(Core::placement[c]); },
+                                [&](std::size_t c, std::size_t i) {
+                                  return b.regions_.host[c].at(slot(i), 0);
+                                });
+      evict_hook(b, first, count, stream);
+      if (scatters) {
+        GEAR_CUDA_TRY(cudaMemcpyAsync(lease.device, lease.host, scatter_table::bytes(count),
+                                      cudaMemcpyHostToDevice, stream.get()));
+        scatter_args args;
+        args.count = count;
+        args.max_count_length = longest;
+        args.table = reinterpret_cast<scatter_table*>(lease.device);
+        args.commit = b.mirror();
+        args.capacity = b.capacity_;
+        for (std::size_t c = 0; c < columns; ++c) {
+          // Device data for a host-resident column: the scatter writes it through the mapping.
+          if (from_host && host_accessible(Core::placement[c])) continue;
+          const std::byte* src = from_host ? lease.mapped + table_bytes + staged_at[c]
+                                           : static_cast<const std::byte*>(in.columns[c].data);
+          args.columns[args.num_columns++] = {src, b.regions_.kernel[c].base,
+                                              b.regions_.kernel[c].slot_stride,
+                                              b.regions_.kernel[c].step_bytes};
+        }
+        scatter_on_device(args, stream);
+        b.staging_.release_after(lease, stream.get());
+      } else {
+        // Every column was written by the CPU: the commit goes through the journal.
+        auto* records = reinterpret_cast<slot_record*>(data);
+        for (std::int64_t i = 0; i < count; ++i)
+          records[i] = slot_record::make(first + static_cast<std::uint64_t>(i),
+                                         slot_record::committed, in.lengths[static_cast<std::size_t>(i)]);
+        journal_args a;
+        a.records = reinterpret_cast<const slot_record*>(lease.mapped + table_bytes);
+        a.count = count;
+        a.mirror = b.mirror();
+        a.capacity = b.capacity_;
+        apply_journal_on_device(a, stream);
+        b.staging_.release_after(lease, stream.get());
+      }
+      const reservation r = b.reserve_in_ring(count, nullptr);
+      commit_to_ring(b, r, in.lengths, keys_out);
+      commit_hook(b, first, count, stream);
+      b.order_after(stream, Core::write);
+    });
+#else
+    static_assert(dependent_false<Core>, "gear: GPU storage needs <gear/gear.cuh>, compiled by nvcc");
+#endif
+  }
+}
+
+}  // namespace gear::detail

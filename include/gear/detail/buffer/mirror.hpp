@@ -1,0 +1,81 @@
+#pragma once
+// Slot metadata as selection and gathers read it, and the records that change it.
+//
+// Every change of a slot is a slot_record: (ticket, rank, length), rank pending < committed <
+// removed. Host-storage buffers keep the slot ring's own arrays; GPU buffers keep a mirror in
+// device memory that only records change, applied in stream order by kernels (the journal, and
+// the scatter of an insert). A record lands only if (ticket, rank) exceeds what the slot holds, so
+// records applied late or twice, or from streams that race, can never bring back an older state:
+//
+//   order[slot] = (ticket + 1) << 2 | rank        0: never reserved (tickets below 2^62: a
+//                                                 century at 10^9 reservations a second)
+//   tickets[slot], lengths[slot]                  written by the record that raised order[slot]
+//
+// lengths[slot] > 0 exactly when the slot holds a committed trajectory.
+
+#include <cstddef>
+#include <cstdint>
+#include <gear/config.hpp>
+
+namespace gear::detail {
+
+/// One change of one slot's metadata.
+struct slot_record {
+  enum rank_type : std::uint64_t { pending = 0, committed = 1, removed = 2 };
+
+  std::uint64_t order = 0;  ///< (ticket + 1) << 2 | rank
+  std::int64_t length = 0;  ///< committed length (committed records only)
+
+  [[nodiscard]] static constexpr slot_record make(std::uint64_t ticket, rank_type rank,
+                                                  std::int64_t length = 0) noexcept {
+    return {(ticket + 1) << 2 | rank, rank == committed ? length : 0};
+  }
+  [[nodiscard]] GEAR_HD constexpr std::uint64_t ticket() const noexcept { return (order >> 2) - 1; }
+  [[nodiscard]] GEAR_HD constexpr std::uint64_t rank() const noexcept { return order & 3; }
+};
+
+/// Per-slot metadata arrays from one base address: lengths (int64), tickets (uint64), order
+/// (uint64), each [capacity].
+struct slot_mirror {
+  std::int64_t* lengths = nullptr;
+  std::uint64_t* tickets = nullptr;
+  std::uint64_t* order = nullptr;
+
+  static constexpr std::size_t bytes(std::int64_t capacity) noexcept {
+    return static_cast<std::size_t>(capacity) * 24;
+  }
+  static slot_mirror at(std::byte* base, std::int64_t capacity) noexcept {
+    slot_mirror m;
+    m.lengths = reinterpret_cast<std::int64_t*>(base);
+    m.tickets = reinterpret_cast<std::uint64_t*>(m.lengths + capacity);
+    m.order = m.tickets + capacity;
+    return m;
+  }
+};
+
+/// Applies one record to a mirror of `capacity` slots (the journal kernel and the scatter call it
+/// on the device; tests on the host). On the device a record that raises order[slot] writes the
+/// slot's ticket and length, then looks again: if a newer record raised the order meanwhile (a
+/// race between streams), it clears the length it may have written after that record's.
+GEAR_HD inline void apply_slot_record(const slot_mirror& m, std::int64_t capacity,
+                                      const slot_record& r) noexcept {
+  const std::uint64_t ticket = r.ticket();
+  const auto slot = static_cast<std::int64_t>(ticket % static_cast<std::uint64_t>(capacity));
+#if defined(__CUDA_ARCH__)
+  auto* order = reinterpret_cast<unsigned long long*>(m.order + slot);
+  const unsigned long long before = atomicMax(order, static_cast<unsigned long long>(r.order));
+  if (before >= r.order) return;
+  m.tickets[slot] = ticket;
+  m.lengths[slot] = r.length;
+  __threadfence();
+  if (r.length != 0 && *static_cast<volatile unsigned long long*>(order) != r.order)
+    m.lengths[slot] = 0;
+#else
+  if (m.order[slot] >= r.order) return;
+  m.order[slot] = r.order;
+  m.tickets[slot] = ticket;
+  m.lengths[slot] = r.length;
+#endif
+}
+
+}  // namespace gear::detail

@@ -1,0 +1,116 @@
+#pragma once
+// Priority updates (replay_buffer::update_priorities_async), for selection policies whose state
+// takes them. From host spans, the buffer checks every pair during the call (sizes, the key's
+// shard, the priority), skips and counts pairs whose key is stale, and hands the rest to the
+// policy. From device memory, the policy checks the pairs on the GPU (select/concept.hpp).
+
+#include <cmath>
+#include <cstdint>
+#include <cuda/stream_ref>
+#include <gear/detail/buffer/core.hpp>
+#include <gear/detail/memory.hpp>
+#include <gear/error.hpp>
+#include <gear/key.hpp>
+#include <gear/priority_update.hpp>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace gear::detail {
+
+template <class State>
+concept has_host_priority_update =
+    requires(State& s, std::span<const key> k, std::span<const float> p, cuda::stream_ref st) {
+  s.update(slot_table{}, k, p, st);
+};
+
+template <class State>
+concept has_device_priority_update = requires(State& s, std::span<const key> k,
+                                              std::span<const float> p, cuda::stream_ref st) {
+  s.update_from_device(slot_table{}, std::uint32_t{}, k, p, st);
+  s.raise_update_failures();
+};
+
+/// Throws unless p, an array of `align`-byte elements, is set, aligned and readable by kernels.
+inline void check_gpu_readable(const void* p, std::size_t align, const char* what) {
+  GEAR_REQUIRE(p != nullptr, errc::null_pointer, std::string(what) + " is null");
+  GEAR_REQUIRE(reinterpret_cast<std::uintptr_t>(p) % align == 0, errc::misaligned_pointer,
+               std::string(what) + " is not aligned to its element size");
+  GEAR_REQUIRE(memory_of(p).gpu_readable, errc::wrong_memory,
+               std::string(what) +
+                   " is not in memory kernels can read at this address (device, managed or "
+                   "pinned) as memory_kind::device says");
+}
+
+template <class Core>
+priority_update_result update_from_host(Core& b, std::span<const key> keys,
+                                        std::span<const float> priorities,
+                                        cuda::stream_ref stream) {
+  const auto held = b.lock();
+  b.check_usable();
+  if constexpr (has_device_priority_update<typename Core::state_type>)
+    b.selection_->raise_update_failures();
+  GEAR_REQUIRE(keys.size() == priorities.size(), errc::invalid_argument,
+               "update_priorities needs one priority per key: " + std::to_string(keys.size()) +
+                   " keys, " + std::to_string(priorities.size()) + " priorities");
+  // Every key, then every priority: the order the GPU's checks report (check_priority_pair).
+  for (std::size_t i = 0; i < keys.size(); ++i)
+    GEAR_REQUIRE(keys[i].shard == b.transport_.shard_id() && keys[i].incarnation == 0,
+                 errc::key_out_of_range,
+                 "key " + std::to_string(i) + " (shard " + std::to_string(keys[i].shard) +
+                     ", incarnation " + std::to_string(keys[i].incarnation) +
+                     ") is not of this shard");
+  std::int64_t stale = 0;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    GEAR_REQUIRE(std::isfinite(priorities[i]) && priorities[i] >= 0, errc::invalid_priority,
+                 "priority " + std::to_string(i) + " is " + std::to_string(priorities[i]) +
+                     "; priorities must be finite and >= 0");
+    stale += !b.ring_.holds(keys[i].ticket);
+  }
+  const auto n = static_cast<std::int64_t>(keys.size());
+  b.order_before(stream, Core::write);
+  if (stale == 0) {
+    b.selection_->update(b.table(), keys, priorities, stream);
+    b.order_after(stream, Core::write);
+    return {n, 0};
+  }
+  std::vector<key> live_keys;
+  std::vector<float> live_priorities;
+  live_keys.reserve(keys.size() - static_cast<std::size_t>(stale));
+  live_priorities.reserve(live_keys.capacity());
+  for (std::size_t i = 0; i < keys.size(); ++i)
+    if (b.ring_.holds(keys[i].ticket)) {
+      live_keys.push_back(keys[i]);
+      live_priorities.push_back(priorities[i]);
+    }
+  if (!live_keys.empty()) b.selection_->update(b.table(), live_keys, live_priorities, stream);
+  b.order_after(stream, Core::write);
+  return {n - stale, stale};
+}
+
+template <class Core>
+void update_from_device(Core& b, std::span<const key> keys, std::span<const float> priorities,
+                        cuda::stream_ref stream) {
+  const auto held = b.lock();
+  b.check_usable();
+  if constexpr (has_device_priority_update<typename Core::state_type>) {
+    b.selection_->raise_update_failures();
+    GEAR_REQUIRE(keys.size() == priorities.size(), errc::invalid_argument,
+                 "update_priorities needs one priority per key: " + std::to_string(keys.size()) +
+                     " keys, " + std::to_string(priorities.size()) + " priorities");
+    if (keys.empty()) return;
+    check_gpu_readable(keys.data(), alignof(key), "keys");
+    check_gpu_readable(priorities.data(), alignof(float), "priorities");
+    b.order_before(stream, Core::write);
+    b.selection_->update_from_device(b.table(), b.transport_.shard_id(), keys, priorities,
+                                     stream);
+    b.order_after(stream, Core::write);
+  } else {
+    (void)keys, (void)priorities, (void)stream;
+    throw error(errc::wrong_memory,
+                "this buffer takes priorities from host memory only (storage::host selects on "
+                "the CPU; other policies may lack update_from_device): use memory_kind::host");
+  }
+}
+
+}  // namespace gear::detail

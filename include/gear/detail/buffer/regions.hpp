@@ -1,0 +1,49 @@
+#pragma once
+// Slot bytes: one allocation per memory kind a spec's columns are placed in (layout.hpp), and each
+// column's geometry as the CPU and as kernels address it.
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <gear/detail/memory.hpp>
+#include <gear/error.hpp>
+#include <gear/layout.hpp>
+
+namespace gear::detail {
+
+template <class Spec>
+struct slot_regions {
+  static constexpr std::size_t num_columns = Spec::num_columns;
+
+  std::array<allocation, 3> memory{};
+  std::array<column_geometry, num_columns> host{};    ///< CPU addresses
+  std::array<column_geometry, num_columns> kernel{};  ///< addresses selection and kernels use
+
+  /// Allocates `capacity` slots of `max_length` steps. Throws errc::out_of_memory,
+  /// errc::cuda_error.
+  slot_regions(const std::array<memory_kind, num_columns>& placement, std::int64_t capacity,
+               std::int64_t max_length) {
+    constexpr memory_kind kinds[] = {memory_kind::host, memory_kind::pinned_host,
+                                     memory_kind::device};
+    for (std::size_t k = 0; k < 3; ++k) {
+      std::int64_t slot_bytes = 0;
+      std::array<std::int64_t, num_columns> offset{};
+      for (std::size_t c = 0; c < num_columns; ++c) {
+        if (placement[c] != kinds[k]) continue;
+        offset[c] = slot_bytes;
+        slot_bytes += segment_bytes(Spec::step_bytes[c], max_length);
+      }
+      if (slot_bytes == 0) continue;
+      GEAR_REQUIRE(slot_bytes <= (std::int64_t{1} << 62) / capacity, errc::out_of_memory,
+                   "slot storage size overflows");
+      memory[k] = allocation(kinds[k], static_cast<std::size_t>(slot_bytes * capacity));
+      for (std::size_t c = 0; c < num_columns; ++c) {
+        if (placement[c] != kinds[k]) continue;
+        host[c] = {memory[k].data() + offset[c], slot_bytes, Spec::step_bytes[c]};
+        kernel[c] = {memory[k].device_data() + offset[c], slot_bytes, Spec::step_bytes[c]};
+      }
+    }
+  }
+};
+
+}  // namespace gear::detail

@@ -1,0 +1,144 @@
+#pragma once
+// Sampling (replay_buffer::sample_async): checks, selection and the fused gather, and removal of
+// trajectories that reached their number of returns (max_times_sampled, consuming policies).
+// The rng advances only once everything that can fail before the launches has passed.
+
+#include <algorithm>
+#include <cstdint>
+#include <cuda/stream_ref>
+#include <gear/batch.hpp>
+#include <gear/detail/buffer/core.hpp>
+#include <gear/detail/buffer/slots.hpp>
+#include <gear/detail/gather.hpp>
+#include <gear/rng.hpp>
+#include <gear/window.hpp>
+#include <string>
+
+namespace gear::detail {
+
+/// Returns before removal: the policy's own (a consuming policy such as fifo returns each item
+/// once) or the user's max_times_sampled; 0 for no limit.
+template <class Core>
+std::int64_t consume_limit(const Core& b) noexcept {
+  using selection = typename Core::selection_type;
+  if constexpr (requires { selection::consumes; })
+    if (selection::consumes) return 1;
+  return b.max_times_sampled_;
+}
+
+template <class Core, class Batch>
+void check_sample(const Core& b, const Batch& out, const window& w) {
+  GEAR_REQUIRE(b.ring_.live() > 0, errc::empty_buffer, "no committed trajectory to sample from");
+  GEAR_REQUIRE(w.length >= 1, errc::empty_window,
+               "window length must be at least 1, got " + std::to_string(w.length));
+  GEAR_REQUIRE(w.offset >= 0 && w.offset < b.max_length_, errc::window_out_of_range,
+               "window offset must be in [0, max_length = " + std::to_string(b.max_length_) +
+                   "), got " + std::to_string(w.offset));
+  GEAR_REQUIRE(w.from == anchor::start || w.from == anchor::end || w.from == anchor::random,
+               errc::window_out_of_range, "window anchor is not start, end or random");
+  GEAR_REQUIRE(w.padding == pad::head || w.padding == pad::tail, errc::window_out_of_range,
+               "window padding is not head or tail");
+  GEAR_REQUIRE(out.window_length() == w.length, errc::batch_mismatch,
+               "batch was made for windows of " + std::to_string(out.window_length()) +
+                   " steps, the window has " + std::to_string(w.length));
+  GEAR_REQUIRE(out.where() == (Core::on_device ? memory_kind::device : memory_kind::host),
+               errc::batch_mismatch,
+               "batch lives in the wrong memory for this buffer; make it with make_batch()");
+}
+
+/// Counts the rows of a finished sample (`slots` in host memory) and removes the trajectories
+/// that reached the limit.
+template <class Core>
+void count_returns(Core& b, const std::int64_t* slots, std::int64_t rows, cuda::stream_ref stream) {
+  const std::int64_t limit = consume_limit(b);
+  b.removal_tickets_.clear();
+  for (std::int64_t row = 0; row < rows; ++row) {
+    const std::int64_t slot = slots[row];
+    if (slot < 0 || b.ring_.state(slot) != slot_state::committed) continue;
+    if (++b.times_sampled_[static_cast<std::size_t>(slot)] >= limit)
+      b.removal_tickets_.push_back(b.ring_.ticket(slot));
+  }
+  // A slot drawn again after reaching its limit appears more than once.
+  std::sort(b.removal_tickets_.begin(), b.removal_tickets_.end());
+  b.removal_tickets_.erase(std::unique(b.removal_tickets_.begin(), b.removal_tickets_.end()),
+                           b.removal_tickets_.end());
+  remove_tickets(b, b.removal_tickets_, stream);
+}
+
+template <class Core, class Batch>
+void sample_into(Core& b, Batch& out, const window& w, rng& g, cuda::stream_ref stream) {
+  const auto held = b.lock();
+  b.check_usable();
+  check_sample(b, out, w);
+  const slot_table table = b.table();
+  b.selection_->validate(table, out.batch_size());
+  const bool consumes = consume_limit(b) > 0;
+  if (consumes && b.times_sampled_.empty())
+    b.times_sampled_.assign(static_cast<std::size_t>(b.capacity_), 0);
+  std::optional<staging_pool::lease> readback;
+  if constexpr (Core::on_device)
+    if (consumes)
+      readback = b.staging_.acquire(static_cast<std::size_t>(out.batch_size()) * 8, 0);
+
+  rng advanced = g;
+  selection_request request;
+  request.batch = out.batch_size();
+  request.draw = advanced.next();
+  request.slots = out.slots_data();
+  request.probabilities = out.probabilities_data();
+  request.weights = out.weights_data();
+  request.scratch = out.scratch_data();
+  request.scratch_size = out.scratch_size();
+  gather_args args;
+  args.num_columns = static_cast<int>(Core::num_columns);
+  for (std::size_t c = 0; c < Core::num_columns; ++c)
+    args.columns[c] = {b.regions_.kernel[c].base, b.regions_.kernel[c].slot_stride,
+                       b.regions_.kernel[c].step_bytes, out.column_data(c)};
+  args.batch = out.batch_size();
+  args.win = w;
+  args.draw = request.draw;
+  args.slots = out.slots_data();
+  args.lengths = table.lengths;
+  args.tickets = table.tickets;
+  args.shard = b.transport_.shard_id();
+  args.mask = out.mask_data();
+  args.keys = out.keys_data();
+  const std::int64_t* slots = out.slots_data();
+  if constexpr (Core::on_device) {
+#if defined(GEAR_DEVICE_BACKEND)
+    try {
+      b.order_before(stream, Core::read);
+      select_and_gather_on_device(*b.selection_, table, request, args, stream);
+      b.order_after(stream, Core::read);
+      if (readback) {
+        const auto bytes = static_cast<std::size_t>(out.batch_size()) * 8;
+        GEAR_CUDA_TRY(cudaMemcpyAsync(readback->host, out.slots_data(), bytes,
+                                      cudaMemcpyDeviceToHost, stream.get()));
+        b.synchronize(stream);
+        slots = reinterpret_cast<const std::int64_t*>(readback->host);
+      }
+    } catch (...) {
+      if (readback) b.staging_.give_back(*readback);
+      throw;
+    }
+#else
+    static_assert(dependent_false<Core>, "gear: GPU storage needs <gear/gear.cuh>, compiled by nvcc");
+#endif
+  } else {
+    b.selection_->select(table, request, stream);
+    gather_on_host(args);
+  }
+  g = advanced;
+  if (consumes) {
+    try {
+      count_returns(b, slots, out.batch_size(), stream);
+    } catch (...) {
+      if (readback) b.staging_.give_back(*readback);
+      throw;
+    }
+    // Read by the CPU after a synchronisation: free at once.
+    if (readback) b.staging_.give_back(*readback);
+  }
+}
+
+}  // namespace gear::detail

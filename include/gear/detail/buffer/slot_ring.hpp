@@ -1,0 +1,171 @@
+#pragma once
+// The slot ring: which trajectory each slot holds, as a pure host state machine.
+//
+// The n-th reservation ever made gets ticket n and slot n % capacity; when the ring comes round,
+// the slot's previous occupant is evicted. Each slot is
+//
+//   empty ──reserve──> pending ──commit──> committed ──remove / reserve again──> ...
+//                        └──abandon──> empty
+//
+// and holds the ticket of its latest reservation. A key names a ticket; it is live while its slot
+// still holds that ticket, committed. Tickets are 64-bit: keys never wrap.
+//
+// Every transition is noexcept, allocates nothing and writes the slot_records that carry it to
+// the device mirror (mirror.hpp) into memory the caller acquired beforehand, so a call can acquire
+// everything that may fail first and change state last. Not synchronised: the buffer serialises
+// the calls.
+
+#include <algorithm>
+#include <cstdint>
+#include <gear/detail/buffer/mirror.hpp>
+#include <gear/error.hpp>
+#include <gear/key.hpp>
+#include <gear/ref.hpp>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace gear::detail {
+
+enum class slot_state : std::uint8_t { empty = 0, pending = 1, committed = 2 };
+
+class slot_ring {
+ public:
+  /// `buffer_id` is stamped into reservations so that another buffer's are refused.
+  slot_ring(std::int64_t capacity, std::uint64_t buffer_id)
+      : capacity_(capacity),
+        buffer_id_(buffer_id),
+        lengths_(static_cast<std::size_t>(capacity), 0),
+        tickets_(static_cast<std::size_t>(capacity), 0),
+        states_(static_cast<std::size_t>(capacity), slot_state::empty) {}
+
+  // ---- queries -------------------------------------------------------------------------------
+
+  [[nodiscard]] std::int64_t capacity() const noexcept { return capacity_; }
+  /// Committed trajectories.
+  [[nodiscard]] std::int64_t live() const noexcept { return live_; }
+  /// The ticket the next reservation gets (reservations made so far).
+  [[nodiscard]] std::uint64_t next_ticket() const noexcept { return next_ticket_; }
+  /// Slots [0, occupied) have been reserved at least once.
+  [[nodiscard]] std::int64_t occupied() const noexcept {
+    return static_cast<std::int64_t>(
+        std::min<std::uint64_t>(next_ticket_, static_cast<std::uint64_t>(capacity_)));
+  }
+  [[nodiscard]] std::int64_t slot_of(std::uint64_t ticket) const noexcept {
+    return static_cast<std::int64_t>(ticket % static_cast<std::uint64_t>(capacity_));
+  }
+  [[nodiscard]] std::int64_t length(std::int64_t slot) const noexcept { return lengths_[at(slot)]; }
+  [[nodiscard]] std::uint64_t ticket(std::int64_t slot) const noexcept {
+    return tickets_[at(slot)];
+  }
+  [[nodiscard]] slot_state state(std::int64_t slot) const noexcept { return states_[at(slot)]; }
+  /// Committed lengths (0 unless committed) and tickets, [capacity], for host-side selection.
+  [[nodiscard]] const std::int64_t* lengths() const noexcept { return lengths_.data(); }
+  [[nodiscard]] const std::uint64_t* tickets() const noexcept { return tickets_.data(); }
+
+  /// True when `ticket` is the committed occupant of its slot.
+  [[nodiscard]] bool holds(std::uint64_t ticket) const noexcept {
+    const std::int64_t slot = slot_of(ticket);
+    return ticket < next_ticket_ && tickets_[at(slot)] == ticket &&
+           states_[at(slot)] == slot_state::committed;
+  }
+  /// True when `ticket` is reserved and not yet committed or abandoned.
+  [[nodiscard]] bool is_pending(std::uint64_t ticket) const noexcept {
+    const std::int64_t slot = slot_of(ticket);
+    return ticket < next_ticket_ && tickets_[at(slot)] == ticket &&
+           states_[at(slot)] == slot_state::pending;
+  }
+
+  /// Committed trajectories the next reservation of `count` slots evicts.
+  [[nodiscard]] std::int64_t evictions(std::int64_t count) const noexcept {
+    std::int64_t n = 0;
+    for (std::int64_t i = 0; i < count; ++i)
+      n += states_[at(slot_of(next_ticket_ + static_cast<std::uint64_t>(i)))] ==
+           slot_state::committed;
+    return n;
+  }
+
+  // ---- checks (throw, change nothing) --------------------------------------------------------
+
+  /// Throws errc::invalid_reservation unless every slot of r is still pending for r in this ring.
+  void check_reservation(const reservation& r) const {
+    GEAR_REQUIRE(r.buffer == buffer_id_ && r.capacity == capacity_, errc::invalid_reservation,
+                 "the reservation was made by another buffer");
+    GEAR_REQUIRE(r.count >= 1 && r.count <= capacity_, errc::invalid_reservation,
+                 "the reservation holds " + std::to_string(r.count) + " slots");
+    for (std::int64_t i = 0; i < r.count; ++i) {
+      const std::uint64_t ticket = r.first_ticket + static_cast<std::uint64_t>(i);
+      GEAR_REQUIRE(is_pending(ticket), errc::invalid_reservation,
+                   "slot " + std::to_string(slot_of(ticket)) + " (ticket " +
+                       std::to_string(ticket) +
+                       ") was taken over by newer reservations, abandoned or already committed");
+    }
+  }
+
+  // ---- transitions (noexcept; records go to `out`, which has room for them) -------------------
+
+  /// Reserves the next `count` slots (1 <= count <= capacity): evicts their committed occupants,
+  /// marks them pending. Writes `count` pending records.
+  reservation reserve(std::int64_t count, slot_record* out) noexcept {
+    const reservation r{next_ticket_, count, capacity_, buffer_id_};
+    for (std::int64_t i = 0; i < count; ++i) {
+      const std::uint64_t ticket = r.first_ticket + static_cast<std::uint64_t>(i);
+      const std::size_t s = at(slot_of(ticket));
+      if (states_[s] == slot_state::committed) --live_;
+      lengths_[s] = 0;
+      tickets_[s] = ticket;
+      states_[s] = slot_state::pending;
+      if (out != nullptr) out[i] = slot_record::make(ticket, slot_record::pending);
+    }
+    next_ticket_ += static_cast<std::uint64_t>(count);
+    return r;
+  }
+
+  /// Commits the checked reservation r with `lengths` (each in [1, max_length]). Writes r.count
+  /// committed records.
+  void commit(const reservation& r, std::span<const std::int64_t> lengths,
+              slot_record* out) noexcept {
+    for (std::int64_t i = 0; i < r.count; ++i) {
+      const std::uint64_t ticket = r.first_ticket + static_cast<std::uint64_t>(i);
+      const std::size_t s = at(slot_of(ticket));
+      const std::int64_t length = lengths[static_cast<std::size_t>(i)];
+      lengths_[s] = length;
+      states_[s] = slot_state::committed;
+      if (out != nullptr) out[i] = slot_record::make(ticket, slot_record::committed, length);
+    }
+    live_ += r.count;
+  }
+
+  /// Empties the slot of a pending `ticket` (an abandoned writer). Returns false, writing
+  /// nothing, if the ticket is no longer pending.
+  bool abandon(std::uint64_t ticket, slot_record* out) noexcept {
+    if (!is_pending(ticket)) return false;
+    states_[at(slot_of(ticket))] = slot_state::empty;
+    if (out != nullptr) *out = slot_record::make(ticket, slot_record::removed);
+    return true;
+  }
+
+  /// Removes committed trajectories (distinct tickets, each held). Writes one record per ticket.
+  void remove(std::span<const std::uint64_t> tickets, slot_record* out) noexcept {
+    for (std::size_t i = 0; i < tickets.size(); ++i) {
+      const std::size_t s = at(slot_of(tickets[i]));
+      states_[s] = slot_state::empty;
+      lengths_[s] = 0;
+      if (out != nullptr) out[i] = slot_record::make(tickets[i], slot_record::removed);
+    }
+    live_ -= static_cast<std::int64_t>(tickets.size());
+  }
+
+ private:
+  static std::size_t at(std::int64_t slot) noexcept { return static_cast<std::size_t>(slot); }
+
+  std::int64_t capacity_;
+  std::uint64_t buffer_id_;
+  std::vector<std::int64_t> lengths_;
+  std::vector<std::uint64_t> tickets_;
+  std::vector<slot_state> states_;
+  std::uint64_t next_ticket_ = 0;
+  std::int64_t live_ = 0;
+};
+
+}  // namespace gear::detail

@@ -1,0 +1,146 @@
+#pragma once
+// Reservations, commits and removals (replay_buffer::reserve, commit_async, erase_async, a
+// writer's abandon, and removal after max_times_sampled returns), in the three phases of
+// core.hpp: each leases memory for its slot records first, changes the ring (which writes the
+// records), then publishes them to the device mirror with one apply launch, in stream order.
+
+#include <algorithm>
+#include <cstdint>
+#include <cuda/stream_ref>
+#include <gear/detail/buffer/core.hpp>
+#include <gear/detail/buffer/insert_pipeline.hpp>
+#include <gear/key.hpp>
+#include <gear/ref.hpp>
+#include <span>
+#include <string>
+
+namespace gear::detail {
+
+/// Reserves `count` slots; their occupants are evicted in stream order (work enqueued earlier
+/// still sees them). Never synchronises.
+template <class Core>
+reservation reserve_slots(Core& b, std::int64_t count, cuda::stream_ref stream) {
+  const auto held = b.lock();
+  b.check_usable();
+  GEAR_REQUIRE(count >= 1 && count <= b.capacity_, errc::invalid_argument,
+               "reserve count must be in [1, " + std::to_string(b.capacity_) + "], got " +
+                   std::to_string(count));
+  const auto lease = b.lease_records(count);
+  const std::uint64_t first = b.ring_.next_ticket();
+  reservation r{};
+  try {
+    b.order_before(stream, Core::write);
+  } catch (...) {
+    b.give_back(lease);
+    throw;
+  }
+  b.enqueue([&] {
+    evict_hook(b, first, count, stream);
+    r = b.reserve_in_ring(count, b.records_of(lease));
+    b.publish(lease, count, stream);
+    b.order_after(stream, Core::write);
+  });
+  return r;
+}
+
+/// Commits the reservation r with `lengths`; writes the keys. Stream-ordered.
+template <class Core>
+void commit_slots(Core& b, const reservation& r, std::span<const std::int64_t> lengths,
+                  std::span<key> keys_out, cuda::stream_ref stream) {
+  const auto held = b.lock();
+  b.check_usable();
+  GEAR_REQUIRE(static_cast<std::int64_t>(lengths.size()) == r.count &&
+                   static_cast<std::int64_t>(keys_out.size()) >= r.count,
+               errc::invalid_argument, "commit needs one length and one key per reserved slot");
+  b.ring_.check_reservation(r);
+  check_lengths(lengths, b.max_length_);
+  const auto lease = b.lease_records(r.count);
+  try {
+    b.order_before(stream, Core::write);
+  } catch (...) {
+    b.give_back(lease);
+    throw;
+  }
+  b.enqueue([&] {
+    b.ring_.commit(r, lengths, b.records_of(lease));
+    b.publish(lease, r.count, stream);
+    commit_hook(b, r.first_ticket, r.count, stream);
+    b.order_after(stream, Core::write);
+  });
+  for (std::int64_t i = 0; i < r.count; ++i)
+    keys_out[static_cast<std::size_t>(i)] = b.key_of(r.first_ticket + static_cast<std::uint64_t>(i));
+}
+
+/// Gives up the pending slot of `ticket` (a writer destroyed without commit). Never throws; a
+/// failure to publish makes the buffer unusable.
+template <class Core>
+void abandon_slot(Core& b, std::uint64_t ticket, cuda::stream_ref stream) noexcept {
+  try {
+    const auto held = b.lock();
+    if (!b.failure_.empty() || !b.ring_.is_pending(ticket)) return;
+    const auto lease = b.lease_records(1);
+    try {
+      b.order_before(stream, Core::write);
+    } catch (...) {
+      b.give_back(lease);
+      throw;
+    }
+    b.enqueue([&] {
+      b.ring_.abandon(ticket, b.records_of(lease));
+      b.publish(lease, 1, stream);
+      b.order_after(stream, Core::write);
+    });
+  } catch (...) {
+    // Either nothing changed (the lease failed: the slot stays pending until the ring comes
+    // round, never sampled), or the buffer recorded the failure.
+  }
+}
+
+/// Removes the committed trajectories of `tickets` (sorted, distinct, each held). Expects the
+/// buffer's mutex held.
+template <class Core>
+void remove_tickets(Core& b, std::span<const std::uint64_t> tickets, cuda::stream_ref stream) {
+  if (tickets.empty()) return;
+  const auto n = static_cast<std::int64_t>(tickets.size());
+  const auto lease = b.lease_records(n);
+  try {
+    b.order_before(stream, Core::write);
+  } catch (...) {
+    b.give_back(lease);
+    throw;
+  }
+  b.enqueue([&] {
+    // The policy's hook takes runs of consecutive tickets.
+    for (std::size_t i = 0; i < tickets.size();) {
+      std::size_t end = i + 1;
+      while (end < tickets.size() && tickets[end] == tickets[end - 1] + 1) ++end;
+      evict_hook(b, tickets[i], static_cast<std::int64_t>(end - i), stream);
+      i = end;
+    }
+    b.ring_.remove(tickets, b.records_of(lease));
+    b.publish(lease, n, stream);
+    b.order_after(stream, Core::write);
+  });
+}
+
+/// Removes the trajectories `keys`. Throws (removing nothing) for a key that is not live or named
+/// twice.
+template <class Core>
+void erase_keys(Core& b, std::span<const key> keys, cuda::stream_ref stream) {
+  const auto held = b.lock();
+  b.check_usable();
+  std::vector<std::uint64_t> tickets;
+  tickets.reserve(keys.size());
+  for (const key& k : keys) {
+    b.check_key(k);
+    tickets.push_back(k.ticket);
+  }
+  std::sort(tickets.begin(), tickets.end());
+  const auto twice = std::adjacent_find(tickets.begin(), tickets.end());
+  GEAR_REQUIRE(twice == tickets.end(), errc::stale_key,
+               "key (ticket " + std::to_string(twice == tickets.end() ? 0 : *twice) +
+                   ") is named twice");
+  remove_tickets(b, tickets, stream);
+}
+
+}  // namespace gear::detail

@@ -1,0 +1,129 @@
+#pragma once
+// Staging for calls that hand data to the GPU: mapped pinned memory (and, where asked, a device
+// twin) leased to one call and reused once the stream work that reads it has finished.
+//
+// A call acquires its lease before it changes any state (allocation may fail, and then nothing has
+// changed), writes its data into the pinned part during the call (a snapshot: the caller may reuse
+// its own memory when the call returns), enqueues the work that reads it, and hands the lease back
+// with an event recorded after that work. Entries are recycled by cudaEventQuery, so a busy stream
+// never makes a later call wait: a new entry is allocated instead, up to max_entries; only past
+// that does acquire wait for the oldest lease's work.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <gear/detail/cuda.hpp>
+#include <gear/detail/memory.hpp>
+#include <memory>
+#include <vector>
+
+namespace gear::detail {
+
+class staging_pool {
+ public:
+  /// Entries in flight before acquire waits for the oldest.
+  static constexpr std::size_t max_entries = 32;
+
+  /// One call's staging: `host` (CPU address) and `mapped` (its GPU address) of the pinned part,
+  /// `device` of the device part (null if none was asked for).
+  struct lease {
+    std::size_t entry = 0;
+    std::byte* host = nullptr;
+    std::byte* mapped = nullptr;
+    std::byte* device = nullptr;
+  };
+
+  /// Leases at least `pinned_bytes` of mapped pinned memory and `device_bytes` of device memory.
+  /// Throws errc::out_of_memory or errc::cuda_error, leasing nothing.
+  lease acquire(std::size_t pinned_bytes, std::size_t device_bytes) {
+    entry* pick = nullptr;
+    for (auto& e : entries_) {
+      if (e->leased || !finished(*e)) continue;
+      pick = e.get();
+      if (e->pinned.size() >= pinned_bytes && e->device.size() >= device_bytes) break;
+    }
+    if (pick == nullptr && entries_.size() >= max_entries) {
+      pick = oldest();
+      GEAR_CUDA_TRY(cudaEventSynchronize(pick->done.get()));
+    }
+    if (pick == nullptr) {
+      auto fresh = std::make_unique<entry>();
+      fresh->done = event::make();
+      entries_.push_back(std::move(fresh));  // the entry outlives a failed growth below, unleased
+      pick = entries_.back().get();
+    }
+    grow(*pick, pinned_bytes, device_bytes);
+    pick->leased = true;
+    const auto index = static_cast<std::size_t>(
+        std::find_if(entries_.begin(), entries_.end(), [&](auto& e) { return e.get() == pick; }) -
+        entries_.begin());
+    return {index, pick->pinned.data(), pick->pinned.device_data(), pick->device.data()};
+  }
+
+  /// Ends a lease whose memory is read by work enqueued on `stream`: the entry is reused once
+  /// that work has finished. Throws errc::cuda_error if the event cannot be recorded (the entry
+  /// then waits for the whole device before reuse).
+  void release_after(const lease& l, cudaStream_t stream) {
+    entry& e = *entries_[l.entry];
+    e.leased = false;
+    e.sequence = ++sequence_;
+    const cudaError_t recorded = cudaEventRecord(e.done.get(), stream);
+    e.recorded = recorded == cudaSuccess;
+    e.unsafe = !e.recorded;
+    GEAR_CUDA_TRY(recorded);
+  }
+
+  /// Ends a lease whose memory nothing read (the call failed before enqueueing).
+  void give_back(const lease& l) noexcept { entries_[l.entry]->leased = false; }
+
+ private:
+  struct entry {
+    allocation pinned, device;
+    event done;
+    bool leased = false;
+    bool recorded = false;
+    bool unsafe = false;  // the event could not be recorded: reuse after a device-wide wait
+    std::uint64_t sequence = 0;
+  };
+
+  /// True when the entry's last reader has finished. Throws errc::cuda_error.
+  static bool finished(entry& e) {
+    if (e.unsafe) {
+      GEAR_CUDA_TRY(cudaDeviceSynchronize());
+      e.unsafe = false;
+      return true;
+    }
+    if (!e.recorded) return true;
+    const cudaError_t status = cudaEventQuery(e.done.get());
+    if (status == cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    GEAR_CUDA_TRY(status);
+    return true;
+  }
+
+  entry* oldest() noexcept {
+    entry* o = nullptr;
+    for (auto& e : entries_)
+      if (!e->leased && (o == nullptr || e->sequence < o->sequence)) o = e.get();
+    return o;
+  }
+
+  /// Grows the entry's memory to the sizes asked for (at least doubling); on failure the entry
+  /// keeps its old memory.
+  static void grow(entry& e, std::size_t pinned_bytes, std::size_t device_bytes) {
+    allocation pinned, device;
+    if (e.pinned.size() < pinned_bytes)
+      pinned = allocation(memory_kind::pinned_host, std::max(pinned_bytes, 2 * e.pinned.size()));
+    if (e.device.size() < device_bytes)
+      device = allocation(memory_kind::device, std::max(device_bytes, 2 * e.device.size()));
+    if (pinned.size() != 0) e.pinned = std::move(pinned);
+    if (device.size() != 0) e.device = std::move(device);
+  }
+
+  std::vector<std::unique_ptr<entry>> entries_;
+  std::uint64_t sequence_ = 0;
+};
+
+}  // namespace gear::detail

@@ -1,0 +1,91 @@
+#pragma once
+// Orders a GPU buffer's work across the streams its callers use, so that callers need no events
+// of their own (the contract at the top of replay_buffer.hpp):
+//
+//   a read  (a sample: selection and gather) waits for the writes other streams enqueued before it;
+//   a write (anything that changes slot bytes, the mirror or the selection state: insert, reserve,
+//            commit, erase, removal, priority updates) waits for the reads and the writes other
+//            streams enqueued before it.
+//
+// So each sample sees exactly the writes whose calls returned before it started, whatever their
+// stream, and no slot is overwritten while a gather that may read it has not finished. Calls are
+// serialised by the buffer's mutex; positions are events recorded after each access. While one
+// stream is all a buffer has seen, nothing is recorded or waited for: the first call on a second
+// stream records the first stream's position then.
+
+#include <cstdint>
+#include <gear/detail/cuda.hpp>
+#include <memory>
+#include <vector>
+
+namespace gear::detail {
+
+class stream_order {
+ public:
+  enum class access { read, write };
+
+  /// Makes `s` wait for what an access of kind `a` must follow. Throws errc::cuda_error (then
+  /// nothing was enqueued on `s` that a retry would repeat wrongly: waits are idempotent).
+  void before(cudaStream_t s, access a) {
+    lane& self = lane_of(s);
+    if (last_writer_ != nullptr && last_writer_ != &self && last_writer_->wrote)
+      GEAR_CUDA_TRY(cudaStreamWaitEvent(s, last_writer_->write.get(), 0));
+    if (a == access::write)
+      for (auto& l : lanes_)
+        if (l.get() != &self && l->read_pending)
+          GEAR_CUDA_TRY(cudaStreamWaitEvent(s, l->read.get(), 0));
+  }
+
+  /// Records the position of an access just enqueued on `s` (it must follow before(s, a)).
+  void after(cudaStream_t s, access a) {
+    lane& self = lane_of(s);
+    if (a == access::write) {
+      // This write followed every pending read: later writes follow them through it.
+      for (auto& l : lanes_) l->read_pending = false;
+      last_writer_ = &self;
+      self.wrote = true;
+      if (lanes_.size() > 1) GEAR_CUDA_TRY(cudaEventRecord(self.write.get(), s));
+    } else {
+      self.read_pending = true;
+      if (lanes_.size() > 1) GEAR_CUDA_TRY(cudaEventRecord(self.read.get(), s));
+    }
+  }
+
+  /// Blocks the calling thread until every read other streams enqueued so far has finished (the
+  /// CPU is about to overwrite slots that such a read may have selected).
+  void wait_for_reads(cudaStream_t s) {
+    for (auto& l : lanes_)
+      if (l->stream != s && l->read_pending) GEAR_CUDA_TRY(cudaEventSynchronize(l->read.get()));
+  }
+
+ private:
+  struct lane {
+    cudaStream_t stream{};
+    event read, write;
+    bool read_pending = false;  // a read since the last write that has not been waited for
+    bool wrote = false;
+  };
+
+  lane& lane_of(cudaStream_t s) {
+    for (auto& l : lanes_)
+      if (l->stream == s) return *l;
+    auto fresh = std::make_unique<lane>();
+    fresh->stream = s;
+    fresh->read = event::make();
+    fresh->write = event::make();
+    if (lanes_.size() == 1) {
+      // A second stream: the first one's accesses so far were not recorded; record its position
+      // now, which covers them (and whatever else it has enqueued since).
+      lane& first = *lanes_.front();
+      GEAR_CUDA_TRY(cudaEventRecord(first.read.get(), first.stream));
+      GEAR_CUDA_TRY(cudaEventRecord(first.write.get(), first.stream));
+    }
+    lanes_.push_back(std::move(fresh));
+    return *lanes_.back();
+  }
+
+  std::vector<std::unique_ptr<lane>> lanes_;
+  lane* last_writer_ = nullptr;
+};
+
+}  // namespace gear::detail

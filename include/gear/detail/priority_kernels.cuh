@@ -1,0 +1,230 @@
+#pragma once
+// The kernels of select::prioritized's device state (select_prioritized.cuh, whose top comment
+// describes the update protocol): priority sources, the mark and apply passes of an update, the
+// leaf and level rebuilds, and selection with importance weights.
+
+#include <algorithm>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cuda/atomic>
+#include <gear/detail/cuda.hpp>
+#include <gear/detail/sum_tree.hpp>
+#include <gear/detail/tuning.hpp>
+#include <gear/select/prioritized.hpp>
+#include <gear/select/uniform.hpp>
+
+namespace gear::detail {
+
+static_assert(sum_tree_fanout <= 16, "update flags pack 16 child bits and 16 arrival bits");
+
+/// The pairs of one update: staged host pairs (slots, priorities); pairs from device memory (keys,
+/// priorities), checked on the GPU against the slot metadata; or `count` ring slots from
+/// first_ticket all taking priority `fill` (read from `fill_from` when the kernel runs, if set).
+struct priority_source {
+  const std::int64_t* slots = nullptr;
+  const key* keys = nullptr;
+  const float* priorities = nullptr;
+  const float* fill_from = nullptr;
+  std::uint64_t first_ticket = 0;
+  std::int64_t capacity = 1;
+  float fill = 0;
+  std::int64_t count = 0;
+  // Checks of pairs from device memory (keys != nullptr).
+  const std::int64_t* lengths = nullptr;
+  const std::uint64_t* tickets = nullptr;
+  std::uint32_t shard = 0;
+  std::uint64_t call = 0;  ///< which update from device memory, for the failure record
+
+  /// The slot of pair i; out of range only for a bad key of an update from device memory.
+  GEAR_HD std::int64_t slot(std::int64_t i) const noexcept {
+    if (keys != nullptr) return keys[i].slot(capacity);
+    return slots != nullptr
+               ? slots[i]
+               : static_cast<std::int64_t>((first_ticket + static_cast<std::uint64_t>(i)) %
+                                           static_cast<std::uint64_t>(capacity));
+  }
+  GEAR_HD float priority(std::int64_t i) const noexcept {
+    return priorities != nullptr ? priorities[i] : fill_from != nullptr ? *fill_from : fill;
+  }
+};
+
+/// Device-side bookkeeping of the updates (device memory).
+struct priority_status {
+  unsigned long long verdict[2];  ///< by epoch parity: an update's first bad pair, or priority_ok
+  unsigned long long failures;    ///< failed updates from device memory so far
+  unsigned long long stale;       ///< pairs skipped because their key was stale when applied
+  float max_priority;             ///< the largest priority given so far (1 before any)
+};
+
+/// The device arrays of a prioritized state.
+struct priority_tree {
+  double* nodes = nullptr;               ///< [shape.total] the sum tree
+  float* raw = nullptr;                  ///< [capacity] raw priorities (negative/NaN: none)
+  unsigned long long* winner = nullptr;  ///< [capacity] last-write-wins bids
+  unsigned int* flags = nullptr;         ///< [shape.internal()] touched children | arrivals
+  priority_status* status = nullptr;     ///< verdicts, failure count, largest priority
+  priority_report* report = nullptr;     ///< device view of the host's failure report (mapped)
+  sum_tree_shape shape{};
+};
+
+template <class Tree>  // always priority_tree; a template so that headers define it once per use
+__global__ void priority_mark_kernel(priority_source src, Tree t, unsigned long long epoch) {
+  const std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
+  if (i >= src.count) return;
+  if (src.keys != nullptr) {
+    const unsigned long long verdict =
+        check_priority_pair(src.keys[i], src.priorities[i], static_cast<std::uint64_t>(i),
+                            src.lengths, src.tickets, src.capacity, src.shard);
+    if (verdict != priority_ok) {
+      // A stale pair is skipped (counted by the apply, if the update stands); a bad one fails it.
+      if (priority_verdict_code(verdict) != errc::stale_key)
+        atomicMin(t.status->verdict + (epoch & 1), verdict);
+      return;  // a bad or stale pair neither bids nor marks
+    }
+  }
+  const std::int64_t slot = src.slot(i);
+  atomicMax(t.winner + slot, (epoch << 32) | static_cast<unsigned long long>(i));
+  std::int64_t j = slot;
+  for (int d = t.shape.levels - 1; d > 0; --d) {
+    const unsigned bit = 1u << (j % sum_tree_fanout);
+    j /= sum_tree_fanout;
+    unsigned* flag = t.flags + t.shape.offset[d - 1] + j;
+    if (__ldcg(flag) & bit) break;  // someone else carries this edge upward
+    if (atomicOr(flag, bit) & bit) break;
+  }
+}
+
+/// Records the failed update's first bad pair i for the host: the entry, then (after a system
+/// fence) the failure count it polls. One thread of one update: no race.
+template <class Tree>
+__device__ void priority_record_failure(const priority_source& src, const Tree& t,
+                                        unsigned long long verdict, std::int64_t i) {
+  const unsigned long long n = t.status->failures;
+  priority_failure* f = t.report->log + n % priority_failure_log;
+  f->call = src.call;
+  f->index = static_cast<std::uint64_t>(i);
+  f->bad_key = src.keys[i];
+  f->priority = src.priorities[i];
+  f->code = static_cast<std::int32_t>(priority_verdict_code(verdict));
+  __threadfence_system();
+  *static_cast<volatile std::uint64_t*>(&t.report->failures) = n + 1;
+  t.status->failures = n + 1;
+}
+
+/// Folds the pair priorities of the calling (active) threads into status->max_priority.
+template <class Tree>
+__device__ void priority_fold_max(const Tree& t, float p) {
+  const unsigned bits = p > 0 ? __float_as_uint(p) : 0u;  // -0 counts as 0
+  auto* max_bits = reinterpret_cast<unsigned*>(&t.status->max_priority);
+#if __CUDA_ARCH__ >= 800
+  const unsigned active = __activemask();
+  const unsigned top = __reduce_max_sync(active, bits);
+  if (static_cast<int>(threadIdx.x % 32) == __ffs(static_cast<int>(active)) - 1)
+    atomicMax(max_bits, top);
+#else
+  atomicMax(max_bits, bits);
+#endif
+}
+
+template <class Tree>  // always priority_tree; a template so that headers define it once per use
+__global__ void priority_apply_kernel(priority_source src, Tree t, unsigned long long epoch,
+                                      double alpha) {
+  const std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
+  if (i >= src.count) return;
+  const unsigned long long verdict = t.status->verdict[epoch & 1];
+  if (i == 0) t.status->verdict[(epoch & 1) ^ 1] = priority_ok;  // the next update's, unread now
+  const bool failed = verdict != priority_ok;
+  if (failed && static_cast<std::uint64_t>(i) == priority_verdict_index(verdict))
+    priority_record_failure(src, t, verdict, i);
+  // A stale pair (the mark kernel skipped it; the mirror is as it was then) is not folded.
+  const bool stale = src.keys != nullptr &&
+                     check_priority_pair(src.keys[i], 0.0f, 0, src.lengths, src.tickets,
+                                         src.capacity, src.shard) != priority_ok;
+  if (!failed && !stale && src.priorities != nullptr) priority_fold_max(t, src.priorities[i]);
+  if (stale) {
+    if (!failed) atomicAdd(&t.status->stale, 1ull);
+    return;
+  }
+  const std::int64_t slot = src.slot(i);
+  if (static_cast<std::uint64_t>(slot) >= static_cast<std::uint64_t>(src.capacity)) return;
+  if (t.winner[slot] != ((epoch << 32) | static_cast<unsigned long long>(i))) return;
+  if (!failed) {
+    const float p = src.priority(i);
+    t.raw[slot] = p;
+    t.nodes[t.shape.leaf(slot)] = priority_leaf(p, alpha);
+  }
+  std::int64_t j = slot;
+  for (int d = t.shape.levels - 1; d > 0; --d) {
+    const unsigned bit = 1u << (j % sum_tree_fanout);
+    j /= sum_tree_fanout;
+    const std::int64_t node = t.shape.offset[d - 1] + j;
+    // The arrival releases this child's value; the last arrival acquires every sibling's.
+    const unsigned now = cuda::atomic_ref<unsigned, cuda::thread_scope_device>(t.flags[node])
+                             .fetch_or(bit << 16, cuda::memory_order_acq_rel) |
+                         (bit << 16);
+    if ((now >> 16) != (now & 0xFFFFu)) return;  // a touched sibling is still on its way
+    if (!failed) {
+      const double* child = t.nodes + t.shape.offset[d] + j * sum_tree_fanout;
+      double v[sum_tree_fanout];
+      for (int c = 0; c < sum_tree_fanout; ++c) v[c] = __ldcg(child + c);
+      double sum = 0;
+      for (int c = 0; c < sum_tree_fanout; ++c) sum += v[c];
+      t.nodes[node] = sum;
+    }
+    t.flags[node] = 0;
+  }
+}
+
+template <class Tree>  // always priority_tree; a template so that headers define it once per use
+__global__ void priority_leaves_kernel(Tree t, double alpha, std::int64_t capacity) {
+  const std::int64_t slot = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
+  if (slot >= capacity) return;
+  t.nodes[t.shape.leaf(slot)] = priority_leaf(t.raw[slot], alpha);
+}
+
+template <class Tree>  // always priority_tree; a template so that headers define it once per use
+__global__ void sum_tree_level_kernel(Tree t, int d) {
+  const std::int64_t j = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
+  if (j >= t.shape.count[d]) return;
+  t.nodes[t.shape.offset[d] + j] = sum_tree_children(t.nodes, t.shape, d, j);
+}
+
+template <
+    class Request>  // always selection_request; a template so that headers define it once per use
+__global__ void prioritized_select_kernel(slot_table table, Request r, const double* nodes,
+                                          sum_tree_shape shape, bool stratified) {
+  const std::int64_t row = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
+  if (row >= r.batch) return;
+  const double root = nodes[0];
+  if (!(root > 0)) {  // every committed priority is 0: uniform
+    r.slots[row] = uniform_row(table, r, true, row);
+    r.probabilities[row] = 1.0f / static_cast<float>(table.live);
+    r.weights[row] = 1.0f;
+    return;
+  }
+  const double u = priority_target(r.draw, row, r.batch, stratified, root);
+  const std::int64_t slot = sum_tree_find(nodes, shape, u);
+  const double leaf = nodes[shape.leaf(slot)];
+  r.slots[row] = slot;
+  r.probabilities[row] = static_cast<float>(leaf / root);
+  atomicMax(reinterpret_cast<unsigned long long*>(r.scratch),
+            ~static_cast<unsigned long long>(__double_as_longlong(leaf)));
+}
+
+// A template (Request is always selection_request) so that headers define it once per use.
+template <class Request>
+__global__ void prioritized_weights_kernel(Request r, const double* nodes, sum_tree_shape shape,
+                                           double beta) {
+  const std::int64_t row = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
+  if (row >= r.batch) return;
+  if (!(nodes[0] > 0)) return;
+  const double leaf_min = __longlong_as_double(static_cast<long long>(~r.scratch[0]));
+  r.weights[row] = importance_weight(nodes[shape.leaf(r.slots[row])], leaf_min, beta);
+}
+
+inline unsigned blocks_for(std::int64_t n, int threads) {
+  return static_cast<unsigned>((n + threads - 1) / threads);
+}
+
+}  // namespace gear::detail

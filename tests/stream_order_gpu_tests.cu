@@ -1,0 +1,343 @@
+// GPU suite: the buffer's stream-ordered semantics with the stream held busy (a spin kernel, the
+// way a training step holds a learner's stream), exception safety under injected faults, and
+// stale keys in priority updates. Each case is a regression test of a defect the landed core had
+// (issue "Core v2", table rows 1, 2, 4, 5, 6). Exits 77 (skipped) where no GPU is usable.
+
+#include <gear/gear.cuh>
+
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <set>
+#include <vector>
+
+#include "gpu_common.cuh"
+
+using namespace gear_test;
+namespace fi = gear::detail::fault_injection;
+
+namespace {
+
+using vspec = gear::spec<gear::column<"v", std::int32_t>>;
+template <class Storage, class Selection = gear::select::uniform>
+using vbuffer = gear::replay_buffer<vspec, Storage, Selection>;
+
+/// Holds the stream for `ms` milliseconds.
+__global__ void spin(long long ms) {
+  const long long start = clock64();
+  // clock64 counts SM cycles; 2 GHz is above the H200's boost clock, so this spins at least ms.
+  while (clock64() - start < ms * 2'000'000) {
+  }
+}
+void hold(cuda::stream_ref s, long long ms = 50) {
+  spin<<<1, 1, 0, s.get()>>>(ms);
+  GEAR_CHECK_LAUNCH("spin");
+}
+
+/// Writes `n` steps valued first, first + 1, ... into the reserved slot through a ref.
+template <class Ref>
+__global__ void write_steps(Ref ref, std::int64_t slot, std::int32_t first, std::int64_t n) {
+  for (std::int64_t t = 0; t < n; ++t) *ref.template step<0>(slot, t) = first + static_cast<std::int32_t>(t);
+}
+
+template <class T>
+std::vector<T> to_host(const T* p, std::int64_t n, cuda::stream_ref s) {
+  std::vector<T> out(static_cast<std::size_t>(n));
+  GEAR_CUDA_TRY(cudaMemcpyAsync(out.data(), p, out.size() * sizeof(T), cudaMemcpyDeviceToHost, s.get()));
+  GEAR_CUDA_TRY(cudaStreamSynchronize(s.get()));
+  return out;
+}
+
+/// Inserts one trajectory of `values` from host memory; returns its key.
+template <class Buffer>
+gear::key insert_values(Buffer& buf, const std::vector<std::int32_t>& values, cuda::stream_ref s) {
+  const std::int64_t len[] = {static_cast<std::int64_t>(values.size())};
+  gear::trajectories<vspec> in{len, {gear::input(values.data())}};
+  gear::key k{};
+  buf.insert_async(in, std::span<gear::key>(&k, 1), s);
+  return k;
+}
+
+/// One sampled row as the host sees it.
+struct row {
+  gear::key k;
+  std::vector<std::uint8_t> mask;
+  std::vector<std::int32_t> v;
+};
+template <class Batch>
+std::vector<row> rows_of(const Batch& b, cuda::stream_ref s) {
+  const std::int64_t n = b.batch_size(), L = b.window_length();
+  const auto keys = to_host(b.keys_data(), n, s);
+  const auto mask = to_host(b.mask_data(), n * L, s);
+  const auto v = to_host(reinterpret_cast<const std::int32_t*>(b.column_data(0)), n * L, s);
+  std::vector<row> out;
+  for (std::int64_t r = 0; r < n; ++r)
+    out.push_back({keys[r], {mask.begin() + r * L, mask.begin() + (r + 1) * L},
+                   {v.begin() + r * L, v.begin() + (r + 1) * L}});
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("row 1: a sample enqueued after commit_async(X) returns X, not a later insert",
+                   Storage, gear::storage::device, gear::storage::pinned_host) {
+  stream_holder s;
+  vbuffer<Storage> buf{gear::capacity{1}, gear::max_length{4}};
+  auto batch = buf.make_batch(gear::batch_size{1}, gear::window_length{4});
+  gear::rng g{7};
+  const gear::reservation r = buf.reserve(1, s);
+  hold(s);
+  write_steps<<<1, 1, 0, s.s>>>(buf.ref(gear::op::write_steps{}), r.slot(0), 10, 2);
+  GEAR_CHECK_LAUNCH("write_steps");
+  const std::int64_t two[] = {2};
+  gear::key kx{};
+  buf.commit_async(r, two, std::span<gear::key>(&kx, 1), s);
+  buf.sample_async(batch, gear::window{.length = 4}, g, s);
+  const gear::key kb = insert_values(buf, {20, 21, 22, 23}, s);
+  GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
+  const row got = rows_of(batch, s).at(0);
+  CHECK(got.k == kx);
+  CHECK(got.mask == std::vector<std::uint8_t>{1, 1, 0, 0});
+  CHECK(got.v == std::vector<std::int32_t>{10, 11, 0, 0});
+  CHECK_FALSE(buf.contains(kx));
+  CHECK(buf.contains(kb));
+  // The stream's later work sees B.
+  buf.sample(batch, gear::window{.length = 4}, g, s);
+  const row later = rows_of(batch, s).at(0);
+  CHECK(later.k == kb);
+  CHECK(later.v == std::vector<std::int32_t>{20, 21, 22, 23});
+}
+
+TEST_CASE_TEMPLATE("row 2: a sample enqueued between commit_async(X) and erase_async(X) sees X",
+                   Storage, gear::storage::device, gear::storage::pinned_host) {
+  stream_holder s;
+  vbuffer<Storage> buf{gear::capacity{2}, gear::max_length{2}};
+  const gear::reservation r = buf.reserve(1, s);  // slot 0
+  write_steps<<<1, 1, 0, s.s>>>(buf.ref(gear::op::write_steps{}), r.slot(0), 100, 2);
+  GEAR_CHECK_LAUNCH("write_steps");
+  const gear::key kc = insert_values(buf, {200, 201}, s);  // slot 1
+  hold(s);
+  const std::int64_t two[] = {2};
+  gear::key kx{};
+  buf.commit_async(r, two, std::span<gear::key>(&kx, 1), s);
+  auto batch = buf.make_batch(gear::batch_size{1024}, gear::window_length{2});
+  gear::rng g{11};
+  buf.sample_async(batch, gear::window{.length = 2}, g, s);
+  buf.erase_async(std::span<const gear::key>(&kx, 1), s);
+  GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
+  std::int64_t of_x = 0, of_c = 0;
+  for (const row& x : rows_of(batch, s)) {
+    if (x.k == kx) {
+      ++of_x;
+      CHECK(x.v == std::vector<std::int32_t>{100, 101});
+    } else {
+      REQUIRE(x.k == kc);
+      ++of_c;
+      CHECK(x.v == std::vector<std::int32_t>{200, 201});
+    }
+  }
+  // Binomial(1024, 1/2): sd 16; [432, 592] is 5 sd either side (two-sided p < 1e-6).
+  CHECK(of_x + of_c == 1024);
+  CHECK(of_x >= 432);
+  CHECK(of_x <= 592);
+  // After the erase, the stream's later samples no longer see X.
+  buf.sample(batch, gear::window{.length = 2}, g, s);
+  for (const row& x : rows_of(batch, s)) CHECK(x.k == kc);
+}
+
+TEST_CASE("row 6: writer::append copies each step during the call, whatever the source") {
+  stream_holder s;
+  vbuffer<gear::storage::device> buf{gear::capacity{1}, gear::max_length{3}};
+  std::int32_t* step = nullptr;
+  GEAR_CUDA_TRY(cudaHostAlloc(&step, sizeof(std::int32_t), cudaHostAllocDefault));
+  {
+    auto w = buf.make_writer(s);
+    hold(s);
+    for (std::int32_t v : {1, 2, 3}) {
+      *step = v;
+      w.append(step);
+    }
+    (void)w.commit();
+  }
+  GEAR_CUDA_TRY(cudaFreeHost(step));
+  auto batch = buf.make_batch(gear::batch_size{1}, gear::window_length{3});
+  gear::rng g{3};
+  buf.sample(batch, gear::window{.length = 3}, g, s);
+  CHECK(rows_of(batch, s).at(0).v == std::vector<std::int32_t>{1, 2, 3});
+}
+
+TEST_CASE("row 4: priority updates skip stale keys and apply the rest, from host and device memory") {
+  stream_holder s;
+  using pbuffer = vbuffer<gear::storage::device, gear::select::prioritized>;
+  pbuffer buf{gear::capacity{1000}, gear::max_length{1}};
+  std::vector<std::int32_t> v(1000);
+  for (int i = 0; i < 1000; ++i) v[i] = i;
+  const std::vector<std::int64_t> lens(1000, 1);
+  std::vector<gear::key> keys(1000);
+  buf.insert(gear::trajectories<vspec>{lens, {gear::input(v.data())}}, keys, s);
+  auto batch = buf.make_batch(gear::batch_size{256}, gear::window_length{1});
+  gear::rng g{5};
+  for (int round = 0; round < 2; ++round) {
+    buf.sample(batch, gear::window{.length = 1}, g, s);
+    const auto sampled = to_host(batch.keys_data(), 256, s);
+    for (int i = 0; i < 8; ++i) (void)insert_values(buf, {-1}, s);
+    std::int64_t stale = 0;
+    for (const gear::key& k : sampled) stale += !buf.contains(k);
+    std::vector<float> p(256);
+    for (int i = 0; i < 256; ++i) p[i] = 2.0f + static_cast<float>(i % 7);
+    if (round == 0) {
+      const gear::priority_update_result res = buf.update_priorities(sampled, p, s);
+      CHECK(res.stale == stale);
+      CHECK(res.applied == 256 - stale);
+    } else {
+      // From device memory: the batch's own keys, priorities the learner computed on the GPU.
+      gear::detail::allocation dp(gear::memory_kind::device, 256 * sizeof(float));
+      GEAR_CUDA_TRY(cudaMemcpy(dp.data(), p.data(), 256 * sizeof(float), cudaMemcpyHostToDevice));
+      const std::uint64_t before = buf.selection_state().stale_pairs(s);
+      buf.update_priorities(std::span<const gear::key>(batch.keys_data(), 256),
+                            std::span<const float>(dp.as<const float>(), 256),
+                            gear::memory_kind::device, s);
+      CHECK(buf.selection_state().stale_pairs(s) - before == static_cast<std::uint64_t>(stale));
+    }
+    // Every live pair landed (last write wins for a key named twice).
+    const auto raw = buf.selection_state().priorities(s);
+    std::vector<float> want(1000, -2.0f);
+    for (int i = 0; i < 256; ++i)
+      if (buf.contains(sampled[i])) want[sampled[i].slot(1000)] = p[i];
+    for (int slot = 0; slot < 1000; ++slot)
+      if (want[slot] != -2.0f) CHECK(raw[slot] == want[slot]);
+  }
+}
+
+namespace {
+
+/// What a test can observe of a buffer: sizes, tickets, lengths, and a sample's rows.
+template <class Buffer>
+struct observed {
+  std::int64_t size;
+  std::uint64_t tickets;
+  std::vector<std::uint64_t> slot_tickets;
+  std::vector<std::int64_t> lengths;
+  std::vector<gear::key> sample_keys;
+  std::vector<std::int32_t> sample_values;
+  bool operator==(const observed&) const = default;
+
+  observed(Buffer& buf, cuda::stream_ref s) : size(buf.size()), tickets(buf.tickets_issued()) {
+    for (std::int64_t i = 0; i < buf.capacity(); ++i) {
+      slot_tickets.push_back(buf.ticket(i));
+      lengths.push_back(buf.length(i));
+    }
+    auto batch = buf.make_batch(gear::batch_size{64}, gear::window_length{2});
+    gear::rng g{99};
+    buf.sample(batch, gear::window{.length = 2}, g, s);
+    for (const row& r : rows_of(batch, s)) {
+      sample_keys.push_back(r.k);
+      sample_values.insert(sample_values.end(), r.v.begin(), r.v.end());
+      // Every sampled row's bytes belong to its key's trajectory (values encode the ticket).
+      CHECK(r.v[0] == static_cast<std::int32_t>(r.k.ticket) * 10);
+    }
+  }
+};
+
+/// Runs `op` on a fresh buffer with the n-th checked call failing, for n = 1, 2, ... until op
+/// succeeds; checks that every failure either left the buffer exactly as it was or made every
+/// later call throw errc::cuda_error (never wrong rows). Returns {failures seen, unchanged}.
+template <class Storage, class Op>
+std::pair<int, int> inject_every_fault(Op&& op) {
+  int failures = 0, unchanged = 0;
+  for (long n = 1; n < 200; ++n) {
+    stream_holder s;
+    vbuffer<Storage> buf{gear::capacity{4}, gear::max_length{2}};
+    for (int i = 0; i < 3; ++i)
+      (void)insert_values(buf, {i * 10, i * 10 + 1}, s);
+    GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
+    const observed<vbuffer<Storage>> before(buf, s);
+    fi::countdown = n;
+    bool failed = false;
+    try {
+      op(buf, s);
+      GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
+    } catch (const gear::error& e) {
+      failed = true;
+      INFO("fault " << n << ": " << e.what());
+      CHECK((e.code() == gear::errc::out_of_memory || e.code() == gear::errc::cuda_error));
+    }
+    const bool fired = fi::countdown == 0;
+    fi::countdown = 0;
+    if (!fired) {
+      CHECK_FALSE(failed);
+      return {failures, unchanged};
+    }
+    REQUIRE(failed);
+    ++failures;
+    GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
+    bool usable = true;
+    try {
+      const observed<vbuffer<Storage>> after(buf, s);
+      INFO("fault " << n << " changed the buffer");
+      CHECK(after == before);
+      unchanged += after == before;
+    } catch (const gear::error& e) {
+      usable = false;
+      CHECK(e.code() == gear::errc::cuda_error);
+      CHECK(std::string(e.what()).find("unusable") != std::string::npos);
+    }
+    (void)usable;
+  }
+  FAIL("the operation still failed after 200 injected faults");
+  return {failures, unchanged};
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("row 5: every failing allocation or CUDA call of a mutating call leaves the "
+                   "buffer as it was, or unusable with a clear error",
+                   Storage, gear::storage::device, gear::storage::pinned_host) {
+  using B = vbuffer<Storage>;
+  auto report = [](const char* what, std::pair<int, int> r) {
+    MESSAGE(what << ": " << r.first << " injected failures, " << r.second << " left it unchanged");
+    CHECK(r.first > 0);
+  };
+  report("insert_async from host", inject_every_fault<Storage>([](B& b, cuda::stream_ref s) {
+           (void)insert_values(b, {30, 31}, s);
+         }));
+  report("reserve + commit", inject_every_fault<Storage>([](B& b, cuda::stream_ref s) {
+           const gear::reservation r = b.reserve(1, s);
+           write_steps<<<1, 1, 0, s.get()>>>(b.ref(gear::op::write_steps{}), r.slot(0), 30, 2);
+           const std::int64_t two[] = {2};
+           gear::key k{};
+           b.commit_async(r, two, std::span<gear::key>(&k, 1), s);
+         }));
+  report("writer", inject_every_fault<Storage>([](B& b, cuda::stream_ref s) {
+           auto w = b.make_writer(s);
+           for (std::int32_t v : {30, 31}) w.append(&v);
+           (void)w.commit_async();
+         }));
+  report("erase", inject_every_fault<Storage>([](B& b, cuda::stream_ref s) {
+           const gear::key k{1, 0, 0};
+           b.erase_async(std::span<const gear::key>(&k, 1), s);
+         }));
+  report("sample with removal", inject_every_fault<Storage>([](B& b, cuda::stream_ref s) {
+           auto batch = b.make_batch(gear::batch_size{2}, gear::window_length{2});
+           gear::rng g{1};
+           b.set_max_times_sampled(1);
+           try {
+             b.sample_async(batch, gear::window{.length = 2}, g, s);
+           } catch (...) {
+             b.set_max_times_sampled(0);
+             throw;
+           }
+           b.set_max_times_sampled(0);
+         }));
+}
+
+int main(int argc, char** argv) {
+  if (!gear::detail::gpu_available()) {
+    std::printf("stream_order_gpu_tests: no GPU; skipping\n");
+    return 77;
+  }
+  doctest::Context context(argc, argv);
+  return context.run();
+}

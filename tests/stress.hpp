@@ -1,0 +1,152 @@
+#pragma once
+// A stress test shared by the host suite (storage::host, run under ThreadSanitizer in CI) and the
+// gpu suite (pinned_host, device, mixed): threads insert, write step by step, sample, update
+// priorities and erase on one buffer at once, each on its own stream, with no lock of their own.
+// Every step of every trajectory carries the trajectory's id, the step's index and a checksum, so
+// a sampled row proves it is not torn (all its steps from one trajectory, in order, intact), and
+// the (ticket, id) pairs samples saw are checked afterwards against what the inserts returned.
+
+#include <gear/gear.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace gear_stress {
+
+using spec = gear::spec<gear::column<"v", std::int64_t, 3>, gear::column<"r", float>>;
+inline constexpr std::int64_t max_len = 8;
+inline constexpr std::int64_t window_len = 4;
+
+inline std::int64_t checksum(std::int64_t id, std::int64_t t) noexcept {
+  return (id * 0x9E3779B97F4A7C15ll) ^ (t * 0xC2B2AE3D27D4EB4Fll) ^ 0x5bd1e995;
+}
+
+struct result {
+  std::int64_t operations = 0, rows = 0, torn = 0, wrong_key = 0, unknown_key = 0;
+};
+
+/// Runs `threads` threads of `ops_each` operations on `buf`. StreamOf(i) gives thread i's stream;
+/// Sync(stream) waits for it; HostView(batch, stream) returns the batch's keys, mask and column 0
+/// in host memory.
+template <class Buffer, class Streams, class Fetch>
+result run(Buffer& buf, int threads, std::int64_t ops_each, std::uint64_t seed, Streams& streams,
+           Fetch&& fetch) {
+  std::mutex log_mutex;
+  std::map<std::uint64_t, std::int64_t> id_of_ticket;  // from insert and commit results
+  std::vector<std::pair<std::uint64_t, std::int64_t>> seen;  // (ticket, id) from samples
+  std::atomic<std::int64_t> next_id{1}, rows{0}, torn{0};
+
+  auto worker = [&](int me) {
+    std::mt19937_64 gen(seed * 1000 + static_cast<std::uint64_t>(me));
+    auto stream = streams.get(me);
+    auto batch = buf.make_batch(gear::batch_size{16}, gear::window_length{window_len});
+    gear::rng g{seed + static_cast<std::uint64_t>(me)};
+    std::vector<gear::key> mine;
+    std::vector<std::pair<std::uint64_t, std::int64_t>> local_seen, local_log;
+    for (std::int64_t op = 0; op < ops_each; ++op) {
+      const int kind = static_cast<int>(gen() % 10);
+      if (kind < 4) {  // insert 1-3 trajectories from host memory
+        const std::int64_t n = 1 + static_cast<std::int64_t>(gen() % 3);
+        std::vector<std::int64_t> lens, ids;
+        std::vector<std::int64_t> v;
+        std::vector<float> r;
+        for (std::int64_t i = 0; i < n; ++i) {
+          const std::int64_t len = 1 + static_cast<std::int64_t>(gen() % max_len);
+          const std::int64_t id = next_id++;
+          lens.push_back(len);
+          ids.push_back(id);
+          for (std::int64_t t = 0; t < len; ++t) {
+            v.insert(v.end(), {id, t, checksum(id, t)});
+            r.push_back(static_cast<float>(id));
+          }
+        }
+        std::vector<gear::key> keys(static_cast<std::size_t>(n));
+        buf.insert_async(gear::trajectories<spec>{lens, {gear::input(v.data(), {3}), gear::input(r.data())}},
+                         keys, stream);
+        for (std::int64_t i = 0; i < n; ++i) {
+          local_log.emplace_back(keys[i].ticket, ids[i]);
+          mine.push_back(keys[i]);
+        }
+      } else if (kind < 5) {  // a writer
+        auto w = buf.make_writer(stream);
+        const std::int64_t id = next_id++;
+        const std::int64_t len = 1 + static_cast<std::int64_t>(gen() % max_len);
+        try {
+          for (std::int64_t t = 0; t < len; ++t) {
+            const std::int64_t step[3] = {id, t, checksum(id, t)};
+            const float rew = static_cast<float>(id);
+            w.append(step, &rew);
+          }
+          const gear::key k = w.commit_async();
+          local_log.emplace_back(k.ticket, id);
+          mine.push_back(k);
+        } catch (const gear::error& e) {
+          // Other threads reserved capacity slots meanwhile and took the slot over.
+          if (e.code() != gear::errc::invalid_reservation) throw;
+        }
+      } else if (kind < 8) {  // sample, check every row, update priorities
+        if (buf.size() == 0) continue;
+        try {
+          buf.sample_async(batch, gear::window{.length = window_len}, g, stream);
+        } catch (const gear::error& e) {
+          if (e.code() != gear::errc::empty_buffer) throw;  // erased meanwhile
+          continue;
+        }
+        const auto view = fetch(batch, stream);
+        for (std::int64_t row = 0; row < 16; ++row) {
+          ++rows;
+          std::int64_t id = -1, steps = 0;
+          bool bad = false;
+          for (std::int64_t t = 0; t < window_len; ++t) {
+            if (!view.mask[row * window_len + t]) continue;
+            const std::int64_t* s = &view.v[(row * window_len + t) * 3];
+            if (id < 0) id = s[0];
+            bad |= s[0] != id || s[1] != t || s[2] != checksum(s[0], s[1]);
+            ++steps;
+          }
+          if (bad || steps == 0) ++torn;
+          else local_seen.emplace_back(view.keys[row].ticket, id);
+        }
+        if constexpr (requires { buf.update_priorities_async(view.keys, std::vector<float>{}, stream); }) {
+          std::vector<float> p(16);
+          for (auto& x : p) x = static_cast<float>(gen() % 100) / 10.0f;
+          const gear::priority_update_result res = buf.update_priorities_async(view.keys, p, stream);
+          if (res.applied + res.stale != 16) ++torn;
+        }
+      } else if (!mine.empty()) {  // erase one of mine, if still stored
+        const gear::key k = mine[gen() % mine.size()];
+        try {
+          buf.erase_async(std::span<const gear::key>(&k, 1), stream);
+        } catch (const gear::error& e) {
+          if (e.code() != gear::errc::stale_key) throw;
+        }
+      }
+    }
+    streams.sync(me);
+    const std::scoped_lock lock(log_mutex);
+    for (auto& [t, id] : local_log) id_of_ticket[t] = id;
+    seen.insert(seen.end(), local_seen.begin(), local_seen.end());
+  };
+  std::vector<std::thread> pool;
+  for (int i = 0; i < threads; ++i) pool.emplace_back(worker, i);
+  for (auto& t : pool) t.join();
+
+  result out;
+  out.operations = threads * ops_each;
+  out.rows = rows;
+  out.torn = torn;
+  for (auto& [ticket, id] : seen) {
+    const auto it = id_of_ticket.find(ticket);
+    if (it == id_of_ticket.end()) ++out.unknown_key;
+    else if (it->second != id) ++out.wrong_key;
+  }
+  return out;
+}
+
+}  // namespace gear_stress

@@ -1,0 +1,79 @@
+// Stress, GPU storage: 8 threads, each on its own stream, insert, write, sample, update priorities
+// and erase on one buffer with no lock or event of their own (tests/stress.hpp), for pinned_host,
+// device and mixed storage. GEAR_STRESS_OPS sets the operations per thread (default 125000:
+// 10^6 in all per storage). Exits 77 (skipped) where no GPU is usable.
+
+#include <gear/gear.cuh>
+
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "gpu_common.cuh"
+#include "stress.hpp"
+
+namespace {
+
+struct thread_streams {
+  std::vector<cudaStream_t> s;
+  explicit thread_streams(int n) : s(static_cast<std::size_t>(n)) {
+    for (auto& x : s) GEAR_CUDA_TRY(cudaStreamCreateWithFlags(&x, cudaStreamNonBlocking));
+  }
+  ~thread_streams() {
+    for (auto x : s) (void)cudaStreamDestroy(x);
+  }
+  cuda::stream_ref get(int i) const { return cuda::stream_ref{s[static_cast<std::size_t>(i)]}; }
+  void sync(int i) const { GEAR_CUDA_TRY(cudaStreamSynchronize(s[static_cast<std::size_t>(i)])); }
+};
+
+struct host_view {
+  std::vector<gear::key> keys;
+  std::vector<std::uint8_t> mask;
+  std::vector<std::int64_t> v;
+};
+
+template <class Batch>
+host_view fetch(const Batch& b, cuda::stream_ref s) {
+  const auto rows = static_cast<std::size_t>(b.batch_size()), n = rows * b.window_length();
+  host_view h{std::vector<gear::key>(rows), std::vector<std::uint8_t>(n), std::vector<std::int64_t>(n * 3)};
+  GEAR_CUDA_TRY(cudaMemcpyAsync(h.keys.data(), b.keys_data(), rows * sizeof(gear::key), cudaMemcpyDefault, s.get()));
+  GEAR_CUDA_TRY(cudaMemcpyAsync(h.mask.data(), b.mask_data(), n, cudaMemcpyDefault, s.get()));
+  GEAR_CUDA_TRY(cudaMemcpyAsync(h.v.data(), b.column_data(0), n * 3 * 8, cudaMemcpyDefault, s.get()));
+  GEAR_CUDA_TRY(cudaStreamSynchronize(s.get()));
+  return h;
+}
+
+std::int64_t ops_per_thread() {
+  const char* env = std::getenv("GEAR_STRESS_OPS");
+  return env != nullptr ? std::atoll(env) : 125000;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("stress: 8 threads on their own streams, one GPU buffer: no torn or mislabeled row",
+                   Storage, gear::storage::pinned_host, gear::storage::device,
+                   gear::storage::mixed<gear::storage::pinned_host, gear::storage::device>) {
+  gear::replay_buffer<gear_stress::spec, Storage, gear::select::prioritized> buf{
+      gear::capacity{256}, gear::max_length{gear_stress::max_len}};
+  thread_streams streams(8);
+  const std::int64_t ops = ops_per_thread();
+  const auto r = gear_stress::run(buf, 8, ops, 7, streams,
+                                  [](auto& batch, cuda::stream_ref s) { return fetch(batch, s); });
+  MESSAGE(r.operations << " operations, " << r.rows << " rows sampled");
+  CHECK(r.operations == 8 * ops);
+  CHECK(r.rows > 0);
+  CHECK(r.torn == 0);
+  CHECK(r.wrong_key == 0);
+  CHECK(r.unknown_key == 0);
+}
+
+int main(int argc, char** argv) {
+  if (!gear::detail::gpu_available()) {
+    std::printf("stress_gpu_tests: no GPU; skipping\n");
+    return 77;
+  }
+  doctest::Context context(argc, argv);
+  return context.run();
+}
