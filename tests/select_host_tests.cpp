@@ -601,3 +601,60 @@ TEST_CASE("recency: pending slots are skipped and counted out; K beyond the size
   CHECK(gear_test::code_of([&] { buf.selection_state().set_newest(0); }) ==
         gear::errc::invalid_argument);
 }
+
+// Issue "Core v2", row 3: 300 committed, then 300 newer reservations left open (writers), with a
+// half-life of 4: a draw from the whole window hits a committed slot with probability about
+// 2^-75, so the landed core spun 2^30 times and returned no row. Now each row falls back to an
+// exact scan after 64 misses: every row is a committed candidate, drawn with P(t) proportional
+// to 2^(t / 4) (chi-square at 0.001; the same test rejects a planted uniform distribution).
+TEST_CASE("recency: open writers on the newest tickets neither hang a draw nor bias it") {
+  recent_buffer buf{gear::capacity{1000}, gear::max_length{1},
+                    gear::select::recency{.newest = 1000, .half_life = 4}};
+  const auto keys = insert_ids(buf, 0, 300);
+  const gear::reservation open = buf.reserve(300);
+  (void)open;
+  auto batch = buf.make_batch(gear::batch_size{1000}, gear::window_length{1});
+  gear::rng g{31};
+  std::vector<double> counts(300, 0.0);
+  const auto start = std::chrono::steady_clock::now();
+  for (int round = 0; round < 20; ++round) {
+    buf.sample(batch, gear::window{.length = 1}, g);
+    for (const gear::key& k : batch.keys()) {
+      REQUIRE(k.ticket < 300);
+      REQUIRE(buf.contains(k));
+      counts[k.ticket] += 1;
+    }
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  MESSAGE("20000 rows in " << seconds << " s");
+  CHECK(seconds < 10);
+  std::vector<double> p(300), uniform(300, 1.0 / 300);
+  double total = 0;
+  for (int t = 0; t < 300; ++t) total += p[t] = std::exp2((t - 299) / 4.0);
+  for (double& x : p) x /= total;
+  const auto fit = chi2_test(counts, p, 20000);
+  CHECK_FALSE(fit.rejects());
+  std::vector<double> planted(300, 20000.0 / 300);
+  CHECK(chi2_test(planted, p, 20000).rejects());
+  CHECK(chi2_test(counts, uniform, 20000).rejects());
+}
+
+// Review finding E10: p^alpha overflowing to infinity made every row take one leaf; underflowing
+// to 0 made a positive priority undrawable. Both are refused, and nothing changes.
+TEST_CASE("prioritized: priorities whose p^alpha leaves the double range are refused") {
+  per_buffer buf{gear::capacity{4}, gear::max_length{1}, gear::select::prioritized{10.0, 0.4}};
+  const auto keys = insert_ids(buf, 0, 4);
+  const std::vector<float> huge{1e38f}, tiny{1e-35f};
+  const double total = buf.selection_state().total();
+  CHECK(gear_test::code_of([&] {
+          buf.update_priorities(std::vector<gear::key>{keys[0]}, huge);
+        }) == gear::errc::invalid_priority);
+  CHECK(gear_test::code_of([&] {
+          buf.update_priorities(std::vector<gear::key>{keys[1]}, tiny);
+        }) == gear::errc::invalid_priority);
+  CHECK(buf.selection_state().total() == total);
+  CHECK(buf.selection_state().priority(0) == 1.0f);
+  const auto r = buf.update_priorities(std::vector<gear::key>{keys[2]}, std::vector<float>{2.0f});
+  CHECK(r.applied == 1);
+}

@@ -8,6 +8,8 @@
 
 #include <gear/gear.hpp>
 
+#include <doctest/doctest.h>
+
 #include <atomic>
 #include <cstdint>
 #include <map>
@@ -147,6 +149,16 @@ result run(Buffer& buf, int threads, std::int64_t ops_each, std::uint64_t seed, 
     else if (it->second != id) ++out.wrong_key;
   }
   return out;
+}
+
+/// What every storage's stress run must show.
+inline void check(const result& r, std::int64_t threads, std::int64_t ops_each) {
+  MESSAGE(r.operations << " operations, " << r.rows << " rows sampled");
+  CHECK(r.operations == threads * ops_each);
+  CHECK(r.rows > 0);
+  CHECK(r.torn == 0);
+  CHECK(r.wrong_key == 0);
+  CHECK(r.unknown_key == 0);
 }
 
 }  // namespace gear_stress

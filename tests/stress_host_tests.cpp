@@ -40,10 +40,5 @@ TEST_CASE("stress: 8 threads on one host buffer, no lock of theirs: no torn or m
         {batch.mask_data(), static_cast<std::size_t>(n)},
         {reinterpret_cast<const std::int64_t*>(batch.column_data(0)), static_cast<std::size_t>(n * 3)}};
   });
-  MESSAGE(r.operations << " operations, " << r.rows << " rows sampled");
-  CHECK(r.operations == 8 * ops);
-  CHECK(r.rows > 0);
-  CHECK(r.torn == 0);
-  CHECK(r.wrong_key == 0);
-  CHECK(r.unknown_key == 0);
+  gear_stress::check(r, 8, ops);
 }

@@ -191,7 +191,7 @@ class prioritized::state<exec::device> {
   /// Throws errc::invalid_priority / errc::invalid_argument before changing anything.
   void update(const slot_table& table, std::span<const key> keys,
               std::span<const float> priorities, cuda::stream_ref stream) {
-    detail::validate_priorities(keys, priorities);
+    detail::validate_priorities(keys, priorities, policy_.alpha);
     const auto n = static_cast<std::int64_t>(keys.size());
     if (n == 0) return;
     const std::size_t slot_bytes = (static_cast<std::size_t>(n) * sizeof(key) + 255) / 256 * 256;

@@ -209,7 +209,10 @@ inline void raise_priority_failures(priority_report& report, std::uint64_t& rais
 
 /// Throws (changing nothing) unless there is one priority per key and each is finite and >= 0.
 /// Returns the largest priority.
-inline float validate_priorities(std::span<const key> keys, std::span<const float> priorities) {
+/// With `alpha`, also refuses a priority whose p^alpha is infinite (it would take every draw) or
+/// 0 while p > 0 (it could never be drawn).
+inline float validate_priorities(std::span<const key> keys, std::span<const float> priorities,
+                                 double alpha) {
   GEAR_REQUIRE(keys.size() == priorities.size(), errc::invalid_argument,
                "update_priorities needs one priority per key: " + std::to_string(keys.size()) +
                    " keys, " + std::to_string(priorities.size()) + " priorities");
@@ -221,6 +224,11 @@ inline float validate_priorities(std::span<const key> keys, std::span<const floa
     GEAR_REQUIRE(std::isfinite(p) && p >= 0, errc::invalid_priority,
                  "priority " + std::to_string(i) + " is " + std::to_string(p) +
                      "; priorities must be finite and >= 0");
+    const double leaf = priority_leaf(p, alpha);
+    GEAR_REQUIRE(std::isfinite(leaf) && (p == 0 || leaf > 0), errc::invalid_priority,
+                 "priority " + std::to_string(i) + " is " + std::to_string(p) + ": p^alpha (alpha " +
+                     std::to_string(alpha) + ") is " + std::to_string(leaf) +
+                     ", outside the range a sum tree can draw from");
     largest = std::max(largest, p);
   }
   return largest;
@@ -316,7 +324,7 @@ class prioritized::state<exec::host> {
   /// twice. Throws errc::invalid_priority / errc::invalid_argument before changing anything.
   void update(const slot_table&, std::span<const key> keys, std::span<const float> priorities,
               cuda::stream_ref) {
-    const float largest = detail::validate_priorities(keys, priorities);
+    const float largest = detail::validate_priorities(keys, priorities, policy_.alpha);
     for (std::size_t i = 0; i < keys.size(); ++i)
       set(keys[i].slot(static_cast<std::int64_t>(priorities_.size())), priorities[i]);
     max_priority_ = std::max(max_priority_, largest);

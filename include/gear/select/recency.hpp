@@ -11,6 +11,11 @@
 // uniformly and redraws while it hits a slot that is not committed, so every candidate has
 // probability 1/m (m = candidates); weights are 1. Expected draws per row K / m.
 //
+// Every row makes at most 64 such draws; if all of them miss (few candidates among many pending
+// slots, e.g. writers open on the newest tickets), the row is drawn exactly by one scan of the
+// window instead, O(K). No loop is unbounded and no row is left without a trajectory while a
+// candidate exists. half_life is 0 or at least 1/1024.
+//
 // Both states count m on the host with a Fenwick tree over slots kept current by the buffer's
 // on_commit / on_evict hooks, O(log N) per slot changed and per sample.
 
@@ -201,10 +206,59 @@ GEAR_HD inline float recency_probability(const slot_table& t, const recency_wind
   return static_cast<float>(exp2(age / w.half_life) / w.total_weight);
 }
 
-/// Selects the slot of one row (see gear::select::recency); -1 if no candidate was found.
+/// The exact draw of one row by a scan of the window (recency_row's fallback): the candidates'
+/// weights (relative to the newest ticket, so they cannot all underflow) are summed, then the
+/// draw u in [0, 1) is found among them. O(window) per row; -1 only without any candidate.
+GEAR_HD inline std::int64_t recency_scan(const slot_table& t, const recency_window& w, double u) {
+  const auto cap = static_cast<std::uint64_t>(t.capacity);
+  auto weight = [&](std::uint64_t ticket) -> double {
+    const auto slot = static_cast<std::int64_t>(ticket % cap);
+    if (t.lengths[slot] <= 0 || t.tickets[slot] != ticket) return 0.0;
+    if (w.half_life <= 0) return 1.0;
+    const double age = static_cast<double>(w.first + w.size - 1 - ticket);
+    return exp2(-age / w.half_life);
+  };
+  double total = 0;
+  std::int64_t newest = -1;
+  for (std::uint64_t k = w.size; k > 0; --k) {
+    const std::uint64_t ticket = w.first + k - 1;
+    const double x = weight(ticket);
+    if (x <= 0) continue;
+    if (newest < 0) newest = static_cast<std::int64_t>(ticket % cap);
+    total += x;
+  }
+  const auto committed = [&](std::uint64_t ticket) {
+    const auto slot = static_cast<std::int64_t>(ticket % cap);
+    return t.lengths[slot] > 0 && t.tickets[slot] == ticket;
+  };
+  if (!(total > 0)) {  // every candidate's weight underflowed: the limit is the newest one
+    for (std::uint64_t k = w.size; k > 0; --k)
+      if (committed(w.first + k - 1)) return static_cast<std::int64_t>((w.first + k - 1) % cap);
+    return -1;
+  }
+  const double target = u * total;
+  double sum = 0;
+  std::int64_t last = newest;
+  for (std::uint64_t k = w.size; k > 0; --k) {
+    const std::uint64_t ticket = w.first + k - 1;
+    const double x = weight(ticket);
+    if (x <= 0) continue;
+    last = static_cast<std::int64_t>(ticket % cap);
+    sum += x;
+    if (target < sum) return last;
+  }
+  return last;  // rounding: the last candidate
+}
+
+/// Rejection draws recency_row makes before it falls back to an exact scan of the window.
+inline constexpr std::uint32_t recency_attempts = 64;
+
+/// Selects the slot of one row (see gear::select::recency): up to recency_attempts draws from
+/// the whole window, redrawn while they hit a slot that is not committed; then, if every one
+/// missed (few candidates among many pending slots), one exact scan. -1 only without candidates.
 GEAR_HD inline std::int64_t recency_row(const slot_table& t, const selection_request& r,
                                         const recency_window& w, std::int64_t row) {
-  for (std::uint32_t attempt = 0; attempt < max_uniform_attempts; ++attempt) {
+  for (std::uint32_t attempt = 0; attempt < recency_attempts; ++attempt) {
     std::uint64_t ticket;
     if (w.half_life > 0) {
       const double u = static_cast<double>(r.draw.below(std::uint64_t{1} << 53,
@@ -217,7 +271,11 @@ GEAR_HD inline std::int64_t recency_row(const slot_table& t, const selection_req
     const auto slot = static_cast<std::int64_t>(ticket % static_cast<std::uint64_t>(t.capacity));
     if (t.lengths[slot] > 0) return slot;
   }
-  return -1;
+  const double u = static_cast<double>(r.draw.below(std::uint64_t{1} << 53,
+                                                    static_cast<std::uint64_t>(row),
+                                                    recency_attempts)) *
+                   0x1p-53;
+  return recency_scan(t, w, u);
 }
 
 /// Row function of recency selection (see selection_policy_for's row_selector).
@@ -237,9 +295,15 @@ inline void validate_recency(const slot_table& t, const committed_slots& c, std:
                "none of the newest " + std::to_string(newest) + " reservations is committed");
 }
 
+/// The smallest half-life other than 0: below it even the newest candidates' relative weights
+/// (2^(-1/h) per insertion) underflow double precision within a few insertions.
+inline constexpr double min_half_life = 1.0 / 1024;
+
 inline void validate_half_life(double half_life) {
-  GEAR_REQUIRE(std::isfinite(half_life) && half_life >= 0, errc::invalid_argument,
-               "recency needs a finite half_life >= 0, got " + std::to_string(half_life));
+  GEAR_REQUIRE(std::isfinite(half_life) && (half_life == 0 || half_life >= min_half_life),
+               errc::invalid_argument,
+               "recency needs half_life 0 (uniform) or a finite value >= 1/1024, got " +
+                   std::to_string(half_life));
 }
 
 inline void validate_newest(std::int64_t newest) {

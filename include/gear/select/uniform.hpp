@@ -6,7 +6,8 @@
 // claimed. Redrawing keeps the result exactly uniform over committed slots (and, without
 // replacement, uniform over subsets of the batch's size). Expected work per row is
 // occupied / live draws, O(1) for a buffer that is mostly committed; without replacement a batch
-// of B from N costs O(B * N / (N - B)) draws in all.
+// of B from N costs O(B * N / (N - B)) draws in all. Every row stops after 64 draws and falls back
+// to a scan of the occupied slots (O(capacity), exact with replacement), so no loop is unbounded.
 //
 // The host and device states draw the same numbers from the same rng_draw, so with replacement
 // they select the same slots.
@@ -36,14 +37,18 @@ struct uniform {
 
 namespace gear::detail {
 
-/// Most draws one row makes before giving up (slot -1); reached only if the device metadata
-/// disagrees with the host's count of live slots, i.e. operations were not stream-ordered.
-inline constexpr std::uint32_t max_uniform_attempts = 1u << 30;
+/// Draws one row makes from all occupied slots before it falls back to a scan.
+inline constexpr std::uint32_t max_uniform_attempts = 64;
 
 /// The attempt number reserved for a row's window draw, apart from its selection draws.
 inline constexpr std::uint32_t window_attempt = 0xFFFFFFFFu;
 
-/// Selects the slot of one row uniformly (see gear::select::uniform).
+/// Selects the slot of one row uniformly (see gear::select::uniform): up to max_uniform_attempts
+/// draws among the occupied slots, redrawn while they hit one that is not committed (or, without
+/// replacement, already claimed by another row); if all miss (few committed among many occupied
+/// slots), a scan: with replacement the j-th committed slot for j uniform in [0, live), exactly;
+/// without replacement the first unclaimed committed slot from a uniform starting point. -1 only
+/// if no committed slot is left to claim.
 GEAR_HD inline std::int64_t uniform_row(const slot_table& t, const selection_request& r,
                                         bool replacement, std::int64_t row) {
   for (std::uint32_t attempt = 0; attempt < max_uniform_attempts; ++attempt) {
@@ -52,6 +57,19 @@ GEAR_HD inline std::int64_t uniform_row(const slot_table& t, const selection_req
     if (t.lengths[slot] <= 0) continue;
     if (!replacement && !claim_slot(r.scratch, r.scratch_size, slot)) continue;
     return slot;
+  }
+  const std::uint64_t pick = r.draw.below(
+      static_cast<std::uint64_t>(replacement ? t.live : t.occupied), static_cast<std::uint64_t>(row),
+      max_uniform_attempts);
+  if (replacement) {
+    std::uint64_t seen = 0;
+    for (std::int64_t slot = 0; slot < t.occupied; ++slot)
+      if (t.lengths[slot] > 0 && seen++ == pick) return slot;
+    return -1;
+  }
+  for (std::int64_t k = 0; k < t.occupied; ++k) {
+    const std::int64_t slot = (static_cast<std::int64_t>(pick) + k) % t.occupied;
+    if (t.lengths[slot] > 0 && claim_slot(r.scratch, r.scratch_size, slot)) return slot;
   }
   return -1;
 }

@@ -214,6 +214,17 @@ class buffer_core {
     if (l) staging_.give_back(*l);
   }
 
+  /// Orders a write on `stream` after other streams' work; on failure gives lease `l` back, so
+  /// the call leaves nothing behind.
+  void order_write(const std::optional<staging_pool::lease>& l, cuda::stream_ref stream) {
+    try {
+      order_before(stream, write);
+    } catch (...) {
+      give_back(l);
+      throw;
+    }
+  }
+
   /// Enqueues the apply of `count` records written into lease `l` (GPU buffers), then ends the
   /// lease once the apply has read them.
   void publish(const std::optional<staging_pool::lease>& l, std::int64_t count,

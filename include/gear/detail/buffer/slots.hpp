@@ -28,12 +28,7 @@ reservation reserve_slots(Core& b, std::int64_t count, cuda::stream_ref stream) 
   const auto lease = b.lease_records(count);
   const std::uint64_t first = b.ring_.next_ticket();
   reservation r{};
-  try {
-    b.order_before(stream, Core::write);
-  } catch (...) {
-    b.give_back(lease);
-    throw;
-  }
+  b.order_write(lease, stream);
   b.enqueue([&] {
     evict_hook(b, first, count, stream);
     r = b.reserve_in_ring(count, b.records_of(lease));
@@ -55,12 +50,7 @@ void commit_slots(Core& b, const reservation& r, std::span<const std::int64_t> l
   b.ring_.check_reservation(r);
   check_lengths(lengths, b.max_length_);
   const auto lease = b.lease_records(r.count);
-  try {
-    b.order_before(stream, Core::write);
-  } catch (...) {
-    b.give_back(lease);
-    throw;
-  }
+  b.order_write(lease, stream);
   b.enqueue([&] {
     b.ring_.commit(r, lengths, b.records_of(lease));
     b.publish(lease, r.count, stream);
@@ -79,12 +69,7 @@ void abandon_slot(Core& b, std::uint64_t ticket, cuda::stream_ref stream) noexce
     const auto held = b.lock();
     if (!b.failure_.empty() || !b.ring_.is_pending(ticket)) return;
     const auto lease = b.lease_records(1);
-    try {
-      b.order_before(stream, Core::write);
-    } catch (...) {
-      b.give_back(lease);
-      throw;
-    }
+    b.order_write(lease, stream);
     b.enqueue([&] {
       b.ring_.abandon(ticket, b.records_of(lease));
       b.publish(lease, 1, stream);
@@ -103,12 +88,7 @@ void remove_tickets(Core& b, std::span<const std::uint64_t> tickets, cuda::strea
   if (tickets.empty()) return;
   const auto n = static_cast<std::int64_t>(tickets.size());
   const auto lease = b.lease_records(n);
-  try {
-    b.order_before(stream, Core::write);
-  } catch (...) {
-    b.give_back(lease);
-    throw;
-  }
+  b.order_write(lease, stream);
   b.enqueue([&] {
     // The policy's hook takes runs of consecutive tickets.
     for (std::size_t i = 0; i < tickets.size();) {

@@ -1,0 +1,162 @@
+// Contention: 8 actor threads insert trajectories of 64 steps of 28 KiB from pageable host memory
+// into one device-storage buffer, each on its own stream, while a learner thread samples B = 256
+// windows of 64 steps on its own stream; no lock or event of theirs. Reported as ratios measured
+// in this run: the learner against its own solo rate, the actors together against a pinned
+// host-to-device cudaMemcpy, and single-threaded sample_async at 256 B steps against itself
+// before the buffer was ever used from a second stream (what thread safety costs one stream).
+//
+//   gear_contention [seconds per phase, default 2]       exits 77 without a GPU
+
+#include <gear/gear.cuh>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+constexpr std::int64_t step_bytes = 28672, steps = 64, batch = 256, actors = 8;
+using spec28 = gear::spec<gear::column<"obs", std::uint8_t, step_bytes>>;
+using buffer28 = gear::replay_buffer<spec28, gear::storage::device>;
+
+double seconds_since(clock_type::time_point t) {
+  return std::chrono::duration<double>(clock_type::now() - t).count();
+}
+
+struct stream {
+  cudaStream_t s{};
+  stream() { GEAR_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
+  ~stream() { (void)cudaStreamDestroy(s); }
+};
+
+/// Pinned host-to-device copy of 256 MiB, GB/s (best of 5).
+double h2d_limit() {
+  const std::size_t bytes = std::size_t{256} << 20;
+  gear::detail::allocation h(gear::memory_kind::pinned_host, bytes), d(gear::memory_kind::device, bytes);
+  std::memset(h.data(), 1, bytes);
+  stream s;
+  double best = 0;
+  for (int i = 0; i < 5; ++i) {
+    const auto t = clock_type::now();
+    GEAR_CUDA_TRY(cudaMemcpyAsync(d.data(), h.data(), bytes, cudaMemcpyHostToDevice, s.s));
+    GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
+    best = std::max(best, double(bytes) / seconds_since(t) / 1e9);
+  }
+  return best;
+}
+
+/// Samples for `seconds` on the learner's stream; returns samples per second.
+template <class Buffer>
+double learn(Buffer& buf, cuda::stream_ref s, double seconds, std::int64_t window,
+             std::atomic<bool>* stop = nullptr) {
+  auto out = buf.make_batch(gear::batch_size{batch}, gear::window_length{window});
+  gear::rng g{1};
+  const gear::window w{.length = window, .from = gear::anchor::random};
+  buf.sample(out, w, g, s);
+  std::int64_t n = 0;
+  const auto t = clock_type::now();
+  while (seconds_since(t) < seconds) {
+    for (int i = 0; i < 16; ++i) buf.sample_async(out, w, g, s);
+    GEAR_CUDA_TRY(cudaStreamSynchronize(s.get()));
+    n += 16;
+  }
+  const double rate = double(n) / seconds_since(t);
+  if (stop != nullptr) stop->store(true);
+  return rate;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (!gear::detail::gpu_available()) {
+    std::printf("gear_contention: no GPU; skipping\n");
+    return 77;
+  }
+  const double phase = argc > 1 ? std::atof(argv[1]) : 2.0;
+  const double limit = h2d_limit();
+
+  // Thread safety on one stream: 256 B steps, B = 256, windows of 64; timed per call on the host
+  // and on the GPU (16 calls per sync), before and after a second stream has used the buffer.
+  using spec256 = gear::spec<gear::column<"obs", std::uint8_t, 256>>;
+  gear::replay_buffer<spec256, gear::storage::device> small{gear::capacity{4096}, gear::max_length{64}};
+  {
+    std::vector<std::uint8_t> data(std::size_t{4096} * 64 * 256, 7);
+    std::vector<std::int64_t> lens(4096, 64);
+    std::vector<gear::key> keys(4096);
+    stream s;
+    small.insert(gear::trajectories<spec256>{lens, {gear::input(data.data(), {256})}}, keys, s.s);
+  }
+  stream learner_stream, other;
+  const double one_stream = learn(small, learner_stream.s, phase, 64);
+  {  // a second stream touches the buffer once: from now on every call records its position
+    auto out = small.make_batch(gear::batch_size{1}, gear::window_length{1});
+    gear::rng g{2};
+    small.sample(out, gear::window{.length = 1}, g, other.s);
+  }
+  const double two_streams = learn(small, learner_stream.s, phase, 64);
+
+  // Actors and a learner.
+  const std::int64_t capacity = 2048;
+  buffer28 buf{gear::capacity{capacity}, gear::max_length{steps}};
+  std::vector<std::uint8_t> traj(std::size_t{steps} * step_bytes);
+  for (std::size_t i = 0; i < traj.size(); ++i) traj[i] = static_cast<std::uint8_t>(i * 131);
+  const std::int64_t len[] = {steps};
+  const gear::trajectories<spec28> one{len, {gear::input(traj.data(), {step_bytes})}};
+  {
+    stream s;
+    gear::key k{};
+    for (std::int64_t i = 0; i < capacity; ++i) buf.insert_async(one, std::span<gear::key>(&k, 1), s.s);
+    GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
+  }
+  const double solo = learn(buf, learner_stream.s, phase, steps);
+
+  auto act = [&](std::atomic<bool>& stop, std::atomic<std::int64_t>& inserted) {
+    stream s;
+    std::vector<std::uint8_t> mine(traj);  // each actor its own pageable trajectory
+    const gear::trajectories<spec28> in{len, {gear::input(mine.data(), {step_bytes})}};
+    gear::key k{};
+    std::int64_t n = 0;
+    while (!stop.load()) {
+      buf.insert_async(in, std::span<gear::key>(&k, 1), s.s);
+      if (++n % 4 == 0) GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
+    }
+    GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
+    inserted += n;
+  };
+
+  // Actors alone, then actors with the learner.
+  double actors_alone = 0, actors_with = 0, learner_with = 0;
+  for (int with_learner = 0; with_learner < 2; ++with_learner) {
+    std::atomic<bool> stop{false};
+    std::atomic<std::int64_t> inserted{0};
+    const auto t = clock_type::now();
+    std::vector<std::thread> pool;
+    for (int a = 0; a < actors; ++a) pool.emplace_back(act, std::ref(stop), std::ref(inserted));
+    if (with_learner) {
+      learner_with = learn(buf, learner_stream.s, phase, steps, &stop);
+    } else {
+      std::this_thread::sleep_for(std::chrono::duration<double>(phase));
+      stop = true;
+    }
+    for (auto& th : pool) th.join();
+    const double gbps = double(inserted.load()) * steps * step_bytes / seconds_since(t) / 1e9;
+    (with_learner ? actors_with : actors_alone) = gbps;
+  }
+
+  std::printf("%-58s %12s %14s %8s %8s\n", "operation", "figure", "reference", "ratio", "target");
+  std::printf("%-58s %9.0f /s %11.0f /s %7.1f%% %8s\n",
+              "sample_async 256 B steps B=256 w=64, after a 2nd stream", two_streams, one_stream,
+              100 * two_streams / one_stream, ">= 95%");
+  std::printf("%-58s %9.1f /s %11.1f /s %7.1f%% %8s\n", "learner B=256 w=64 28 KiB, with 8 actors",
+              learner_with, solo, 100 * learner_with / solo, ">= 90%");
+  std::printf("%-58s %6.1f GB/s %8.1f GB/s %7.1f%% %8s\n", "8 actors inserting 28 KiB steps, with learner",
+              actors_with, limit, 100 * actors_with / limit, ">= 80%");
+  std::printf("%-58s %6.1f GB/s %8.1f GB/s %7.1f%% %8s\n", "8 actors inserting 28 KiB steps, alone",
+              actors_alone, limit, 100 * actors_alone / limit, "");
+  return 0;
+}
