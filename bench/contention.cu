@@ -78,6 +78,8 @@ int main(int argc, char** argv) {
     return 77;
   }
   const double phase = argc > 1 ? std::atof(argv[1]) : 2.0;
+  auto progress = [](const char* what) { std::fprintf(stderr, "gear_contention: %s\n", what); };
+  progress("measuring the pinned host-to-device copy");
   const double limit = h2d_limit();
 
   // Thread safety on one stream: 256 B steps, B = 256, windows of 64; timed per call on the host
@@ -92,6 +94,7 @@ int main(int argc, char** argv) {
     small.insert(gear::trajectories<spec256>{lens, {gear::input(data.data(), {256})}}, keys, s.s);
   }
   stream learner_stream, other;
+  progress("one stream, then after a second stream");
   const double one_stream = learn(small, learner_stream.s, phase, 64);
   {  // a second stream touches the buffer once: from now on every call records its position
     auto out = small.make_batch(gear::batch_size{1}, gear::window_length{1});
@@ -113,7 +116,9 @@ int main(int argc, char** argv) {
     for (std::int64_t i = 0; i < capacity; ++i) buf.insert_async(one, std::span<gear::key>(&k, 1), s.s);
     GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
   }
+  progress("learner alone");
   const double solo = learn(buf, learner_stream.s, phase, steps);
+  progress("actors alone, then actors with the learner");
 
   auto act = [&](std::atomic<bool>& stop, std::atomic<std::int64_t>& inserted) {
     stream s;

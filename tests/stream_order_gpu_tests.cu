@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
+#include <string>
 #include <set>
 #include <vector>
 
@@ -147,6 +149,23 @@ TEST_CASE_TEMPLATE("row 2: a sample enqueued between commit_async(X) and erase_a
   for (const row& x : rows_of(batch, s)) CHECK(x.k == kc);
 }
 
+TEST_CASE("a buffer filled on a stream since destroyed is sampled from another stream") {
+  vbuffer<gear::storage::device> buf{gear::capacity{2}, gear::max_length{2}};
+  gear::key k{};
+  {
+    stream_holder gone;
+    k = insert_values(buf, {5, 6}, gone);
+  }
+  stream_holder s;
+  auto batch = buf.make_batch(gear::batch_size{4}, gear::window_length{2});
+  gear::rng g{2};
+  buf.sample(batch, gear::window{.length = 2}, g, s);
+  for (const row& x : rows_of(batch, s)) {
+    CHECK(x.k == k);
+    CHECK(x.v == std::vector<std::int32_t>{5, 6});
+  }
+}
+
 TEST_CASE("row 6: writer::append copies each step during the call, whatever the source") {
   stream_holder s;
   vbuffer<gear::storage::device> buf{gear::capacity{1}, gear::max_length{3}};
@@ -241,31 +260,37 @@ struct observed {
   }
 };
 
-/// Runs `op` on a fresh buffer with the n-th checked call failing, for n = 1, 2, ... until op
-/// succeeds; checks that every failure either left the buffer exactly as it was or made every
-/// later call throw errc::cuda_error (never wrong rows). Returns {failures seen, unchanged}.
+/// Runs `op` on a fresh buffer of 3 trajectories with the n-th checked call from arm() on
+/// failing, for n = 1, 2, ... until op succeeds. op(buffer, stream, arm) prepares what the call
+/// under test needs, calls arm(), which snapshots the buffer and starts the countdown, then makes
+/// the call. Checks that every failure either left the buffer exactly as it was at arm() or made
+/// every later call throw errc::cuda_error (never wrong rows). Returns {failures, unchanged}.
 template <class Storage, class Op>
 std::pair<int, int> inject_every_fault(Op&& op) {
+  using B = vbuffer<Storage>;
   int failures = 0, unchanged = 0;
   for (long n = 1; n < 200; ++n) {
     stream_holder s;
-    vbuffer<Storage> buf{gear::capacity{4}, gear::max_length{2}};
-    for (int i = 0; i < 3; ++i)
-      (void)insert_values(buf, {i * 10, i * 10 + 1}, s);
+    B buf{gear::capacity{4}, gear::max_length{2}};
+    for (int i = 0; i < 3; ++i) (void)insert_values(buf, {i * 10, i * 10 + 1}, s);
     GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
-    const observed<vbuffer<Storage>> before(buf, s);
-    fi::countdown = n;
+    std::optional<observed<B>> before;
+    auto arm = [&] {
+      GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
+      before.emplace(buf, s);
+      fi::countdown = n;
+    };
     bool failed = false;
     try {
-      op(buf, s);
-      GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
+      op(buf, s, arm);
     } catch (const gear::error& e) {
       failed = true;
       INFO("fault " << n << ": " << e.what());
       CHECK((e.code() == gear::errc::out_of_memory || e.code() == gear::errc::cuda_error));
     }
-    const bool fired = fi::countdown == 0;
+    const bool fired = fi::countdown == 0 && before.has_value();
     fi::countdown = 0;
+    REQUIRE(before.has_value());
     if (!fired) {
       CHECK_FALSE(failed);
       return {failures, unchanged};
@@ -273,18 +298,15 @@ std::pair<int, int> inject_every_fault(Op&& op) {
     REQUIRE(failed);
     ++failures;
     GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
-    bool usable = true;
     try {
-      const observed<vbuffer<Storage>> after(buf, s);
+      const observed<B> after(buf, s);
       INFO("fault " << n << " changed the buffer");
-      CHECK(after == before);
-      unchanged += after == before;
+      CHECK(after == *before);
+      unchanged += after == *before;
     } catch (const gear::error& e) {
-      usable = false;
       CHECK(e.code() == gear::errc::cuda_error);
       CHECK(std::string(e.what()).find("unusable") != std::string::npos);
     }
-    (void)usable;
   }
   FAIL("the operation still failed after 200 injected faults");
   return {failures, unchanged};
@@ -296,32 +318,43 @@ TEST_CASE_TEMPLATE("row 5: every failing allocation or CUDA call of a mutating c
                    "buffer as it was, or unusable with a clear error",
                    Storage, gear::storage::device, gear::storage::pinned_host) {
   using B = vbuffer<Storage>;
-  auto report = [](const char* what, std::pair<int, int> r) {
-    MESSAGE(what << ": " << r.first << " injected failures, " << r.second << " left it unchanged");
+  auto report = [](const std::string& what, std::pair<int, int> r) {
+    MESSAGE(what << ": " << r.first << " injected failures, " << r.second
+                 << " left it unchanged, the others made it unusable");
     CHECK(r.first > 0);
   };
-  report("insert_async from host", inject_every_fault<Storage>([](B& b, cuda::stream_ref s) {
+  report("insert_async from host", inject_every_fault<Storage>([](B& b, cuda::stream_ref s, auto arm) {
+           arm();
            (void)insert_values(b, {30, 31}, s);
          }));
-  report("reserve + commit", inject_every_fault<Storage>([](B& b, cuda::stream_ref s) {
+  report("reserve", inject_every_fault<Storage>([](B& b, cuda::stream_ref s, auto arm) {
+           arm();
+           (void)b.reserve(1, s);
+         }));
+  report("commit", inject_every_fault<Storage>([](B& b, cuda::stream_ref s, auto arm) {
            const gear::reservation r = b.reserve(1, s);
            write_steps<<<1, 1, 0, s.get()>>>(b.ref(gear::op::write_steps{}), r.slot(0), 30, 2);
+           GEAR_CHECK_LAUNCH("write_steps");
            const std::int64_t two[] = {2};
            gear::key k{};
+           arm();
            b.commit_async(r, two, std::span<gear::key>(&k, 1), s);
          }));
-  report("writer", inject_every_fault<Storage>([](B& b, cuda::stream_ref s) {
+  report("writer append and commit", inject_every_fault<Storage>([](B& b, cuda::stream_ref s, auto arm) {
            auto w = b.make_writer(s);
+           arm();
            for (std::int32_t v : {30, 31}) w.append(&v);
            (void)w.commit_async();
          }));
-  report("erase", inject_every_fault<Storage>([](B& b, cuda::stream_ref s) {
+  report("erase", inject_every_fault<Storage>([](B& b, cuda::stream_ref s, auto arm) {
            const gear::key k{1, 0, 0};
+           arm();
            b.erase_async(std::span<const gear::key>(&k, 1), s);
          }));
-  report("sample with removal", inject_every_fault<Storage>([](B& b, cuda::stream_ref s) {
+  report("sample with removal", inject_every_fault<Storage>([](B& b, cuda::stream_ref s, auto arm) {
            auto batch = b.make_batch(gear::batch_size{2}, gear::window_length{2});
            gear::rng g{1};
+           arm();
            b.set_max_times_sampled(1);
            try {
              b.sample_async(batch, gear::window{.length = 2}, g, s);

@@ -52,7 +52,8 @@
 //   enqueued before it. So every sample sees exactly the calls that returned before it started,
 //   a trajectory is never visible before its bytes are stored, and no slot is overwritten while a
 //   gather that may read it runs. The cost: a sample and a write on different streams do not
-//   overlap on the GPU. A buffer used from one stream records and waits for nothing.
+//   overlap on the GPU. A buffer used from one stream records and waits for nothing; the first
+//   call from a second stream synchronises the device once.
 //   selection_state() is not synchronised: change its settings while no other thread uses the
 //   buffer.
 //

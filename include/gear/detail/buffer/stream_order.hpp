@@ -11,7 +11,8 @@
 // stream, and no slot is overwritten while a gather that may read it has not finished. Calls are
 // serialised by the buffer's mutex; positions are events recorded after each access. While one
 // stream is all a buffer has seen, nothing is recorded or waited for: the first call on a second
-// stream records the first stream's position then.
+// stream waits once, on the host, for the whole device (the first stream may be gone by then).
+// A stream may be destroyed while the buffer lives: its events stay valid.
 
 #include <cstdint>
 #include <gear/detail/cuda.hpp>
@@ -74,11 +75,11 @@ class stream_order {
     fresh->read = event::make();
     fresh->write = event::make();
     if (lanes_.size() == 1) {
-      // A second stream: the first one's accesses so far were not recorded; record its position
-      // now, which covers them (and whatever else it has enqueued since).
-      lane& first = *lanes_.front();
-      GEAR_CUDA_TRY(cudaEventRecord(first.read.get(), first.stream));
-      GEAR_CUDA_TRY(cudaEventRecord(first.write.get(), first.stream));
+      // A second stream: the first one's accesses were not recorded, and that stream may no
+      // longer exist. Waiting once for the whole device covers them.
+      GEAR_CUDA_TRY(cudaDeviceSynchronize());
+      lanes_.front()->read_pending = false;
+      lanes_.front()->wrote = false;
     }
     lanes_.push_back(std::move(fresh));
     return *lanes_.back();
