@@ -32,7 +32,7 @@
 //   that evicts X returns X; a sample enqueued before erase_async(X) can return X.
 //
 //   A trajectory becomes visible to sampling only after all of its bytes are stored: an insert's
-//   scatter commits its trajectories when its last block has finished.
+//   commit records are applied after its scatter, in stream order.
 //
 //   Memory a call reads: host memory (any kind: pageable or pinned; insert data, writer steps,
 //   priorities) is copied during the call and may be reused when it returns. Device memory (an

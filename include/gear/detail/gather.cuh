@@ -94,6 +94,8 @@ template <class Rows>
 void gather_on_device(const gather_args& a, const column_blocks& g, const Rows& rows,
                       cuda::stream_ref stream) {
   const std::int64_t blocks = g.first_block[a.num_columns];
+  GEAR_REQUIRE(blocks < (std::int64_t{1} << 31), errc::invalid_argument,
+               "a batch this large needs more than 2^31 copy blocks; sample fewer rows at once");
   if (blocks == 0) return;
   gather_kernel<<<static_cast<unsigned>(blocks), tuning::copy_threads, 0, stream.get()>>>(a, g,
                                                                                           rows);

@@ -1,8 +1,8 @@
 #pragma once
 // The fused scatter kernel: one launch writes every column of every inserted trajectory from
-// device (or mapped) memory into its slot; the last block to finish then commits every
-// trajectory to the device mirror, so that no later work can see a trajectory before all of its
-// bytes are stored. Blocks are laid out like the gather's.
+// device (or mapped) memory into its slot. The insert commits the trajectories with the journal's
+// apply, enqueued after it: no later work sees a trajectory before all of its bytes are stored.
+// Blocks are laid out like the gather's.
 
 #include <cuda/stream_ref>
 #include <gear/detail/copy.cuh>
@@ -20,30 +20,14 @@ __global__ void __launch_bounds__(tuning::copy_threads)
   std::int64_t i, chunk;
   g.locate(blockIdx.x, c, i, chunk);
 
-  const scatter_row* rows = a.table->rows();
-  const scatter_row r = rows[i];
+  const scatter_row r = a.rows[i];
   const auto& col = a.columns[c];
   const std::int64_t bytes = r.length * col.step_bytes;
   const std::int64_t lo = chunk * tuning::copy_chunk_bytes;
-  if (lo < bytes) {
-    const std::int64_t hi = min64(lo + tuning::copy_chunk_bytes, bytes);
-    block_copy(col.dst + r.slot * col.slot_stride + lo, col.src + r.src_step * col.step_bytes + lo,
-               hi - lo);
-  }
-  if (a.commit.order == nullptr) return;
-  // The last block to finish commits: its fence orders every block's copy before the metadata.
-  __shared__ bool last;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    last = atomicAdd(&a.table->blocks_done, 1ull) == gridDim.x - 1ull;
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  for (std::int64_t k = threadIdx.x; k < a.count; k += blockDim.x)
-    apply_slot_record(a.commit, a.capacity,
-                      slot_record::make(rows[k].ticket, slot_record::committed, rows[k].length));
+  if (lo >= bytes) return;
+  const std::int64_t hi = min64(lo + tuning::copy_chunk_bytes, bytes);
+  block_copy(col.dst + r.slot * col.slot_stride + lo, col.src + r.src_step * col.step_bytes + lo,
+             hi - lo);
 }
 
 /// Launches the scatter on `stream`; checks the launch, never synchronises.

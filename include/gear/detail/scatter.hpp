@@ -4,7 +4,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <gear/detail/buffer/mirror.hpp>
 #include <gear/spec.hpp>
 
 namespace gear::detail {
@@ -16,18 +15,6 @@ struct scatter_row {
   std::int64_t src_step = 0;
   std::int64_t length = 0;
   std::uint64_t ticket = 0;
-};
-
-/// What a scatter reads from device memory: a counter of finished blocks (zero when copied in),
-/// then one row per trajectory.
-struct scatter_table {
-  unsigned long long blocks_done = 0;
-  std::uint64_t padding = 0;
-
-  static std::size_t bytes(std::int64_t count) noexcept {
-    return sizeof(scatter_table) + static_cast<std::size_t>(count) * sizeof(scatter_row);
-  }
-  GEAR_HD scatter_row* rows() noexcept { return reinterpret_cast<scatter_row*>(this + 1); }
 };
 
 /// Source (packed, trajectories back to back) and destination (slot segments) of one column.
@@ -43,11 +30,7 @@ struct scatter_args {
   int num_columns = 0;
   std::int64_t count = 0;             ///< trajectories
   std::int64_t max_count_length = 0;  ///< longest trajectory of this insert
-  scatter_table* table = nullptr;     ///< in device memory
-  /// Device mirror the last block to finish commits every row to (a committed record each);
-  /// nothing is committed if its arrays are null.
-  slot_mirror commit{};
-  std::int64_t capacity = 1;
+  const scatter_row* rows = nullptr;  ///< [count], in device memory
 };
 
 }  // namespace gear::detail

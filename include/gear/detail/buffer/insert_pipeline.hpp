@@ -7,8 +7,9 @@
 //            host-resident columns of a GPU buffer, a wait for the stream (earlier gathers may
 //            still read the slots' evicted occupants)
 //   change   host-resident columns written by the CPU; the selection policy's eviction hook; one
-//            scatter launch that writes the GPU columns and, when its last block finishes, commits
-//            every trajectory to the device mirror; the commit hook; then the ring.
+//            scatter launch that writes the GPU columns; the ring, whose commit records one
+//            journal apply, enqueued after the scatter, brings to the device mirror; the commit
+//            hook.
 //
 // Host memory (pageable or pinned) is read during the call; device memory by the scatter, in
 // stream order.
@@ -100,8 +101,8 @@ void commit_hook(Core& b, std::uint64_t first, std::int64_t count, cuda::stream_
 /// Changes the ring for an insert or a commit of `lengths` and writes the keys.
 template <class Core>
 void commit_to_ring(Core& b, const reservation& r, std::span<const std::int64_t> lengths,
-                    std::span<key> keys_out) noexcept {
-  b.ring_.commit(r, lengths, nullptr);
+                    std::span<key> keys_out, slot_record* records = nullptr) noexcept {
+  b.ring_.commit(r, lengths, records);
   for (std::int64_t i = 0; i < r.count; ++i)
     keys_out[static_cast<std::size_t>(i)] = b.key_of(r.first_ticket + static_cast<std::uint64_t>(i));
 }
@@ -147,15 +148,16 @@ void insert_trajectories(Core& b, const trajectories<Spec>& in, std::span<key> k
       }
     }
     const bool scatters = !from_host || staged_bytes > 0;
-    const std::size_t table_bytes = static_cast<std::size_t>(
-        align_up(static_cast<std::int64_t>(scatter_table::bytes(count)), segment_alignment));
+    // Staging: the scatter's rows, the host data for GPU columns, the commit records.
+    const auto table_bytes = static_cast<std::size_t>(
+        align_up(count * std::int64_t{sizeof(scatter_row)}, segment_alignment));
+    const std::size_t records_at = table_bytes + static_cast<std::size_t>(staged_bytes);
     const std::size_t record_bytes = static_cast<std::size_t>(count) * sizeof(slot_record);
 
     // Acquire: the staging lease, then (with the mutex let go) the host data for GPU columns
     // copied into it by the CPU.
-    const staging_pool::lease lease = b.staging_.acquire(
-        table_bytes + std::max(static_cast<std::size_t>(staged_bytes), record_bytes),
-        scatters ? table_bytes : 0);
+    const staging_pool::lease lease =
+        b.staging_.acquire(records_at + record_bytes, scatters ? table_bytes : 0);
     std::byte* data = lease.host + table_bytes;
     if (staged_bytes > 0) {
       held.unlock();
@@ -185,12 +187,12 @@ void insert_trajectories(Core& b, const trajectories<Spec>& in, std::span<key> k
       throw;
     }
 
-    // The scatter's table.
-    auto* table = new (lease.host) scatter_table{};
+    // The scatter's rows.
+    auto* rows = reinterpret_cast<scatter_row*>(lease.host);
     std::int64_t at = 0, longest = 0;
     for (std::int64_t i = 0; i < count; ++i) {
       const std::int64_t len = in.lengths[static_cast<std::size_t>(i)];
-      table->rows()[i] = {slot(static_cast<std::size_t>(i)), at, len,
+      rows[i] = {slot(static_cast<std::size_t>(i)), at, len,
                           first + static_cast<std::uint64_t>(i)};
       at += len;
       longest = std::max(longest, len);
@@ -206,14 +208,14 @@ void insert_trajectories(Core& b, const trajectories<Spec>& in, std::span<key> k
                                 });
       evict_hook(b, first, count, stream);
       if (scatters) {
-        GEAR_CUDA_TRY(cudaMemcpyAsync(lease.device, lease.host, scatter_table::bytes(count),
+        // Every block reads its row: from device memory, not over PCIe.
+        GEAR_CUDA_TRY(cudaMemcpyAsync(lease.device, lease.host,
+                                      static_cast<std::size_t>(count) * sizeof(scatter_row),
                                       cudaMemcpyHostToDevice, stream.get()));
         scatter_args args;
         args.count = count;
         args.max_count_length = longest;
-        args.table = reinterpret_cast<scatter_table*>(lease.device);
-        args.commit = b.mirror();
-        args.capacity = b.capacity_;
+        args.rows = reinterpret_cast<const scatter_row*>(lease.device);
         for (std::size_t c = 0; c < columns; ++c) {
           // Device data for a host-resident column: the scatter writes it through the mapping.
           if (from_host && host_accessible(Core::placement[c])) continue;
@@ -224,23 +226,17 @@ void insert_trajectories(Core& b, const trajectories<Spec>& in, std::span<key> k
                                               b.regions_.kernel[c].step_bytes};
         }
         scatter_on_device(args, stream);
-        b.staging_.release_after(lease, stream.get());
-      } else {
-        // Every column was written by the CPU: the commit goes through the journal.
-        auto* records = reinterpret_cast<slot_record*>(data);
-        for (std::int64_t i = 0; i < count; ++i)
-          records[i] = slot_record::make(first + static_cast<std::uint64_t>(i),
-                                         slot_record::committed, in.lengths[static_cast<std::size_t>(i)]);
-        journal_args a;
-        a.records = reinterpret_cast<const slot_record*>(lease.mapped + table_bytes);
-        a.count = count;
-        a.mirror = b.mirror();
-        a.capacity = b.capacity_;
-        apply_journal_on_device(a, stream);
-        b.staging_.release_after(lease, stream.get());
       }
+      // The commit, after the bytes in stream order: one apply of the ring's commit records.
       const reservation r = b.reserve_in_ring(count, nullptr);
-      commit_to_ring(b, r, in.lengths, keys_out);
+      commit_to_ring(b, r, in.lengths, keys_out, reinterpret_cast<slot_record*>(lease.host + records_at));
+      journal_args a;
+      a.records = reinterpret_cast<const slot_record*>(lease.mapped + records_at);
+      a.count = count;
+      a.mirror = b.mirror();
+      a.capacity = b.capacity_;
+      apply_journal_on_device(a, stream);
+      b.staging_.release_after(lease, stream.get());
       commit_hook(b, first, count, stream);
       b.order_after(stream, Core::write);
     });
