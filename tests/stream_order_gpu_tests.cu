@@ -166,6 +166,40 @@ TEST_CASE("a buffer filled on a stream since destroyed is sampled from another s
   }
 }
 
+TEST_CASE("row 7: two streams inserting from device memory: every slot holds what its key says") {
+  stream_holder sa, sb, sl;
+  vbuffer<gear::storage::device> buf{gear::capacity{4096}, gear::max_length{1}};
+  std::vector<std::int32_t> values(8192);
+  for (int i = 0; i < 8192; ++i) values[i] = i;
+  gear::detail::allocation src(gear::memory_kind::device, values.size() * sizeof(std::int32_t));
+  GEAR_CUDA_TRY(cudaMemcpy(src.data(), values.data(), src.size(), cudaMemcpyHostToDevice));
+  const std::int64_t one[] = {1};
+  std::vector<std::int32_t> value_of_ticket(8192, -1);
+  for (int i = 0; i < 4096; ++i)
+    for (int side = 0; side < 2; ++side) {
+      const int v = 2 * i + side;  // even: stream A, odd: stream B
+      gear::trajectories<vspec> in{one, {gear::input(src.as<const std::int32_t>() + v)},
+                                   gear::memory_kind::device};
+      gear::key k{};
+      buf.insert_async(in, std::span<gear::key>(&k, 1), side == 0 ? sa : sb);
+      value_of_ticket[k.ticket] = v;
+    }
+  auto batch = buf.make_batch(gear::batch_size{4096}, gear::window_length{1});
+  gear::rng g{17};
+  std::int64_t from_a = 0, wrong = 0;
+  for (int round = 0; round < 16; ++round) {
+    buf.sample(batch, gear::window{.length = 1}, g, sl);
+    for (const row& x : rows_of(batch, sl)) {
+      wrong += x.k.ticket >= 8192 || x.v[0] != value_of_ticket[x.k.ticket];
+      from_a += x.v[0] % 2 == 0;
+    }
+  }
+  CHECK(wrong == 0);
+  // Binomial(65536, 1/2): sd 128; [31968, 33568] is 6.25 sd either side.
+  CHECK(from_a >= 31968);
+  CHECK(from_a <= 33568);
+}
+
 TEST_CASE("row 6: writer::append copies each step during the call, whatever the source") {
   stream_holder s;
   vbuffer<gear::storage::device> buf{gear::capacity{1}, gear::max_length{3}};
