@@ -9,7 +9,8 @@
 //
 // in host memory for host storage, in device memory otherwise. Views are mdspans into it: pass
 // them to kernels by value, or copy the bytes out. Make one batch per (B, L) and reuse it; sample()
-// allocates nothing.
+// allocates nothing in it (a sample that removes what it returned leases pinned staging from the
+// buffer for its readback, allocated the first time).
 
 #include <array>
 #include <cstddef>

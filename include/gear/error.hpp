@@ -1,8 +1,10 @@
 #pragma once
 // gear::error: the one exception type gear throws, with a machine-readable code.
 //
-// Every operation validates its input before it changes anything, so a thrown gear::error leaves
-// the buffer exactly as it was.
+// Every operation validates its input and acquires what it needs before it changes anything, so a
+// thrown gear::error leaves the buffer exactly as it was; the one exception is a failure to
+// enqueue GPU work after the buffer changed, which makes the buffer refuse every later call with
+// errc::cuda_error (replay_buffer.hpp).
 
 #include <stdexcept>
 #include <string>

@@ -1,7 +1,8 @@
 #pragma once
 // gear::rng: the random stream sample() draws from. Counter-based (Philox-4x32-10), so the host
-// and the device produce the same numbers for the same (seed, call, row, attempt), and a sample
-// is reproducible from its seed whatever ran on other streams.
+// and the device produce the same numbers for the same (seed, call, row, attempt). A sample is
+// reproducible from its seed and the buffer's contents: it sees exactly the calls that returned
+// before it started, on any stream (replay_buffer.hpp).
 
 #include <cstdint>
 #include <gear/config.hpp>

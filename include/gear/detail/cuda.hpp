@@ -1,6 +1,8 @@
 #pragma once
 // Checked CUDA runtime calls. Every runtime call and every kernel launch in gear goes through
 // GEAR_CUDA_TRY / GEAR_CHECK_LAUNCH, which turn a failure into gear::error(errc::cuda_error).
+// GEAR_CHECK_LAUNCH reads the thread's last launch error, so it also reports an earlier failed
+// launch of the caller's that nobody checked, as this launch's.
 
 #include <cuda_runtime_api.h>
 
@@ -65,8 +67,8 @@ inline bool gpu_available() noexcept {
   return count > 0;
 }
 
-/// Streaming multiprocessors of the current device, asked of the driver once per device (sample
-/// consults it on every call).
+/// Streaming multiprocessors of the current device: the count is asked of the driver once per
+/// device, the current device (cudaGetDevice) on every call.
 inline int multiprocessors() {
   constexpr int cached_devices = 64;
   static std::atomic<int> counts[cached_devices] = {};  // 0: not asked yet

@@ -32,7 +32,8 @@
 //
 // The verdict words alternate by epoch parity: the apply of update e clears the word of update
 // e + 1, which no kernel reads until update e + 1's mark, so no launch and no memset is spent on
-// resetting them.
+// resetting them. This holds while every mark is followed by its apply: a launch that fails
+// between them leaves flags set, and the buffer that enqueued it marks itself unusable.
 
 
 #include <algorithm>
@@ -185,7 +186,8 @@ class prioritized::state<exec::device> {
 
   /// Sets the priorities of live keys (checked by the buffer; both spans in host memory). Last
   /// write wins for a slot named twice. The pairs travel through pinned staging with one copy;
-  /// the staging is reused once the previous update's copy has finished (an event). Each key is
+  /// the staging is reused once the previous update's copy has finished: the call waits on the
+  /// host for that copy (behind whatever the stream was doing then). Each key is
   /// checked again when the update runs: one whose slot was reserved again since is skipped and
   /// counted (stale_pairs).
   /// Throws errc::invalid_priority / errc::invalid_argument before changing anything.
@@ -198,9 +200,12 @@ class prioritized::state<exec::device> {
     const std::size_t bytes = slot_bytes + static_cast<std::size_t>(n) * sizeof(float);
     if (staging_ready_.get() != nullptr) GEAR_CUDA_TRY(cudaEventSynchronize(staging_ready_.get()));
     if (staging_.size() < bytes) {
+      // Both grow or neither: staging larger than its device twin would overflow it later.
       const std::size_t grown = std::max(bytes, staging_.size() * 2);
-      staging_ = detail::allocation(memory_kind::pinned_host, grown);
-      staged_ = detail::allocation(memory_kind::device, grown);
+      detail::allocation pinned(memory_kind::pinned_host, grown);
+      detail::allocation device(memory_kind::device, grown);
+      staging_ = std::move(pinned);
+      staged_ = std::move(device);
     }
     if (staging_ready_.get() == nullptr) staging_ready_ = detail::event::make();
     std::copy(keys.begin(), keys.end(), staging_.as<key>());

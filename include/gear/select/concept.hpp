@@ -15,7 +15,9 @@
 //   void select(const slot_table& table, const selection_request& request, cuda::stream_ref s);
 //       write request.batch slot indices, each of a committed slot (length > 0), to request.slots,
 //       with their selection probabilities and importance weights, in the memory of Space; on the
-//       device this is stream-ordered on s and must not synchronise.
+//       device this is stream-ordered on s and must not synchronise. Every loop must be bounded
+//       with a correct fallback; -1 (a row with no trajectory: mask 0, ticket no_ticket) only when
+//       no committed slot is left to take. gear's own policies never return it while one exists.
 //
 // and may provide hooks the buffer calls when slots change, detected with `requires`:
 //

@@ -30,13 +30,16 @@
 //   beta costs nothing, a new alpha recomputes every leaf (O(capacity), once).
 // - A trajectory of priority 0 is never drawn while some other has a positive priority. If every
 //   committed priority is 0 (with alpha > 0), selection falls back to uniform, with weights 1.
+//   A priority whose p^alpha overflows to infinity, or underflows to 0 for p > 0, is refused
+//   (errc::invalid_priority) rather than taking every draw or none.
 // - stratified = true draws row r from the r-th of B equal slices of the total mass (the paper's
 //   stratified sampling): lower variance, same marginal distribution for a row picked at random.
 //
 // Both states keep p^alpha in a 16-ary fp64 sum tree (detail/sum_tree.hpp). Selection descends it
 // once per row, O(B log N); an update rewrites the touched leaves and recomputes exactly their
 // ancestors, O(B log N), independent of capacity. Internal nodes are always recomputed from their
-// children, never adjusted by deltas, so the sums do not drift however many updates are made.
+// children, never adjusted by deltas, so the sums do not drift however many updates are made
+// (an update whose launches fail halfway makes the buffer unusable: its sums are not trusted).
 // Slots that are empty, pending or evicted have leaf 0.
 
 #include <algorithm>
