@@ -84,6 +84,10 @@ struct slot_table {
   std::int64_t live = 0;                       ///< committed slots (length > 0)
   std::uint64_t next_ticket = 0;               ///< ticket the next reservation gets
   const std::int64_t* host_lengths = nullptr;  ///< the host's copy of lengths (host memory always)
+  const std::uint64_t* host_tickets = nullptr;  ///< the host's copy of tickets (host memory)
+  /// The host's slot states (host memory): 0 empty (never used, abandoned or removed), 1 pending,
+  /// 2 committed.
+  const std::uint8_t* host_states = nullptr;
 };
 
 /// What select() must produce.

@@ -5,8 +5,11 @@
 // deterministic (probability 1, weight 1); a batch needs at least as many committed trajectories
 // as rows (errc::not_enough_items otherwise).
 //
-// The order is computed on the host from its copy of the metadata, O(B + skipped slots) per
-// sample; the device state copies the B slots to the GPU with one stream-ordered copy.
+// The order is computed on the host from its copy of the metadata; the device state copies the B
+// slots to the GPU with one stream-ordered copy. fifo keeps a cursor on the oldest ticket that may
+// still be returned, moved past evicted and removed tickets once, so draining a queue of N costs
+// O(N) in all (pending slots, e.g. open writers, hold the cursor: they may still commit). lifo
+// scans down from the newest ticket, O(B + removed tickets above the newest live one).
 
 #include <algorithm>
 #include <cstdint>
@@ -20,14 +23,23 @@
 namespace gear::detail {
 
 /// Writes the slots of the `batch` oldest (oldest_first) or newest committed trajectories of the
-/// table, in that order, to slots (host memory). Requires batch <= t.live.
+/// table, in that order, to slots (host memory). Requires batch <= t.live. `cursor` (fifo): no
+/// ticket below it can be returned any more; advanced here.
 inline void queue_rows(const slot_table& t, bool oldest_first, std::int64_t batch,
-                       std::int64_t* slots) {
+                       std::int64_t* slots, std::uint64_t& cursor) {
   const auto cap = static_cast<std::uint64_t>(t.capacity);
-  const std::uint64_t begin = t.next_ticket - static_cast<std::uint64_t>(t.occupied);
+  const std::uint64_t begin =
+      std::max(cursor, t.next_ticket - static_cast<std::uint64_t>(t.occupied));
   std::int64_t n = 0;
   if (oldest_first) {
-    for (std::uint64_t ticket = begin; n < batch && ticket < t.next_ticket; ++ticket) {
+    // Tickets whose slot was reserved again, or that were removed, are gone for good.
+    cursor = begin;
+    while (cursor < t.next_ticket) {
+      const auto slot = static_cast<std::size_t>(cursor % cap);
+      if (t.host_tickets[slot] == cursor && t.host_states[slot] != 0) break;
+      ++cursor;
+    }
+    for (std::uint64_t ticket = cursor; n < batch && ticket < t.next_ticket; ++ticket) {
       const auto slot = static_cast<std::int64_t>(ticket % cap);
       if (t.host_lengths[slot] > 0) slots[n++] = slot;
     }
@@ -54,10 +66,13 @@ class queue_state<OldestFirst, exec::host> {
  public:
   void validate(const slot_table& t, std::int64_t batch) const { validate_queue(t, batch); }
   void select(const slot_table& t, const selection_request& r, cuda::stream_ref) {
-    queue_rows(t, OldestFirst, r.batch, r.slots);
+    queue_rows(t, OldestFirst, r.batch, r.slots, cursor_);
     std::fill_n(r.probabilities, r.batch, 1.0f);
     std::fill_n(r.weights, r.batch, 1.0f);
   }
+
+ private:
+  std::uint64_t cursor_ = 0;
 };
 
 template <bool OldestFirst>
@@ -77,7 +92,7 @@ class queue_state<OldestFirst, exec::device> {
     if (staging_.size() < bytes) staging_ = allocation(memory_kind::pinned_host, bytes);
     auto* slots = staging_.as<std::int64_t>();
     auto* ones = reinterpret_cast<float*>(slots + rows);
-    queue_rows(t, OldestFirst, r.batch, slots);
+    queue_rows(t, OldestFirst, r.batch, slots, cursor_);
     std::fill_n(ones, 2 * rows, 1.0f);
     GEAR_CUDA_TRY(cudaMemcpyAsync(r.slots, slots, rows * sizeof(std::int64_t),
                                   cudaMemcpyHostToDevice, stream.get()));
@@ -91,6 +106,7 @@ class queue_state<OldestFirst, exec::device> {
  private:
   allocation staging_;
   event ready_;
+  std::uint64_t cursor_ = 0;
 };
 
 }  // namespace gear::detail

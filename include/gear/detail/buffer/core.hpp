@@ -142,6 +142,8 @@ class buffer_core {
     t.live = ring_.live();
     t.next_ticket = ring_.next_ticket();
     t.host_lengths = ring_.lengths();
+    t.host_tickets = ring_.tickets();
+    t.host_states = reinterpret_cast<const std::uint8_t*>(ring_.states());
     return t;
   }
   [[nodiscard]] slot_mirror mirror() const noexcept {

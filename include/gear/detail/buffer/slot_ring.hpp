@@ -62,6 +62,7 @@ class slot_ring {
   /// Committed lengths (0 unless committed) and tickets, [capacity], for host-side selection.
   [[nodiscard]] const std::int64_t* lengths() const noexcept { return lengths_.data(); }
   [[nodiscard]] const std::uint64_t* tickets() const noexcept { return tickets_.data(); }
+  [[nodiscard]] const slot_state* states() const noexcept { return states_.data(); }
 
   /// True when `ticket` is the committed occupant of its slot.
   [[nodiscard]] bool holds(std::uint64_t ticket) const noexcept {
