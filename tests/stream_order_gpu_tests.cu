@@ -200,6 +200,30 @@ TEST_CASE("row 7: two streams inserting from device memory: every slot holds wha
   CHECK(from_a <= 33568);
 }
 
+TEST_CASE("more open writers than staging entries: each keeps its own steps") {
+  stream_holder s;
+  vbuffer<gear::storage::device> buf{gear::capacity{64}, gear::max_length{2}};
+  std::vector<vbuffer<gear::storage::device>::writer_type> writers;
+  for (std::int32_t i = 0; i < 40; ++i) {  // 40 > staging_pool::max_entries, each holding a lease
+    writers.push_back(buf.make_writer(s));
+    writers.back().append(&i);
+  }
+  std::vector<gear::key> keys;
+  for (std::int32_t i = 0; i < 40; ++i) {
+    const std::int32_t v = 100 + i;
+    writers[i].append(&v);
+    keys.push_back(writers[i].commit());
+  }
+  auto batch = buf.make_batch(gear::batch_size{256}, gear::window_length{2});
+  gear::rng g{8};
+  buf.sample(batch, gear::window{.length = 2}, g, s);
+  for (const row& x : rows_of(batch, s)) {
+    const auto at = std::find(keys.begin(), keys.end(), x.k) - keys.begin();
+    REQUIRE(at < 40);
+    CHECK(x.v == std::vector<std::int32_t>{static_cast<std::int32_t>(at), 100 + static_cast<std::int32_t>(at)});
+  }
+}
+
 TEST_CASE("row 6: writer::append copies each step during the call, whatever the source") {
   stream_holder s;
   vbuffer<gear::storage::device> buf{gear::capacity{1}, gear::max_length{3}};

@@ -435,8 +435,10 @@ class replay_buffer {
   void check_priority_updates(cuda::stream_ref stream) requires
       detail::has_host_priority_update<state_type> {
     synchronize(stream);
-    if constexpr (detail::has_device_priority_update<state_type>)
+    if constexpr (detail::has_device_priority_update<state_type>) {
+      const auto held = core().lock();
       core().selection_->raise_update_failures();
+    }
   }
 
   /// The selection policy's state, for its run-time settings and inspection, e.g.
@@ -451,13 +453,16 @@ class replay_buffer {
   /// device mirror: what the stream's earlier work left.
   template <class... Ops>
   [[nodiscard]] buffer_ref<typename Spec::element_list, Ops...> ref(Ops...) const noexcept {
-    const slot_table t = core().table();
+    const slot_table t = selection_table();
     return buffer_ref<typename Spec::element_list, Ops...>(core().regions_.kernel, t.lengths,
                                                            t.tickets, capacity(), max_length());
   }
 
   /// Metadata in the memory where selection runs, as selection policies see it.
-  [[nodiscard]] slot_table selection_table() const noexcept { return core().table(); }
+  [[nodiscard]] slot_table selection_table() const noexcept {
+    const auto held = core().lock();
+    return core().table();
+  }
 
  private:
   [[nodiscard]] core_type& core() noexcept { return *core_; }

@@ -59,6 +59,12 @@ class writer {
   /// Gives the slot up if the trajectory was not committed.
   ~writer() {
     if (core_ == nullptr) return;
+    std::optional<detail::device_scope> scope;
+    try {
+      scope.emplace(core_->device_);
+    } catch (...) {
+      // The abandon below then fails to enqueue and marks the buffer unusable: never silent.
+    }
     if (lease_) {
       const auto held = lock();
       core_->staging_.give_back(*lease_);
@@ -87,6 +93,7 @@ class writer {
     (std::make_index_sequence<columns>{});
     const auto held = lock();
     check_open();
+    const detail::device_scope scope(core_->device_);
     GEAR_REQUIRE(steps_ < core_->max_length_, errc::writer_full,
                  "trajectory already has max_length = " + std::to_string(core_->max_length_) +
                      " steps");
@@ -106,7 +113,12 @@ class writer {
                     static_cast<std::size_t>(spec::step_bytes[c]));
       if (k + 1 == chunk_steps_) {
         ++steps_;
-        flush();
+        try {
+          flush();
+        } catch (...) {
+          --steps_;  // the step stays staged; the append failed
+          throw;
+        }
         return;
       }
     }
@@ -117,6 +129,7 @@ class writer {
   /// does not synchronise. Throws (the writer stays open) errc::empty_trajectory with no steps,
   /// errc::invalid_reservation after takeover, errc::cuda_error.
   key commit_async() {
+    const detail::device_scope scope(core_ != nullptr ? core_->device_ : -1);
     {
       const auto held = lock();
       check_open();
@@ -134,6 +147,7 @@ class writer {
   key commit() {
     Core* core = core_;
     const key k = commit_async();
+    const detail::device_scope scope(core->device_);
     core->synchronize(stream_);
     return k;
   }
@@ -157,13 +171,19 @@ class writer {
   void flush() {
     if (!lease_ || steps_ == flushed_) return;
     const std::int64_t n = steps_ - flushed_;
-    for (std::size_t c = 0; c < columns; ++c)
-      GEAR_CUDA_TRY(cudaMemcpyAsync(core_->regions_.host[c].at(slot(), flushed_), staged(c),
-                                    static_cast<std::size_t>(n * spec::step_bytes[c]),
-                                    cudaMemcpyDefault, stream_.get()));
-    core_->staging_.release_after(*lease_, stream_.get());
-    lease_.reset();
-    flushed_ = steps_;
+    // Ordered as a write: a later reservation of this slot on another stream waits for it.
+    core_->order_before(stream_, Core::write);
+    core_->enqueue([&] {
+      for (std::size_t c = 0; c < columns; ++c)
+        GEAR_CUDA_TRY(cudaMemcpyAsync(core_->regions_.host[c].at(slot(), flushed_), staged(c),
+                                      static_cast<std::size_t>(n * spec::step_bytes[c]),
+                                      cudaMemcpyDefault, stream_.get()));
+      const detail::staging_pool::lease done = *lease_;
+      lease_.reset();
+      flushed_ = steps_;
+      core_->staging_.release_after(done, stream_.get());
+      core_->order_after(stream_, Core::write);
+    });
   }
 
   /// The buffer's mutex (none once committed; check_open then throws).

@@ -173,15 +173,13 @@ void insert_trajectories(Core& b, const trajectories<Spec>& in, std::span<key> k
       held.lock();
       first = b.ring_.next_ticket();
     }
-    // The waits: before the CPU overwrites evicted slots, every read that may have selected them
-    // has finished; the stream's work follows other streams' (stream_order.hpp).
+    // The waits: the stream's work follows other streams' reads and writes (stream_order.hpp);
+    // before the CPU overwrites evicted slots, the host waits for all of that, so no read that
+    // may have selected them and no write in flight to them is left.
     try {
       b.check_usable();
-      if (cpu_bytes > 0) {
-        b.synchronize(stream);
-        b.order_.wait_for_reads(stream.get());
-      }
       b.order_before(stream, Core::write);
+      if (cpu_bytes > 0) b.synchronize(stream);
     } catch (...) {
       b.staging_.give_back(lease);
       throw;

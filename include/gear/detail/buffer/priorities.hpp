@@ -12,6 +12,7 @@
 #include <gear/error.hpp>
 #include <gear/key.hpp>
 #include <gear/priority_update.hpp>
+#include <gear/select/prioritized.hpp>
 #include <span>
 #include <string>
 #include <vector>
@@ -67,24 +68,30 @@ priority_update_result update_from_host(Core& b, std::span<const key> keys,
                      "; priorities must be finite and >= 0");
     stale += !b.ring_.holds(keys[i].ticket);
   }
+  // The policy's own checks of the values (e.g. p^alpha in range) run before anything changes.
+  if constexpr (requires { b.selection_->alpha(); })
+    validate_priorities(keys, priorities, b.selection_->alpha());
   const auto n = static_cast<std::int64_t>(keys.size());
-  b.order_before(stream, Core::write);
-  if (stale == 0) {
-    b.selection_->update(b.table(), keys, priorities, stream);
-    b.order_after(stream, Core::write);
-    return {n, 0};
-  }
   std::vector<key> live_keys;
   std::vector<float> live_priorities;
-  live_keys.reserve(keys.size() - static_cast<std::size_t>(stale));
-  live_priorities.reserve(live_keys.capacity());
-  for (std::size_t i = 0; i < keys.size(); ++i)
-    if (b.ring_.holds(keys[i].ticket)) {
-      live_keys.push_back(keys[i]);
-      live_priorities.push_back(priorities[i]);
-    }
-  if (!live_keys.empty()) b.selection_->update(b.table(), live_keys, live_priorities, stream);
-  b.order_after(stream, Core::write);
+  if (stale > 0) {
+    live_keys.reserve(keys.size() - static_cast<std::size_t>(stale));
+    live_priorities.reserve(live_keys.capacity());
+    for (std::size_t i = 0; i < keys.size(); ++i)
+      if (b.ring_.holds(keys[i].ticket)) {
+        live_keys.push_back(keys[i]);
+        live_priorities.push_back(priorities[i]);
+      }
+  }
+  b.order_before(stream, Core::write);
+  // The update's launches change the tree: one failing halfway leaves it untrustworthy.
+  b.enqueue([&] {
+    if (stale == 0)
+      b.selection_->update(b.table(), keys, priorities, stream);
+    else if (!live_keys.empty())
+      b.selection_->update(b.table(), live_keys, live_priorities, stream);
+    b.order_after(stream, Core::write);
+  });
   return {n - stale, stale};
 }
 
@@ -102,9 +109,11 @@ void update_from_device(Core& b, std::span<const key> keys, std::span<const floa
     check_gpu_readable(keys.data(), alignof(key), "keys");
     check_gpu_readable(priorities.data(), alignof(float), "priorities");
     b.order_before(stream, Core::write);
-    b.selection_->update_from_device(b.table(), b.transport_.shard_id(), keys, priorities,
-                                     stream);
-    b.order_after(stream, Core::write);
+    b.enqueue([&] {
+      b.selection_->update_from_device(b.table(), b.transport_.shard_id(), keys, priorities,
+                                       stream);
+      b.order_after(stream, Core::write);
+    });
   } else {
     (void)keys, (void)priorities, (void)stream;
     throw error(errc::wrong_memory,

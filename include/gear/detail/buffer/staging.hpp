@@ -43,8 +43,10 @@ class staging_pool {
       if (e->pinned.size() >= pinned_bytes && e->device.size() >= device_bytes) break;
     }
     if (pick == nullptr && entries_.size() >= max_entries) {
+      // Every entry is leased (open writers hold theirs across calls) or in flight: wait for the
+      // oldest in flight, or, with none, make another.
       pick = oldest();
-      GEAR_CUDA_TRY(cudaEventSynchronize(pick->done.get()));
+      if (pick != nullptr) GEAR_CUDA_TRY(cudaEventSynchronize(pick->done.get()));
     }
     if (pick == nullptr) {
       auto fresh = std::make_unique<entry>();

@@ -52,13 +52,6 @@ class stream_order {
     }
   }
 
-  /// Blocks the calling thread until every read other streams enqueued so far has finished (the
-  /// CPU is about to overwrite slots that such a read may have selected).
-  void wait_for_reads(cudaStream_t s) {
-    for (auto& l : lanes_)
-      if (l->stream != s && l->read_pending) GEAR_CUDA_TRY(cudaEventSynchronize(l->read.get()));
-  }
-
  private:
   struct lane {
     cudaStream_t stream{};
