@@ -27,7 +27,9 @@
 // - The largest priority so far is tracked where the state lives (on the device: in device
 //   memory, folded by the update kernels; commits read it there in stream order).
 // - alpha and beta change at run time with state::set_exponents (buf.selection_state()):
-//   beta costs nothing, a new alpha recomputes every leaf (O(capacity), once).
+//   beta costs nothing, a new alpha recomputes every leaf (O(capacity), once). The buffer does
+//   not order this call against its other streams: make it while no other thread uses the
+//   buffer, on the stream that samples, or after synchronising the buffer's streams.
 // - A trajectory of priority 0 is never drawn while some other has a positive priority. If every
 //   committed priority is 0 (with alpha > 0), selection falls back to uniform, with weights 1.
 //   A priority whose p^alpha overflows to infinity, or underflows to 0 for p > 0, is refused

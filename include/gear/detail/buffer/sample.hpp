@@ -47,22 +47,31 @@ void check_sample(const Core& b, const Batch& out, const window& w) {
 }
 
 /// Counts the rows of a finished sample (`slots` in host memory) and removes the trajectories
-/// that reached the limit.
+/// that reached the limit, with the records lease `removal` (room for every row) acquired before
+/// the sample. The counts change only once the removal is enqueued.
 template <class Core>
-void count_returns(Core& b, const std::int64_t* slots, std::int64_t rows, cuda::stream_ref stream) {
+void count_returns(Core& b, const std::int64_t* slots, std::int64_t rows, cuda::stream_ref stream,
+                   const std::optional<staging_pool::lease>& removal) {
   const std::int64_t limit = consume_limit(b);
+  std::vector<std::int64_t> drawn;
+  drawn.reserve(static_cast<std::size_t>(rows));
+  for (std::int64_t row = 0; row < rows; ++row)
+    if (slots[row] >= 0 && b.ring_.state(slots[row]) == slot_state::committed)
+      drawn.push_back(slots[row]);
+  std::sort(drawn.begin(), drawn.end());
   b.removal_tickets_.clear();
-  for (std::int64_t row = 0; row < rows; ++row) {
-    const std::int64_t slot = slots[row];
-    if (slot < 0 || b.ring_.state(slot) != slot_state::committed) continue;
-    if (++b.times_sampled_[static_cast<std::size_t>(slot)] >= limit)
-      b.removal_tickets_.push_back(b.ring_.ticket(slot));
+  for (std::size_t i = 0; i < drawn.size();) {
+    std::size_t end = i;
+    while (end < drawn.size() && drawn[end] == drawn[i]) ++end;
+    if (b.times_sampled_[static_cast<std::size_t>(drawn[i])] + static_cast<std::int64_t>(end - i) >=
+        limit)
+      b.removal_tickets_.push_back(b.ring_.ticket(drawn[i]));
+    i = end;
   }
-  // A slot drawn again after reaching its limit appears more than once.
   std::sort(b.removal_tickets_.begin(), b.removal_tickets_.end());
-  b.removal_tickets_.erase(std::unique(b.removal_tickets_.begin(), b.removal_tickets_.end()),
-                           b.removal_tickets_.end());
-  remove_tickets(b, b.removal_tickets_, stream);
+  remove_tickets(b, b.removal_tickets_, stream, removal);
+  for (const std::int64_t slot : drawn)
+    if (b.ring_.state(slot) == slot_state::committed) ++b.times_sampled_[static_cast<std::size_t>(slot)];
 }
 
 template <class Core, class Batch>
@@ -75,10 +84,17 @@ void sample_into(Core& b, Batch& out, const window& w, rng& g, cuda::stream_ref 
   const bool consumes = consume_limit(b) > 0;
   if (consumes && b.times_sampled_.empty())
     b.times_sampled_.assign(static_cast<std::size_t>(b.capacity_), 0);
-  std::optional<staging_pool::lease> readback;
+  std::optional<staging_pool::lease> readback, removal;
+  if (consumes) removal = b.lease_records(out.batch_size());
   if constexpr (Core::on_device)
-    if (consumes)
-      readback = b.staging_.acquire(static_cast<std::size_t>(out.batch_size()) * 8, 0);
+    if (consumes) {
+      try {
+        readback = b.staging_.acquire(static_cast<std::size_t>(out.batch_size()) * 8, 0);
+      } catch (...) {
+        b.give_back(removal);
+        throw;
+      }
+    }
 
   rng advanced = g;
   selection_request request;
@@ -119,6 +135,7 @@ void sample_into(Core& b, Batch& out, const window& w, rng& g, cuda::stream_ref 
       }
     } catch (...) {
       if (readback) b.staging_.give_back(*readback);
+      b.give_back(removal);
       throw;
     }
 #else
@@ -131,7 +148,7 @@ void sample_into(Core& b, Batch& out, const window& w, rng& g, cuda::stream_ref 
   g = advanced;
   if (consumes) {
     try {
-      count_returns(b, slots, out.batch_size(), stream);
+      count_returns(b, slots, out.batch_size(), stream, removal);
     } catch (...) {
       if (readback) b.staging_.give_back(*readback);
       throw;

@@ -81,13 +81,18 @@ void abandon_slot(Core& b, std::uint64_t ticket, cuda::stream_ref stream) noexce
   }
 }
 
-/// Removes the committed trajectories of `tickets` (sorted, distinct, each held). Expects the
-/// buffer's mutex held.
+/// Removes the committed trajectories of `tickets` (sorted, distinct, each held), with a records
+/// lease acquired by the caller (room for them; given back if nothing is removed) or, without
+/// one, its own. Expects the buffer's mutex held.
 template <class Core>
-void remove_tickets(Core& b, std::span<const std::uint64_t> tickets, cuda::stream_ref stream) {
-  if (tickets.empty()) return;
+void remove_tickets(Core& b, std::span<const std::uint64_t> tickets, cuda::stream_ref stream,
+                    std::optional<staging_pool::lease> lease = std::nullopt) {
   const auto n = static_cast<std::int64_t>(tickets.size());
-  const auto lease = b.lease_records(n);
+  if (n == 0) {
+    b.give_back(lease);
+    return;
+  }
+  if (!lease) lease = b.lease_records(n);
   b.order_write(lease, stream);
   b.enqueue([&] {
     // The policy's hook takes runs of consecutive tickets.
