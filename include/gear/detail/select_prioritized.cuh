@@ -196,18 +196,9 @@ class prioritized::state<exec::device> {
     detail::validate_priorities(keys, priorities, policy_.alpha);
     const auto n = static_cast<std::int64_t>(keys.size());
     if (n == 0) return;
-    const std::size_t slot_bytes = (static_cast<std::size_t>(n) * sizeof(key) + 255) / 256 * 256;
+    prepare_update(keys.size());
+    const std::size_t slot_bytes = staged_offset(keys.size());
     const std::size_t bytes = slot_bytes + static_cast<std::size_t>(n) * sizeof(float);
-    if (staging_ready_.get() != nullptr) GEAR_CUDA_TRY(cudaEventSynchronize(staging_ready_.get()));
-    if (staging_.size() < bytes) {
-      // Both grow or neither: staging larger than its device twin would overflow it later.
-      const std::size_t grown = std::max(bytes, staging_.size() * 2);
-      detail::allocation pinned(memory_kind::pinned_host, grown);
-      detail::allocation device(memory_kind::device, grown);
-      staging_ = std::move(pinned);
-      staged_ = std::move(device);
-    }
-    if (staging_ready_.get() == nullptr) staging_ready_ = detail::event::make();
     std::copy(keys.begin(), keys.end(), staging_.as<key>());
     std::copy(priorities.begin(), priorities.end(),
               reinterpret_cast<float*>(staging_.data() + slot_bytes));
@@ -223,6 +214,23 @@ class prioritized::state<exec::device> {
     src.tickets = table.tickets;
     src.shard = keys.front().shard;  // the buffer checked that every key is of its shard
     apply(src, stream);
+  }
+
+  /// Acquires what update() of `n` pairs needs (waits for the previous update's copy, grows the
+  /// staging and its device twin, makes the event), so that a caller can do it before it changes
+  /// anything. update() calls it too. Throws errc::out_of_memory, errc::cuda_error.
+  void prepare_update(std::size_t n) {
+    const std::size_t bytes = staged_offset(n) + n * sizeof(float);
+    if (staging_ready_.get() != nullptr) GEAR_CUDA_TRY(cudaEventSynchronize(staging_ready_.get()));
+    if (staging_.size() < bytes) {
+      // Both grow or neither: staging larger than its device twin would overflow it later.
+      const std::size_t grown = std::max(bytes, staging_.size() * 2);
+      detail::allocation pinned(memory_kind::pinned_host, grown);
+      detail::allocation device(memory_kind::device, grown);
+      staging_ = std::move(pinned);
+      staged_ = std::move(device);
+    }
+    if (staging_ready_.get() == nullptr) staging_ready_ = detail::event::make();
   }
 
   /// Pairs skipped so far because their key was stale when the update ran (synchronises).
@@ -296,6 +304,11 @@ class prioritized::state<exec::device> {
     src.fill = fill;
     src.count = count;
     return src;
+  }
+
+  /// Where the priorities start in the staging of n pairs (after the keys, 256-byte aligned).
+  static std::size_t staged_offset(std::size_t n) noexcept {
+    return (n * sizeof(key) + 255) / 256 * 256;
   }
 
   [[nodiscard]] detail::priority_tree tree() const noexcept {

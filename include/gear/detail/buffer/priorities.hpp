@@ -83,6 +83,9 @@ priority_update_result update_from_host(Core& b, std::span<const key> keys,
         live_priorities.push_back(priorities[i]);
       }
   }
+  // What the policy's update needs (staging), acquired before anything changes.
+  if constexpr (requires { b.selection_->prepare_update(std::size_t{}); })
+    b.selection_->prepare_update(stale == 0 ? keys.size() : live_keys.size());
   b.order_before(stream, Core::write);
   // The update's launches change the tree: one failing halfway leaves it untrustworthy.
   b.enqueue([&] {
@@ -106,6 +109,8 @@ void update_from_device(Core& b, std::span<const key> keys, std::span<const floa
                  "update_priorities needs one priority per key: " + std::to_string(keys.size()) +
                      " keys, " + std::to_string(priorities.size()) + " priorities");
     if (keys.empty()) return;
+    GEAR_REQUIRE(keys.size() < (std::size_t{1} << 32), errc::invalid_argument,
+                 "update_priorities takes fewer than 2^32 keys at once");
     check_gpu_readable(keys.data(), alignof(key), "keys");
     check_gpu_readable(priorities.data(), alignof(float), "priorities");
     b.order_before(stream, Core::write);

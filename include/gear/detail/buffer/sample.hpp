@@ -145,17 +145,18 @@ void sample_into(Core& b, Batch& out, const window& w, rng& g, cuda::stream_ref 
     b.selection_->select(table, request, stream);
     gather_on_host(args);
   }
-  g = advanced;
   if (consumes) {
     try {
       count_returns(b, slots, out.batch_size(), stream, removal);
     } catch (...) {
       if (readback) b.staging_.give_back(*readback);
+      b.give_back(removal);  // harmless if the removal already handed it on
       throw;
     }
     // Read by the CPU after a synchronisation: free at once.
     if (readback) b.staging_.give_back(*readback);
   }
+  g = advanced;
 }
 
 }  // namespace gear::detail
