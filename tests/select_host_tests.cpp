@@ -697,3 +697,29 @@ TEST_CASE("fifo: a drain of one row per sample is linear and keeps insertion ord
   CHECK(buf.size() == 0);
   CHECK(seconds < 3.0);
 }
+
+// Bad input is refused before anything is enqueued: it never makes the buffer unusable (only a
+// failure to enqueue after a change does).
+TEST_CASE("prioritized: refused updates leave the buffer usable and unchanged") {
+  per_buffer buf{gear::capacity{8}, gear::max_length{1}, gear::select::prioritized{1.0, 0.4}};
+  const auto keys = insert_ids(buf, 0, 8);
+  const double total = buf.selection_state().total();
+  gear::key other = keys[0];
+  other.shard = 3;
+  CHECK(gear_test::code_of([&] {
+          buf.update_priorities(std::vector<gear::key>{keys[1]}, std::vector<float>{std::nanf("")});
+        }) == gear::errc::invalid_priority);
+  CHECK(gear_test::code_of([&] {
+          buf.update_priorities(std::vector<gear::key>{other}, std::vector<float>{1.0f});
+        }) == gear::errc::key_out_of_range);
+  CHECK(gear_test::code_of([&] {
+          buf.update_priorities(std::vector<gear::key>{keys[1], keys[2]}, std::vector<float>{1.0f});
+        }) == gear::errc::invalid_argument);
+  CHECK(buf.selection_state().total() == total);
+  auto batch = buf.make_batch(gear::batch_size{4}, gear::window_length{1});
+  gear::rng g{3};
+  CHECK_NOTHROW(buf.sample(batch, gear::window{.length = 1}, g));
+  const auto r = buf.update_priorities(std::vector<gear::key>{keys[1]}, std::vector<float>{5.0f});
+  CHECK(r.applied == 1);
+  CHECK(buf.selection_state().priority(keys[1].slot(8)) == 5.0f);
+}
