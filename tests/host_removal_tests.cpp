@@ -54,26 +54,31 @@ TEST_CASE("erase removes trajectories: stale keys, never sampled, errors change 
   CHECK(buf.length(1) == 1);
 }
 
+/// Drains `buf` (samples of `rows` rows, at most `calls`) and checks that it ends empty with each
+/// of its `count` trajectories returned exactly `k` times.
+template <class Buffer>
+void check_drained(Buffer& buf, const model& m, std::int64_t rows, int calls, std::size_t count,
+                   std::int64_t k) {
+  const auto seen = drain(buf, m, rows, calls);
+  CHECK(buf.size() == 0);
+  CHECK(seen.size() == count);
+  for (auto [id, n] : seen) CHECK(n == k);
+}
+
 TEST_CASE("max_times_sampled: each trajectory returned exactly k times, then removed") {
   SUBCASE("k = 1 without replacement drains every trajectory once") {
     host_buffer buf{gear::capacity{64}, gear::max_length{1}, gear::select::uniform{false}};
     model m;
     insert(buf, m, std::vector<std::int64_t>(50, 1));
     buf.set_max_times_sampled(1);
-    const auto seen = drain(buf, m, 10, 100);
-    CHECK(buf.size() == 0);
-    CHECK(seen.size() == 50);
-    for (auto [id, n] : seen) CHECK(n == 1);
+    check_drained(buf, m, 10, 100, 50, 1);
   }
   SUBCASE("k = 3 with replacement, one row at a time") {
     host_buffer buf{gear::capacity{32}, gear::max_length{1}};
     model m;
     insert(buf, m, std::vector<std::int64_t>(20, 1));
     buf.set_max_times_sampled(3);
-    const auto seen = drain(buf, m, 1, 1000);
-    CHECK(buf.size() == 0);
-    CHECK(seen.size() == 20);
-    for (auto [id, n] : seen) CHECK(n == 3);
+    check_drained(buf, m, 1, 1000, 20, 3);
   }
   SUBCASE("with prioritized selection: removed trajectories lose their priority") {
     gear::replay_buffer<spec, gear::storage::host, gear::select::prioritized> buf{
@@ -87,10 +92,7 @@ TEST_CASE("max_times_sampled: each trajectory returned exactly k times, then rem
     for (std::size_t i = 0; i < 20; ++i) priorities[i] = 0.5f + static_cast<float>(i);
     CHECK(buf.update_priorities(keys, priorities) == gear::priority_update_result{20, 0});
     buf.set_max_times_sampled(2);
-    const auto seen = drain(buf, m, 1, 1000);
-    CHECK(buf.size() == 0);
-    CHECK(seen.size() == 20);
-    for (auto [id, n] : seen) CHECK(n == 2);
+    check_drained(buf, m, 1, 1000, 20, 2);
   }
   SUBCASE("with recency selection") {
     gear::replay_buffer<spec, gear::storage::host, gear::select::recency> buf{

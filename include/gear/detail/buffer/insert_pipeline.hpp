@@ -72,16 +72,16 @@ void check_insert(const Core& b, const trajectories<Spec>& in, std::span<key> ke
   }
 }
 
-/// Copies the packed host column data of the columns `wanted` selects into their slots with the
-/// CPU (several threads when large); slot i of the insert is `first_slot(i)`.
-template <class Core, class Spec, class Wanted, class Target>
-void copy_host_columns(const trajectories<Spec>& in, std::int64_t bytes, Wanted&& wanted,
-                       Target&& target) {
+/// Copies the packed host data of the columns `wanted` selects with the CPU (several threads
+/// when large): piece i (lengths[i] steps) of column c goes to target(c, i).
+template <class Spec, class Wanted, class Target>
+void copy_host_columns(const trajectories<Spec>& in, std::span<const std::int64_t> lengths,
+                       std::int64_t bytes, Wanted&& wanted, Target&& target) {
   const unsigned parts = copy_threads_for(bytes);
   parallel_for(parts, [&](unsigned part) {
     for (std::size_t c = 0; c < Spec::num_columns; ++c)
       if (wanted(c))
-        copy_packed_share(static_cast<const std::byte*>(in.columns[c].data), in.lengths,
+        copy_packed_share(static_cast<const std::byte*>(in.columns[c].data), lengths,
                           Spec::step_bytes[c], [&](std::size_t i) { return target(c, i); }, part,
                           parts);
   });
@@ -123,10 +123,8 @@ void insert_trajectories(Core& b, const trajectories<Spec>& in, std::span<key> k
     for (std::int64_t len : in.lengths)
       for (std::size_t c = 0; c < columns; ++c) bytes += len * Spec::step_bytes[c];
     evict_hook(b, first, count, stream);
-    copy_host_columns<Core>(in, bytes, [](std::size_t) { return true; },
-                            [&](std::size_t c, std::size_t i) {
-                              return b.regions_.host[c].at(slot(i), 0);
-                            });
+    copy_host_columns(in, in.lengths, bytes, [](std::size_t) { return true; },
+                      [&](std::size_t c, std::size_t i) { return b.regions_.host[c].at(slot(i), 0); });
     const reservation r = b.reserve_in_ring(count, nullptr);
     commit_to_ring(b, r, in.lengths, keys_out);
     commit_hook(b, first, count, stream);
@@ -161,15 +159,10 @@ void insert_trajectories(Core& b, const trajectories<Spec>& in, std::span<key> k
     std::byte* data = lease.host + table_bytes;
     if (staged_bytes > 0) {
       held.unlock();
-      const std::int64_t total[] = {steps};
-      const unsigned parts = copy_threads_for(staged_bytes);
-      parallel_for(parts, [&](unsigned part) {
-        for (std::size_t c = 0; c < columns; ++c)
-          if (!host_accessible(Core::placement[c]))
-            copy_packed_share(static_cast<const std::byte*>(in.columns[c].data), total,
-                              Spec::step_bytes[c], [&](std::size_t) { return data + staged_at[c]; },
-                              part, parts);
-      });
+      const std::int64_t total[] = {steps};  // staged packed as given: one piece per column
+      copy_host_columns(in, total, staged_bytes,
+                        [](std::size_t c) { return !host_accessible(Core::placement[c]); },
+                        [&](std::size_t c, std::size_t) { return data + staged_at[c]; });
       held.lock();
       first = b.ring_.next_ticket();
     }
@@ -199,11 +192,9 @@ void insert_trajectories(Core& b, const trajectories<Spec>& in, std::span<key> k
     // Change: from here a failure leaves the buffer unusable.
     b.enqueue([&] {
       if (cpu_bytes > 0)
-        copy_host_columns<Core>(in, cpu_bytes,
-                                [](std::size_t c) { return host_accessible(Core::placement[c]); },
-                                [&](std::size_t c, std::size_t i) {
-                                  return b.regions_.host[c].at(slot(i), 0);
-                                });
+        copy_host_columns(in, in.lengths, cpu_bytes,
+                          [](std::size_t c) { return host_accessible(Core::placement[c]); },
+                          [&](std::size_t c, std::size_t i) { return b.regions_.host[c].at(slot(i), 0); });
       evict_hook(b, first, count, stream);
       if (scatters) {
         // Every block reads its row: from device memory, not over PCIe.

@@ -61,16 +61,18 @@ priority_update_result update_from_host(Core& b, std::span<const key> keys,
                  "key " + std::to_string(i) + " (shard " + std::to_string(keys[i].shard) +
                      ", incarnation " + std::to_string(keys[i].incarnation) +
                      ") is not of this shard");
-  std::int64_t stale = 0;
-  for (std::size_t i = 0; i < keys.size(); ++i) {
-    GEAR_REQUIRE(std::isfinite(priorities[i]) && priorities[i] >= 0, errc::invalid_priority,
-                 "priority " + std::to_string(i) + " is " + std::to_string(priorities[i]) +
-                     "; priorities must be finite and >= 0");
-    stale += !b.ring_.holds(keys[i].ticket);
-  }
-  // The policy's own checks of the values (e.g. p^alpha in range) run before anything changes.
-  if constexpr (requires { b.selection_->alpha(); })
+  // The values, before anything changes: the policy's own check where it has an exponent (also
+  // p^alpha in range), else finite and >= 0.
+  if constexpr (requires { b.selection_->alpha(); }) {
     validate_priorities(keys, priorities, b.selection_->alpha());
+  } else {
+    for (std::size_t i = 0; i < priorities.size(); ++i)
+      GEAR_REQUIRE(std::isfinite(priorities[i]) && priorities[i] >= 0, errc::invalid_priority,
+                   "priority " + std::to_string(i) + " is " + std::to_string(priorities[i]) +
+                       "; priorities must be finite and >= 0");
+  }
+  std::int64_t stale = 0;
+  for (const key& k : keys) stale += !b.ring_.holds(k.ticket);
   const auto n = static_cast<std::int64_t>(keys.size());
   std::vector<key> live_keys;
   std::vector<float> live_priorities;

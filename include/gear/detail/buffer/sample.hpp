@@ -53,8 +53,8 @@ template <class Core>
 void count_returns(Core& b, const std::int64_t* slots, std::int64_t rows, cuda::stream_ref stream,
                    const std::optional<staging_pool::lease>& removal) {
   const std::int64_t limit = consume_limit(b);
-  std::vector<std::int64_t> drawn;
-  drawn.reserve(static_cast<std::size_t>(rows));
+  std::vector<std::int64_t>& drawn = b.drawn_slots_;
+  drawn.clear();
   for (std::int64_t row = 0; row < rows; ++row)
     if (slots[row] >= 0 && b.ring_.state(slots[row]) == slot_state::committed)
       drawn.push_back(slots[row]);

@@ -52,13 +52,11 @@ void commit_slots(Core& b, const reservation& r, std::span<const std::int64_t> l
   const auto lease = b.lease_records(r.count);
   b.order_write(lease, stream);
   b.enqueue([&] {
-    b.ring_.commit(r, lengths, b.records_of(lease));
+    commit_to_ring(b, r, lengths, keys_out, b.records_of(lease));
     b.publish(lease, r.count, stream);
     commit_hook(b, r.first_ticket, r.count, stream);
     b.order_after(stream, Core::write);
   });
-  for (std::int64_t i = 0; i < r.count; ++i)
-    keys_out[static_cast<std::size_t>(i)] = b.key_of(r.first_ticket + static_cast<std::uint64_t>(i));
 }
 
 /// Gives up the pending slot of `ticket` (a writer destroyed without commit). Never throws; a

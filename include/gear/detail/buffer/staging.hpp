@@ -40,7 +40,7 @@ class staging_pool {
     for (auto& e : entries_) {
       if (e->leased || !finished(*e)) continue;
       pick = e.get();
-      if (e->pinned.size() >= pinned_bytes && e->device.size() >= device_bytes) break;
+      if (pick->pinned.size() >= pinned_bytes && pick->device.size() >= device_bytes) break;
     }
     if (pick == nullptr && entries_.size() >= max_entries) {
       // Every entry is leased (open writers hold theirs across calls) or in flight: wait for the
@@ -51,15 +51,13 @@ class staging_pool {
     if (pick == nullptr) {
       auto fresh = std::make_unique<entry>();
       fresh->done = event::make();
+      fresh->index = entries_.size();
       entries_.push_back(std::move(fresh));  // the entry outlives a failed growth below, unleased
       pick = entries_.back().get();
     }
     grow(*pick, pinned_bytes, device_bytes);
     pick->leased = true;
-    const auto index = static_cast<std::size_t>(
-        std::find_if(entries_.begin(), entries_.end(), [&](auto& e) { return e.get() == pick; }) -
-        entries_.begin());
-    return {index, pick->pinned.data(), pick->pinned.device_data(), pick->device.data()};
+    return {pick->index, pick->pinned.data(), pick->pinned.device_data(), pick->device.data()};
   }
 
   /// Ends a lease whose memory is read by work enqueued on `stream`: the entry is reused once
@@ -86,6 +84,7 @@ class staging_pool {
     bool recorded = false;
     bool unsafe = false;  // the event could not be recorded: reuse after a device-wide wait
     std::uint64_t sequence = 0;
+    std::size_t index = 0;  // its place in entries_
   };
 
   /// True when the entry's last reader has finished. Throws errc::cuda_error.

@@ -29,7 +29,7 @@ class stream_order {
   /// nothing was enqueued on `s` that a retry would repeat wrongly: waits are idempotent).
   void before(cudaStream_t s, access a) {
     lane& self = lane_of(s);
-    if (last_writer_ != nullptr && last_writer_ != &self && last_writer_->wrote)
+    if (last_writer_ != nullptr && last_writer_ != &self)
       GEAR_CUDA_TRY(cudaStreamWaitEvent(s, last_writer_->write.get(), 0));
     if (a == access::write)
       for (auto& l : lanes_)
@@ -44,7 +44,6 @@ class stream_order {
       // This write followed every pending read: later writes follow them through it.
       for (auto& l : lanes_) l->read_pending = false;
       last_writer_ = &self;
-      self.wrote = true;
       if (lanes_.size() > 1) GEAR_CUDA_TRY(cudaEventRecord(self.write.get(), s));
     } else {
       self.read_pending = true;
@@ -57,7 +56,6 @@ class stream_order {
     cudaStream_t stream{};
     event read, write;
     bool read_pending = false;  // a read since the last write that has not been waited for
-    bool wrote = false;
   };
 
   lane& lane_of(cudaStream_t s) {
@@ -72,7 +70,7 @@ class stream_order {
       // longer exist. Waiting once for the whole device covers them.
       GEAR_CUDA_TRY(cudaDeviceSynchronize());
       lanes_.front()->read_pending = false;
-      lanes_.front()->wrote = false;
+      last_writer_ = nullptr;
     }
     lanes_.push_back(std::move(fresh));
     return *lanes_.back();
