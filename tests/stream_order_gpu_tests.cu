@@ -9,6 +9,8 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <type_traits>
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -36,6 +38,19 @@ __global__ void spin(long long ms) {
 void hold(cuda::stream_ref s, long long ms = 50) {
   spin<<<1, 1, 0, s.get()>>>(ms);
   GEAR_CHECK_LAUNCH("spin");
+}
+
+/// True when a kernel on one stream runs while another stream is held (not so under
+/// compute-sanitizer, which runs kernels one at a time).
+bool streams_overlap() {
+  stream_holder a, b;
+  hold(a, 300);
+  const auto t0 = std::chrono::steady_clock::now();
+  hold(b, 0);
+  GEAR_CUDA_TRY(cudaStreamSynchronize(b.s));
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  GEAR_CUDA_TRY(cudaStreamSynchronize(a.s));
+  return waited < 0.15;
 }
 
 /// Writes `n` steps valued first, first + 1, ... into the reserved slot through a ref.
@@ -288,6 +303,107 @@ TEST_CASE("row 4: priority updates skip stale keys and apply the rest, from host
   }
 }
 
+// ---- host inserts that land (detail/buffer/landing.hpp) ---------------------------------------
+
+TEST_CASE("landing: a sample on another stream neither waits for nor sees bytes in flight; "
+          "the insert's own stream and later samples see them") {
+  stream_holder learner, actor;
+  vbuffer<gear::storage::device> buf{gear::capacity{8}, gear::max_length{4}};
+  const gear::key ka = insert_values(buf, {1, 2, 3, 4}, learner);
+  auto batch = buf.make_batch(gear::batch_size{64}, gear::window_length{4});
+  gear::rng g{11};
+  // Both streams have used the buffer (the one device-wide wait of a second stream is behind us).
+  buf.sample(batch, gear::window{.length = 4}, g, actor);
+  buf.sample(batch, gear::window{.length = 4}, g, learner);
+  hold(actor, 400);  // the copy of the next insert waits behind this
+  const gear::key kb = insert_values(buf, {5, 6, 7, 8}, actor);
+  CHECK(buf.contains(kb));
+  CHECK(buf.size() == 2);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  buf.sample(batch, gear::window{.length = 4}, g, learner);
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (streams_overlap())
+    CHECK(waited < 0.2);  // did not wait for the 400 ms the actor's stream is held
+  else
+    MESSAGE("kernels of two streams do not overlap here (compute-sanitizer serialises them): "
+            "the sample's wait is not timed");
+  for (const row& r : rows_of(batch, learner)) {
+    CHECK(r.k == ka);
+    CHECK(r.v == std::vector<std::int32_t>{1, 2, 3, 4});
+  }
+
+  // The actor's own stream sees its insert, in stream order.
+  auto mine = buf.make_batch(gear::batch_size{256}, gear::window_length{4});
+  buf.sample(mine, gear::window{.length = 4}, g, actor);
+  int of_b = 0;
+  for (const row& r : rows_of(mine, actor)) {
+    CHECK((r.k == ka || r.k == kb));
+    CHECK(r.v == (r.k == kb ? std::vector<std::int32_t>{5, 6, 7, 8} : std::vector<std::int32_t>{1, 2, 3, 4}));
+    of_b += r.k == kb;
+  }
+  CHECK(of_b > 64);  // about 128 of 256; 64 or fewer has probability below 1e-15
+
+  // Landed and published: the learner sees it too.
+  buf.sample(batch, gear::window{.length = 4}, g, learner);
+  int learner_b = 0;
+  for (const row& r : rows_of(batch, learner)) learner_b += r.k == kb;
+  CHECK(learner_b > 0);  // 0 of 64 has probability 2^-64
+}
+
+TEST_CASE("landing: inserts that evict slots a queued gather may read wait for it, never tear it") {
+  stream_holder learner, actor, third;
+  vbuffer<gear::storage::device> buf{gear::capacity{2}, gear::max_length{4}};
+  const gear::key kx = insert_values(buf, {10, 11, 12, 13}, learner);
+  const gear::key ky = insert_values(buf, {20, 21, 22, 23}, learner);
+  GEAR_CUDA_TRY(cudaStreamSynchronize(learner.s));
+  auto queued = buf.make_batch(gear::batch_size{128}, gear::window_length{4});
+  gear::rng g{12};
+  hold(learner, 200);
+  buf.sample_async(queued, gear::window{.length = 4}, g, learner);  // runs after the spin
+  // The actor evicts both slots; a third stream's sample publishes the inserts once landed.
+  const gear::key kz = insert_values(buf, {30, 31, 32, 33}, actor);
+  const gear::key kw = insert_values(buf, {40, 41, 42, 43}, actor);
+  GEAR_CUDA_TRY(cudaStreamSynchronize(actor.s));
+  CHECK_FALSE(buf.contains(kx));
+  CHECK(buf.contains(kz));
+  auto later = buf.make_batch(gear::batch_size{128}, gear::window_length{4});
+  buf.sample(later, gear::window{.length = 4}, g, third);
+  GEAR_CUDA_TRY(cudaStreamSynchronize(learner.s));
+  auto value_of = [](const gear::key& k) { return static_cast<std::int32_t>(k.ticket + 1) * 10; };
+  for (const row& r : rows_of(queued, learner)) {
+    CHECK((r.k == kx || r.k == ky));
+    CHECK(r.v == std::vector<std::int32_t>{value_of(r.k), value_of(r.k) + 1, value_of(r.k) + 2,
+                                           value_of(r.k) + 3});
+  }
+  for (const row& r : rows_of(later, third)) {
+    CHECK((r.k == kz || r.k == kw));
+    CHECK(r.v[0] == value_of(r.k));
+    CHECK(r.v[3] == value_of(r.k) + 3);
+  }
+}
+
+TEST_CASE("landing: erase and host-span priority updates publish the keys they name first") {
+  stream_holder learner, actor;
+  using pbuffer = vbuffer<gear::storage::device, gear::select::prioritized>;
+  pbuffer buf{gear::capacity{8}, gear::max_length{1}};
+  (void)insert_values(buf, {1}, learner);
+  GEAR_CUDA_TRY(cudaStreamSynchronize(learner.s));
+  hold(actor, 100);
+  const gear::key ka = insert_values(buf, {2}, actor);
+  const gear::key kb = insert_values(buf, {3}, actor);
+  const float p[] = {5.0f};
+  const gear::priority_update_result res =
+      buf.update_priorities(std::span<const gear::key>(&ka, 1), p, learner);
+  CHECK(res.applied == 1);
+  CHECK(res.stale == 0);
+  CHECK(buf.selection_state().priorities(learner)[ka.slot(8)] == 5.0f);
+  buf.erase(std::span<const gear::key>(&kb, 1), learner);
+  CHECK_FALSE(buf.contains(kb));
+  CHECK(buf.contains(ka));
+  CHECK(buf.size() == 2);
+}
+
 namespace {
 
 /// What a test can observe of a buffer: sizes, tickets, lengths, and a sample's rows.
@@ -323,7 +439,9 @@ struct observed {
 /// under test needs, calls arm(), which snapshots the buffer and starts the countdown, then makes
 /// the call. Checks that every failure either left the buffer exactly as it was at arm() or made
 /// every later call throw errc::cuda_error (never wrong rows). Returns {failures, unchanged}.
-template <class Storage, class Op>
+/// With `shared`, a second stream samples the buffer first, so that inserts of host data into
+/// storage::device land (detail/buffer/landing.hpp).
+template <class Storage, bool shared = false, class Op>
 std::pair<int, int> inject_every_fault(Op&& op) {
   using B = vbuffer<Storage>;
   int failures = 0, unchanged = 0;
@@ -332,6 +450,12 @@ std::pair<int, int> inject_every_fault(Op&& op) {
     B buf{gear::capacity{4}, gear::max_length{2}};
     for (int i = 0; i < 3; ++i) (void)insert_values(buf, {i * 10, i * 10 + 1}, s);
     GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
+    if (shared) {
+      stream_holder other;
+      auto batch = buf.make_batch(gear::batch_size{1}, gear::window_length{1});
+      gear::rng g{3};
+      buf.sample(batch, gear::window{.length = 1}, g, other);
+    }
     std::optional<observed<B>> before;
     auto arm = [&] {
       GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
@@ -385,6 +509,12 @@ TEST_CASE_TEMPLATE("row 5: every failing allocation or CUDA call of a mutating c
            arm();
            (void)insert_values(b, {30, 31}, s);
          }));
+  if constexpr (std::is_same_v<Storage, gear::storage::device>)
+    report("insert_async from host that lands",
+           inject_every_fault<Storage, true>([](B& b, cuda::stream_ref s, auto arm) {
+             arm();
+             (void)insert_values(b, {30, 31}, s);
+           }));
   report("reserve", inject_every_fault<Storage>([](B& b, cuda::stream_ref s, auto arm) {
            arm();
            (void)b.reserve(1, s);

@@ -42,18 +42,29 @@
 //   buffer with host-resident columns (pinned_host, mixed), which waits for the stream's earlier
 //   work before the CPU overwrites evicted slots; (2) a sample that removes what it returned
 //   (set_max_times_sampled, select::fifo / lifo), which reads its rows back; (3) a staging entry
-//   is reused only once the work that read it finished: a call waits only when 32 are in flight.
+//   is reused only once the work that read it finished: a call waits only when 512 are in flight.
 //
 //   Threads and streams: any number of threads may call one buffer at once, each on its own
 //   stream (or sharing streams), with no lock or event of the caller's. The buffer serialises its
 //   host calls with a mutex and orders their GPU work with events (detail/buffer/stream_order.hpp):
-//   a sample waits for the writes (inserts, commits, removals, priority updates) that other
+//   a sample waits for the writes (commits, removals, priority updates, inserts) that other
 //   streams enqueued before it, and a write waits for the samples and writes other streams
-//   enqueued before it. So every sample sees exactly the calls that returned before it started,
-//   a trajectory is never visible before its bytes are stored, and no slot is overwritten while a
-//   gather that may read it runs. The cost: a sample and a write on different streams do not
-//   overlap on the GPU. A buffer used from one stream records and waits for nothing; the first
-//   call from a second stream synchronises the device once.
+//   enqueued before it. So a trajectory is never visible before its bytes are stored, and no
+//   slot is overwritten while a gather that may read it runs. A buffer used from one stream
+//   records and waits for nothing; the first call from a second stream synchronises the device
+//   once.
+//
+//   Host inserts that land: once a buffer whose columns are all in device memory has been used
+//   from a second stream, an insert of host data only copies it to the device on its own stream
+//   (the copy engine, into staging) and reserves its slots; the next call that needs it (a
+//   sample, or any call but another such insert) publishes it on its own stream, with one
+//   scatter and one journal apply for every insert that has landed by then
+//   (detail/buffer/landing.hpp). Actors inserting so never wait for a learner's samples,
+//   and a learner sampling on another stream never waits for bytes still crossing PCIe: its
+//   sample sees the inserts that had landed when it was called, and every insert of its own
+//   stream. Any call that names a landing insert's keys (erase, host-span priority updates)
+//   publishes it first; host queries count it as stored. Priority updates from device memory see
+//   a still-landing key as stale.
 //   selection_state() is not synchronised: change its settings while no other thread uses the
 //   buffer.
 //
@@ -160,10 +171,11 @@ class replay_buffer {
 
   [[nodiscard]] std::int64_t capacity() const noexcept { return core().capacity_; }
   [[nodiscard]] std::int64_t max_length() const noexcept { return core().max_length_; }
-  /// Committed trajectories, the ones sampling can return.
+  /// Stored trajectories: the committed ones, the ones sampling can return, and host inserts
+  /// still on their way to device memory (see "Threads and streams" above).
   [[nodiscard]] std::int64_t size() const noexcept {
     const auto held = core().lock();
-    return core().ring_.live();
+    return core().ring_.live() + core().landing_count();
   }
   [[nodiscard]] bool empty() const noexcept { return size() == 0; }
   /// Reservations made so far (inserted trajectories plus pending ones): the next ticket.

@@ -9,6 +9,8 @@
 //             records applied in stream order (mirror.hpp; the journal kernel, the scatter)
 //   staging   pinned memory leased to one call and recycled by events (staging.hpp)
 //   order     the events that order the buffer's work across streams (stream_order.hpp)
+//   landing   host inserts whose bytes are on their way to device memory, published later by
+//             the next call that needs them, on its stream (landing.hpp)
 //   selection the selection policy's state
 //
 // Threads: every operation holds the buffer's mutex while it reads or changes this state and
@@ -112,6 +114,39 @@ class buffer_core {
   stream_order order_;
   mutable std::mutex mutex_;
 
+  /// A host insert on its way (landing.hpp): its tickets are reserved (pending) in the ring; its
+  /// bytes travel in `lease` (pinned, then its device part, copied on `stream`; the lease's mark
+  /// says when they have arrived).
+  struct landing_insert {
+    staging_pool::lease lease;
+    cudaStream_t stream{};
+    std::uint64_t first_ticket = 0;
+    std::int64_t steps = 0;  // all trajectories' steps: the staging's column stride
+    std::vector<std::int64_t> lengths;
+    bool landed = false;  // the copy has finished (seen by an event query)
+  };
+  std::vector<landing_insert> landing_;
+  std::vector<slot_record> landing_records_;  // the reservations' pending records, not yet applied
+  std::vector<std::pair<std::uint64_t, std::int64_t>> landing_evictions_;  // (first, count) for
+                                                                          // the evict hook
+  std::vector<std::int64_t> scratch_rows_;  // of publishing, reused
+
+  /// Trajectories of landing inserts not taken over by newer reservations.
+  [[nodiscard]] std::int64_t landing_count() const noexcept {
+    std::int64_t n = 0;
+    for (const auto& l : landing_)
+      for (std::size_t i = 0; i < l.lengths.size(); ++i)
+        n += ring_.is_pending(l.first_ticket + i);
+    return n;
+  }
+  /// True when `ticket` belongs to a landing insert and is still its slot's reservation.
+  [[nodiscard]] bool is_landing(std::uint64_t ticket) const noexcept {
+    if (!ring_.is_pending(ticket)) return false;
+    for (const auto& l : landing_)
+      if (ticket >= l.first_ticket && ticket - l.first_ticket < l.lengths.size()) return true;
+    return false;
+  }
+
   [[nodiscard]] std::unique_lock<std::mutex> lock() const { return std::unique_lock(mutex_); }
 
   /// Orders an access of this call's stream after other streams' (stream_order.hpp).
@@ -156,8 +191,10 @@ class buffer_core {
   [[nodiscard]] key key_of(std::uint64_t ticket) const noexcept {
     return key{ticket, transport_.shard_id(), 0};
   }
+  /// A landing insert's keys count as stored: every call that uses them publishes it first.
   [[nodiscard]] bool contains(const key& k) const noexcept {
-    return k.shard == transport_.shard_id() && k.incarnation == 0 && ring_.holds(k.ticket);
+    return k.shard == transport_.shard_id() && k.incarnation == 0 &&
+           (ring_.holds(k.ticket) || is_landing(k.ticket));
   }
   /// Throws errc::key_out_of_range (another shard) or errc::stale_key unless contains(k).
   void check_key(const key& k) const {

@@ -12,13 +12,17 @@
 //            hook.
 //
 // Host memory (pageable or pinned) is read during the call; device memory by the scatter, in
-// stream order.
+// stream order. Host data for a storage whose columns are all in device memory, on a buffer used
+// from more than one stream, lands instead (landing.hpp): copied on the caller's stream, published
+// by a later call.
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cuda/stream_ref>
 #include <gear/detail/buffer/core.hpp>
+#include <gear/detail/buffer/insert_steps.hpp>
+#include <gear/detail/buffer/landing.hpp>
 #include <gear/detail/host_copy.hpp>
 #include <gear/detail/memory.hpp>
 #include <gear/detail/scatter.hpp>
@@ -72,32 +76,6 @@ void check_insert(const Core& b, const trajectories<Spec>& in, std::span<key> ke
   }
 }
 
-/// Copies the packed host data of the columns `wanted` selects with the CPU (several threads
-/// when large): piece i (lengths[i] steps) of column c goes to target(c, i).
-template <class Spec, class Wanted, class Target>
-void copy_host_columns(const trajectories<Spec>& in, std::span<const std::int64_t> lengths,
-                       std::int64_t bytes, Wanted&& wanted, Target&& target) {
-  const unsigned parts = copy_threads_for(bytes);
-  parallel_for(parts, [&](unsigned part) {
-    for (std::size_t c = 0; c < Spec::num_columns; ++c)
-      if (wanted(c))
-        copy_packed_share(static_cast<const std::byte*>(in.columns[c].data), lengths,
-                          Spec::step_bytes[c], [&](std::size_t i) { return target(c, i); }, part,
-                          parts);
-  });
-}
-
-template <class Core>
-void evict_hook(Core& b, std::uint64_t first, std::int64_t count, cuda::stream_ref stream) {
-  if constexpr (requires { b.selection_->on_evict(slot_table{}, first, count, stream); })
-    b.selection_->on_evict(b.table(), first, count, stream);
-}
-template <class Core>
-void commit_hook(Core& b, std::uint64_t first, std::int64_t count, cuda::stream_ref stream) {
-  if constexpr (requires { b.selection_->on_commit(slot_table{}, first, count, stream); })
-    b.selection_->on_commit(b.table(), first, count, stream);
-}
-
 /// Changes the ring for an insert or a commit of `lengths` and writes the keys.
 template <class Core>
 void commit_to_ring(Core& b, const reservation& r, std::span<const std::int64_t> lengths,
@@ -145,6 +123,10 @@ void insert_trajectories(Core& b, const trajectories<Spec>& in, std::span<key> k
         staged_bytes += bytes;
       }
     }
+    if (from_host && cpu_bytes == 0 && lands(b, stream.get())) {
+      land_trajectories(b, held, in, keys_out, stream, steps, staged_at, staged_bytes);
+      return;
+    }
     const bool scatters = !from_host || staged_bytes > 0;
     // Staging: the scatter's rows, the host data for GPU columns, the commit records.
     const auto table_bytes = static_cast<std::size_t>(
@@ -171,6 +153,7 @@ void insert_trajectories(Core& b, const trajectories<Spec>& in, std::span<key> k
     // may have selected them and no write in flight to them is left.
     try {
       b.check_usable();
+      settle_landing(b, landing_force{}, stream);
       b.order_before(stream, Core::write);
       if (cpu_bytes > 0) b.synchronize(stream);
     } catch (...) {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cuda/stream_ref>
 #include <gear/detail/buffer/core.hpp>
+#include <gear/detail/buffer/landing.hpp>
 #include <gear/detail/memory.hpp>
 #include <gear/error.hpp>
 #include <gear/key.hpp>
@@ -71,6 +72,8 @@ priority_update_result update_from_host(Core& b, std::span<const key> keys,
                    "priority " + std::to_string(i) + " is " + std::to_string(priorities[i]) +
                        "; priorities must be finite and >= 0");
   }
+  // Keys of landing inserts are published first, so that they count as live.
+  settle_landing(b, landing_force{landing_force::kind::keys, {}, keys}, stream);
   std::int64_t stale = 0;
   for (const key& k : keys) stale += !b.ring_.holds(k.ticket);
   const auto n = static_cast<std::int64_t>(keys.size());
@@ -115,6 +118,8 @@ void update_from_device(Core& b, std::span<const key> keys, std::span<const floa
                  "update_priorities takes fewer than 2^32 keys at once");
     check_gpu_readable(keys.data(), alignof(key), "keys");
     check_gpu_readable(priorities.data(), alignof(float), "priorities");
+    // Landing inserts whose bytes are still on their way stay so: their keys count as stale here.
+    settle_landing(b, landing_force{}, stream);
     b.order_before(stream, Core::write);
     b.enqueue([&] {
       b.selection_->update_from_device(b.table(), b.transport_.shard_id(), keys, priorities,

@@ -78,6 +78,18 @@ template <class Core, class Batch>
 void sample_into(Core& b, Batch& out, const window& w, rng& g, cuda::stream_ref stream) {
   const auto held = b.lock();
   b.check_usable();
+  // Landing inserts (landing.hpp): this stream's own, and those already on the device, are
+  // published; if the rest are needed for the sample to be valid at all (an empty buffer, too few
+  // trajectories for a batch without replacement), they are published too.
+  settle_landing(b, landing_force{landing_force::kind::stream, stream.get()}, stream);
+  if (!b.landing_.empty()) {
+    try {
+      check_sample(b, out, w);
+      b.selection_->validate(b.table(), out.batch_size());
+    } catch (const error&) {
+      settle_landing(b, landing_force{landing_force::kind::all}, stream);
+    }
+  }
   check_sample(b, out, w);
   const slot_table table = b.table();
   b.selection_->validate(table, out.batch_size());

@@ -42,6 +42,8 @@ class slot_ring {
   // ---- queries -------------------------------------------------------------------------------
 
   [[nodiscard]] std::int64_t capacity() const noexcept { return capacity_; }
+  /// The number stamped into this ring's reservations.
+  [[nodiscard]] std::uint64_t buffer_id() const noexcept { return buffer_id_; }
   /// Committed trajectories.
   [[nodiscard]] std::int64_t live() const noexcept { return live_; }
   /// The ticket the next reservation gets (reservations made so far).

@@ -25,6 +25,7 @@ reservation reserve_slots(Core& b, std::int64_t count, cuda::stream_ref stream) 
   GEAR_REQUIRE(count >= 1 && count <= b.capacity_, errc::invalid_argument,
                "reserve count must be in [1, " + std::to_string(b.capacity_) + "], got " +
                    std::to_string(count));
+  settle_landing(b, landing_force{}, stream);
   const auto lease = b.lease_records(count);
   const std::uint64_t first = b.ring_.next_ticket();
   reservation r{};
@@ -49,6 +50,7 @@ void commit_slots(Core& b, const reservation& r, std::span<const std::int64_t> l
                errc::invalid_argument, "commit needs one length and one key per reserved slot");
   b.ring_.check_reservation(r);
   check_lengths(lengths, b.max_length_);
+  settle_landing(b, landing_force{}, stream);
   const auto lease = b.lease_records(r.count);
   b.order_write(lease, stream);
   b.enqueue([&] {
@@ -66,6 +68,7 @@ void abandon_slot(Core& b, std::uint64_t ticket, cuda::stream_ref stream) noexce
   try {
     const auto held = b.lock();
     if (!b.failure_.empty() || !b.ring_.is_pending(ticket)) return;
+    settle_landing(b, landing_force{}, stream);
     const auto lease = b.lease_records(1);
     b.order_write(lease, stream);
     b.enqueue([&] {
@@ -112,6 +115,7 @@ template <class Core>
 void erase_keys(Core& b, std::span<const key> keys, cuda::stream_ref stream) {
   const auto held = b.lock();
   b.check_usable();
+  settle_landing(b, landing_force{landing_force::kind::keys, {}, keys}, stream);
   std::vector<std::uint64_t> tickets;
   tickets.reserve(keys.size());
   for (const key& k : keys) {

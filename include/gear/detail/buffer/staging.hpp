@@ -22,7 +22,7 @@ namespace gear::detail {
 class staging_pool {
  public:
   /// Entries in flight before acquire waits for the oldest.
-  static constexpr std::size_t max_entries = 32;
+  static constexpr std::size_t max_entries = 512;
 
   /// One call's staging: `host` (CPU address) and `mapped` (its GPU address) of the pinned part,
   /// `device` of the device part (null if none was asked for).
@@ -73,8 +73,30 @@ class staging_pool {
     GEAR_CUDA_TRY(recorded);
   }
 
-  /// Ends a lease whose memory nothing read (the call failed before enqueueing).
+  /// Ends a lease whose memory nothing read (the call failed before enqueueing), or whose
+  /// readers were all marked (mark()) before it was given back.
   void give_back(const lease& l) noexcept { entries_[l.entry]->leased = false; }
+
+  /// Ends a lease whose memory work enqueued on some stream may still use, with no event to say
+  /// when it is done: the entry is reused only after a device-wide wait.
+  void give_back_unsafe(const lease& l) noexcept {
+    entries_[l.entry]->leased = false;
+    entries_[l.entry]->unsafe = true;
+  }
+
+  /// Marks the point of `stream` after which the lease's work so far is done (a landing insert's
+  /// copy); the lease stays held. Throws errc::cuda_error (then give_back_unsafe).
+  void mark(const lease& l, cudaStream_t stream) {
+    entry& e = *entries_[l.entry];
+    GEAR_CUDA_TRY(cudaEventRecord(e.done.get(), stream));
+    e.recorded = true;
+  }
+  /// True once the work marked by mark() has finished. Throws errc::cuda_error.
+  [[nodiscard]] bool reached(const lease& l) { return finished(*entries_[l.entry]); }
+  /// The event mark() recorded, for a stream to wait on.
+  [[nodiscard]] cudaEvent_t marked(const lease& l) const noexcept {
+    return entries_[l.entry]->done.get();
+  }
 
  private:
   struct entry {

@@ -37,6 +37,11 @@ class stream_order {
           GEAR_CUDA_TRY(cudaStreamWaitEvent(s, l->read.get(), 0));
   }
 
+  /// True while no stream but `s` (or none) has used the buffer.
+  [[nodiscard]] bool only_lane(cudaStream_t s) const noexcept {
+    return lanes_.empty() || (lanes_.size() == 1 && lanes_.front()->stream == s);
+  }
+
   /// Records the position of an access just enqueued on `s` (it must follow before(s, a)).
   void after(cudaStream_t s, access a) {
     lane& self = lane_of(s);

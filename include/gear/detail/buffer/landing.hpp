@@ -1,0 +1,260 @@
+#pragma once
+// Landing: host trajectories bound for a GPU buffer's device memory, used by several streams.
+//
+// Such an insert copies its trajectories into pinned staging with the CPU (during the call, as
+// every host insert does), enqueues their copy into the staging's device part on the caller's
+// stream, reserves their slots (the evicted occupants leave the host view at once) and returns.
+// Nothing it enqueues touches a slot or the mirror, so it waits for no other stream and no other
+// stream waits for it. Its bytes are *published* later by the next call that settles, on that
+// call's stream: one scatter from the device staging into the slots, then one journal apply that
+// brings the reservations' and commits' records to the mirror. A publish is a write in
+// stream_order's sense: it follows every read and write other streams enqueued before it, and
+// later reads on other streams follow it. A learner that samples on one stream publishes what
+// the actors landed on its own stream, between its samples, with no wait across streams.
+//
+// When: every call but a landing insert settles first (settle_landing), publishing
+//   - the inserts whose copies have already finished (an event query, no wait): in batches of
+//     publish_batch while inserts keep coming, all of them once they pause;
+//   - the inserts the call must see whatever their progress (its stream then waits for their
+//     copies): a sample's own stream's, those a call names by key, or all of them.
+// The evicted occupants' records go with every settle, so a call never sees a slot the host view
+// has already given away. So a sample on another stream sees a host insert once its bytes are
+// on the device, and never waits for bytes still crossing PCIe; a sample on the insert's own
+// stream, or any call naming its keys, sees it as stream order says. Host queries (size,
+// contains) count landing inserts as stored.
+
+#include <algorithm>
+#include <cstdint>
+#include <cuda/stream_ref>
+#include <gear/detail/buffer/core.hpp>
+#include <gear/detail/buffer/insert_steps.hpp>
+#include <gear/detail/scatter.hpp>
+#include <span>
+
+namespace gear::detail {
+
+/// Landing inserts in flight before an insert first publishes them all (bounds the staging).
+inline constexpr std::size_t max_landing = 256;
+/// Landed inserts a settle waits for before it publishes them, while inserts keep coming.
+inline constexpr std::size_t publish_batch = 8;
+
+/// Which landing inserts a settle publishes whatever their progress.
+struct landing_force {
+  enum class kind { none, stream, keys, all } what = kind::none;
+  cudaStream_t stream{};
+  std::span<const key> keys{};
+
+  template <class Landing>
+  [[nodiscard]] bool operator()(const Landing& l) const noexcept {
+    switch (what) {
+      case kind::all: return true;
+      case kind::stream: return l.stream == stream;
+      case kind::keys:
+        for (const key& k : keys)
+          if (k.ticket >= l.first_ticket && k.ticket - l.first_ticket < l.lengths.size()) return true;
+        return false;
+      default: return false;
+    }
+  }
+};
+
+/// True when a host insert on `stream` lands (rather than scattering on `stream` itself): the
+/// buffer is GPU-resident for every column and not used from `stream` alone.
+template <class Core>
+bool lands(const Core& b, cudaStream_t stream) noexcept {
+  if constexpr (!Core::on_device) {
+    (void)b, (void)stream;
+    return false;
+  } else {
+    for (const memory_kind m : Core::placement)
+      if (host_accessible(m)) return false;
+    return !b.order_.only_lane(stream);
+  }
+}
+
+/// Publishes what `force` names and every landing insert whose copy has finished, and applies the
+/// pending records of every landing reservation (see the top of this file). Expects the mutex
+/// held. Throws (errc::out_of_memory, errc::cuda_error) before changing anything; a failure while
+/// enqueueing makes the buffer unusable.
+template <class Core>
+void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream) {
+  if constexpr (Core::on_device) {
+#if defined(GEAR_DEVICE_BACKEND)
+    if (b.landing_.empty() && b.landing_records_.empty()) return;
+    // Which inserts go now, and their rows (tickets a newer reservation took over are dropped).
+    // Landed inserts go in batches of publish_batch while inserts keep coming (each publish costs
+    // the next sample a wait on the buffer's stream), all of them once the inserts pause.
+    // A stream's copies finish in its order: past its first one still in flight, none is asked.
+    std::vector<cudaStream_t> in_flight;
+    std::vector<bool> take(b.landing_.size());
+    std::size_t landed = 0;
+    for (std::size_t i = 0; i < b.landing_.size(); ++i) {
+      auto& l = b.landing_[i];
+      if (!l.landed && std::find(in_flight.begin(), in_flight.end(), l.stream) == in_flight.end()) {
+        l.landed = b.staging_.reached(l.lease);
+        if (!l.landed) in_flight.push_back(l.stream);
+      }
+      take[i] = force(l);
+      landed += !take[i] && l.landed;
+    }
+    if (landed >= publish_batch || b.landing_records_.empty())
+      for (std::size_t i = 0; i < b.landing_.size(); ++i) take[i] = take[i] || b.landing_[i].landed;
+    std::int64_t rows = 0;
+    for (std::size_t i = 0; i < b.landing_.size(); ++i)
+      if (take[i])
+        for (std::size_t t = 0; t < b.landing_[i].lengths.size(); ++t)
+          rows += b.ring_.is_pending(b.landing_[i].first_ticket + t);
+    if (rows == 0 && b.landing_records_.empty() &&
+        std::find(take.begin(), take.end(), true) == take.end())
+      return;
+    // The pending records to apply: one per slot, its latest reservation's, unless that one is
+    // committed now (its commit record evicts the old occupant just as well). Records of one apply
+    // must name distinct slots: the journal applies them in parallel.
+    auto applies = [&](const slot_record& r) {
+      const std::uint64_t ticket = r.ticket();
+      if (b.ring_.ticket(b.ring_.slot_of(ticket)) != ticket) return false;
+      for (std::size_t i = 0; i < b.landing_.size(); ++i) {
+        const auto& l = b.landing_[i];
+        if (take[i] && ticket >= l.first_ticket && ticket - l.first_ticket < l.lengths.size())
+          return !b.ring_.is_pending(ticket);
+      }
+      return true;
+    };
+    std::int64_t records = rows;
+    for (const slot_record& r : b.landing_records_) records += applies(r);
+    const std::size_t rows_bytes =
+        static_cast<std::size_t>(align_up(rows * std::int64_t{sizeof(scatter_row)}, segment_alignment));
+    const staging_pool::lease lease = b.staging_.acquire(
+        rows_bytes + static_cast<std::size_t>(records) * sizeof(slot_record), 0);
+    try {
+      b.scratch_rows_.reserve(static_cast<std::size_t>(rows));
+      b.order_before(stream, Core::write);
+      for (std::size_t i = 0; i < b.landing_.size(); ++i)
+        if (take[i] && !b.landing_[i].landed)
+          GEAR_CUDA_TRY(cudaStreamWaitEvent(stream.get(), b.staging_.marked(b.landing_[i].lease), 0));
+    } catch (...) {
+      b.staging_.give_back(lease);
+      throw;
+    }
+
+    b.enqueue([&] {
+      const cuda::stream_ref p = stream;
+      auto* row = reinterpret_cast<scatter_row*>(lease.host);
+      auto* record = reinterpret_cast<slot_record*>(lease.host + rows_bytes);
+      for (const slot_record& r : b.landing_records_)
+        if (applies(r)) *record++ = r;
+      for (const auto& [first, count] : b.landing_evictions_) evict_hook(b, first, count, p);
+      std::int64_t longest = 0;
+      std::vector<std::int64_t>& committed = b.scratch_rows_;  // tickets, for the commit hook
+      committed.clear();
+      for (std::size_t i = 0; i < b.landing_.size(); ++i) {
+        if (!take[i]) continue;
+        const auto& l = b.landing_[i];
+        std::int64_t at = 0;
+        for (std::size_t t = 0; t < l.lengths.size(); ++t) {
+          const std::uint64_t ticket = l.first_ticket + t;
+          const std::int64_t len = l.lengths[t];
+          if (b.ring_.is_pending(ticket)) {
+            *row++ = {b.ring_.slot_of(ticket), at, len, ticket, l.lease.device, l.steps};
+            const reservation one{ticket, 1, b.capacity_, b.ring_.buffer_id()};
+            b.ring_.commit(one, std::span<const std::int64_t>(&len, 1), record++);
+            committed.push_back(static_cast<std::int64_t>(ticket));
+            longest = std::max(longest, len);
+          }
+          at += len;
+        }
+      }
+      if (rows > 0) {
+        scatter_args args;
+        args.count = rows;
+        args.max_count_length = longest;
+        args.rows = reinterpret_cast<const scatter_row*>(lease.mapped);
+        for (std::size_t c = 0; c < Core::num_columns; ++c)
+          args.columns[args.num_columns++] = {nullptr, b.regions_.kernel[c].base,
+                                              b.regions_.kernel[c].slot_stride,
+                                              b.regions_.kernel[c].step_bytes};
+        scatter_on_device(args, p);
+      }
+      journal_args a;
+      a.records = reinterpret_cast<const slot_record*>(lease.mapped + rows_bytes);
+      a.count = records;
+      a.mirror = b.mirror();
+      a.capacity = b.capacity_;
+      apply_journal_on_device(a, p);
+      for (std::size_t i = 0; i < b.landing_.size(); ++i)
+        if (take[i]) b.staging_.release_after(b.landing_[i].lease, stream.get());
+      b.staging_.release_after(lease, stream.get());
+      for (const std::int64_t ticket : committed)
+        commit_hook(b, static_cast<std::uint64_t>(ticket), 1, p);
+      b.order_after(p, Core::write);
+      std::size_t kept = 0;
+      for (std::size_t i = 0; i < b.landing_.size(); ++i)
+        if (!take[i]) {
+          if (kept != i) b.landing_[kept] = std::move(b.landing_[i]);  // not onto itself
+          ++kept;
+        }
+      b.landing_.resize(kept);
+      b.landing_records_.clear();
+      b.landing_evictions_.clear();
+    });
+#else
+    static_assert(dependent_false<Core>, "gear: GPU storage needs <gear/gear.cuh>, compiled by nvcc");
+#endif
+  } else {
+    (void)b, (void)force, (void)stream;
+  }
+}
+
+/// The landing insert (see the top of this file), after check_insert, with the mutex `held`.
+/// `staged_at[c]` / `staged_bytes`: the packed layout of every column, as staged_column_offset
+/// computes it.
+template <class Core, class Spec, std::size_t N>
+void land_trajectories(Core& b, std::unique_lock<std::mutex>& held, const trajectories<Spec>& in,
+                       std::span<key> keys_out, cuda::stream_ref stream, std::int64_t steps,
+                       const std::array<std::int64_t, N>& staged_at, std::int64_t staged_bytes) {
+  const auto count = static_cast<std::int64_t>(in.lengths.size());
+  if (b.landing_.size() >= max_landing)
+    settle_landing(b, landing_force{landing_force::kind::all}, stream);
+  const auto bytes = static_cast<std::size_t>(staged_bytes);
+  const staging_pool::lease lease = b.staging_.acquire(bytes, bytes);
+  held.unlock();
+  const std::int64_t total[] = {steps};  // packed as given: one piece per column
+  copy_host_columns(in, total, staged_bytes, [](std::size_t) { return true; },
+                    [&](std::size_t c, std::size_t) { return lease.host + staged_at[c]; });
+  held.lock();
+  // Everything that can fail, before the ring changes.
+  typename Core::landing_insert l;
+  try {
+    b.check_usable();
+    b.landing_.reserve(b.landing_.size() + 1);
+    b.landing_records_.reserve(b.landing_records_.size() + static_cast<std::size_t>(count));
+    b.landing_evictions_.reserve(b.landing_evictions_.size() + 1);
+    l = {lease, stream.get(), 0, steps, std::vector<std::int64_t>(in.lengths.begin(), in.lengths.end())};
+  } catch (...) {
+    b.staging_.give_back(lease);
+    throw;
+  }
+  try {
+    GEAR_CUDA_TRY(cudaMemcpyAsync(lease.device, lease.host, bytes, cudaMemcpyHostToDevice, stream.get()));
+  } catch (...) {
+    b.staging_.give_back_unsafe(lease);  // the copy may have been enqueued
+    throw;
+  }
+  try {
+    b.staging_.mark(lease, stream.get());
+  } catch (...) {
+    b.staging_.give_back_unsafe(lease);
+    throw;
+  }
+  // Change: nothing below throws.
+  const std::size_t at = b.landing_records_.size();
+  b.landing_records_.resize(at + static_cast<std::size_t>(count));
+  const reservation r = b.reserve_in_ring(count, b.landing_records_.data() + at);
+  l.first_ticket = r.first_ticket;
+  for (std::int64_t i = 0; i < count; ++i)
+    keys_out[static_cast<std::size_t>(i)] = b.key_of(r.first_ticket + static_cast<std::uint64_t>(i));
+  b.landing_evictions_.emplace_back(r.first_ticket, count);
+  b.landing_.push_back(std::move(l));
+}
+
+}  // namespace gear::detail
