@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <memory>
 #include <random>
 #include <set>
 #include <span>
@@ -696,6 +697,111 @@ TEST_CASE("fifo: a drain of one row per sample is linear and keeps insertion ord
   CHECK(got == want);
   CHECK(buf.size() == 0);
   CHECK(seconds < 3.0);
+}
+
+// lifo scanned down past every removed ticket above the newest live one on each sample, so a
+// one-by-one drain of N cost O(N^2). Its skip links make it O(N): 65537 one-row samples, newest
+// first, with an open writer (pending, skipped until it commits) in the middle.
+TEST_CASE("lifo: a drain of one row per sample is linear and returns the newest first") {
+  using lifo_buffer = gear::replay_buffer<spec, gear::storage::host, gear::select::lifo>;
+  constexpr std::uint64_t n = 65536, half = n / 2;
+  lifo_buffer buf{gear::capacity{static_cast<std::int64_t>(n) + 1}, gear::max_length{1}};
+  (void)insert_ids(buf, 0, static_cast<std::int64_t>(half));
+  auto w = buf.make_writer();  // ticket `half`, pending
+  (void)insert_ids(buf, static_cast<std::int32_t>(half), static_cast<std::int64_t>(half));
+  // n .. half + 1; then, the writer still pending, half - 1 .. half - 11; it commits and is the
+  // newest: half; then half - 12 .. 0.
+  std::vector<std::uint64_t> want;
+  for (std::uint64_t t = n; t > half; --t) want.push_back(t);
+  for (std::uint64_t t = half - 1; t >= half - 11; --t) want.push_back(t);
+  want.push_back(half);
+  for (std::uint64_t t = half - 11; t-- > 0;) want.push_back(t);
+  auto batch = buf.make_batch(gear::batch_size{1}, gear::window_length{1});
+  gear::rng g{1};
+  std::vector<std::uint64_t> got;
+  const auto start = std::chrono::steady_clock::now();
+  for (std::uint64_t i = 0; i <= n; ++i) {
+    buf.sample(batch, gear::window{.length = 1}, g);
+    got.push_back(batch.keys()[0].ticket);
+    if (i == half + 10) {
+      const std::int32_t v = -1;
+      w.append(&v);
+      (void)w.commit();
+    }
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  MESSAGE("drained " << n + 1 << " one by one in " << seconds << " s");
+  CHECK(got == want);
+  CHECK(buf.size() == 0);
+  CHECK(seconds < 3.0);
+}
+
+// The skip links against a model: random inserts, erases, open and committed writers and
+// samples of 1 to 4 rows; every sample must return the newest live tickets, newest first.
+TEST_CASE("lifo: skip links agree with a scan under random inserts, erases, writers and samples") {
+  using lifo_buffer = gear::replay_buffer<spec, gear::storage::host, gear::select::lifo>;
+  lifo_buffer buf{gear::capacity{64}, gear::max_length{1}};
+  std::mt19937_64 gen(17);
+  std::set<std::uint64_t> live;  // the model: committed tickets still stored
+  using writer_type = decltype(buf.make_writer());
+  std::vector<std::unique_ptr<writer_type>> open;
+  gear::rng g{2};
+  int samples = 0;
+  auto evict = [&] {  // whatever the ring evicted is gone from the model too
+    const std::uint64_t oldest = buf.tickets_issued() > 64 ? buf.tickets_issued() - 64 : 0;
+    live.erase(live.begin(), live.lower_bound(oldest));
+  };
+  for (int step = 0; step < 20000; ++step) {
+    switch (gen() % 6) {
+      case 0:
+      case 1: {
+        const auto keys = insert_ids(buf, 0, 1 + static_cast<std::int64_t>(gen() % 3));
+        for (const auto& k : keys) live.insert(k.ticket);
+        break;
+      }
+      case 2:
+        if (!live.empty()) {
+          auto it = live.begin();
+          std::advance(it, static_cast<long>(gen() % live.size()));
+          const gear::key k{*it, 0, 0};
+          buf.erase(std::span<const gear::key>(&k, 1));
+          live.erase(it);
+        }
+        break;
+      case 3:
+        if (open.size() < 3) open.push_back(std::make_unique<writer_type>(buf.make_writer()));
+        else open.erase(open.begin());  // abandoned
+        break;
+      case 4:
+        if (!open.empty()) {
+          const std::int32_t v = 0;
+          try {
+            open.back()->append(&v);
+            live.insert(open.back()->commit().ticket);
+          } catch (const gear::error& e) {
+            CHECK(e.code() == gear::errc::invalid_reservation);  // the ring came round
+          }
+          open.pop_back();
+        }
+        break;
+      default: {
+        const auto rows = static_cast<std::int64_t>(1 + gen() % 4);
+        if (static_cast<std::int64_t>(live.size()) < rows) break;
+        auto batch = buf.make_batch(gear::batch_size{rows}, gear::window_length{1});
+        buf.sample(batch, gear::window{.length = 1}, g);
+        for (std::int64_t r = 0; r < rows; ++r) {
+          const std::uint64_t newest = *live.rbegin();
+          CHECK(batch.keys()[static_cast<std::size_t>(r)].ticket == newest);
+          live.erase(newest);
+        }
+        ++samples;
+      }
+    }
+    evict();
+    REQUIRE(buf.size() == static_cast<std::int64_t>(live.size()));
+  }
+  CHECK(samples > 1000);
 }
 
 // Bad input is refused before anything is enqueued: it never makes the buffer unusable (only a

@@ -9,7 +9,8 @@
 // slots to the GPU with one stream-ordered copy. fifo keeps a cursor on the oldest ticket that may
 // still be returned, moved past evicted and removed tickets once, so draining a queue of N costs
 // O(N) in all (pending slots, e.g. open writers, hold the cursor: they may still commit). lifo
-// scans down from the newest ticket, O(B + removed tickets above the newest live one).
+// scans down from the newest ticket and crosses runs of removed tickets by skip links it
+// compresses as it goes, so draining a stack of N costs O(N) in all too.
 
 #include <algorithm>
 #include <cstdint>
@@ -19,14 +20,26 @@
 #include <gear/error.hpp>
 #include <gear/select/concept.hpp>
 #include <string>
+#include <vector>
 
 namespace gear::detail {
 
+/// lifo's skip links over removed tickets: for a slot whose ticket `ticket` was removed (or its
+/// writer abandoned), `resume` is the ticket bound to go on scanning down from (exclusive) past
+/// it and the removed tickets just below it. Set by each scan with path compression, so
+/// draining a stack of N costs O(N) in all, amortised; a removed ticket never comes back, so a
+/// link stays true.
+struct lifo_link {
+  std::uint64_t ticket = ~std::uint64_t{0};
+  std::uint64_t resume = 0;
+};
+
 /// Writes the slots of the `batch` oldest (oldest_first) or newest committed trajectories of the
 /// table, in that order, to slots (host memory). Requires batch <= t.live. `cursor` (fifo): no
-/// ticket below it can be returned any more; advanced here.
+/// ticket below it can be returned any more; advanced here. `links` (lifo, [capacity]): see
+/// lifo_link.
 inline void queue_rows(const slot_table& t, bool oldest_first, std::int64_t batch,
-                       std::int64_t* slots, std::uint64_t& cursor) {
+                       std::int64_t* slots, std::uint64_t& cursor, lifo_link* links = nullptr) {
   const auto cap = static_cast<std::uint64_t>(t.capacity);
   const std::uint64_t begin =
       std::max(cursor, t.next_ticket - static_cast<std::uint64_t>(t.occupied));
@@ -44,10 +57,40 @@ inline void queue_rows(const slot_table& t, bool oldest_first, std::int64_t batc
       if (t.host_lengths[slot] > 0) slots[n++] = slot;
     }
   } else {
-    for (std::uint64_t ticket = t.next_ticket; n < batch && ticket > begin;) {
-      const auto slot = static_cast<std::int64_t>(--ticket % cap);
-      if (t.host_lengths[slot] > 0) slots[n++] = slot;
+    // Scan down from the newest ticket. A run of removed tickets is crossed by its links; once
+    // the scan stops below a run (a live or pending ticket, or the oldest slot), every ticket of
+    // the run links there.
+    std::uint64_t top = t.next_ticket;  // the next ticket looked at is top - 1
+    std::uint64_t run_top = top;        // the run of removed tickets crossed since run_top
+    auto close_run = [&](std::uint64_t resume) {
+      if (links == nullptr) return;
+      for (std::uint64_t r = run_top; r > resume;) {
+        lifo_link& l = links[static_cast<std::size_t>(--r % cap)];
+        if (l.ticket == r) {  // linked before: follow it (its targets are at most r)
+          const std::uint64_t next = l.resume;
+          l.resume = resume;
+          r = std::max(next, resume);
+        } else if (t.host_tickets[static_cast<std::size_t>(r % cap)] == r &&
+                   t.host_states[static_cast<std::size_t>(r % cap)] == 0) {
+          l = {r, resume};
+        }
+      }
+    };
+    while (n < batch && top > begin) {
+      const std::uint64_t ticket = top - 1;
+      const auto slot = static_cast<std::size_t>(ticket % cap);
+      const bool removed = t.host_tickets[slot] == ticket && t.host_states[slot] == 0;
+      if (removed) {
+        const lifo_link* l = links != nullptr ? &links[slot] : nullptr;
+        top = l != nullptr && l->ticket == ticket ? std::max(l->resume, begin) : ticket;
+        continue;
+      }
+      close_run(top);
+      if (t.host_lengths[slot] > 0) slots[n++] = static_cast<std::int64_t>(slot);
+      top = ticket;
+      run_top = top;
     }
+    close_run(top);
   }
 }
 
@@ -64,20 +107,25 @@ class queue_state;
 template <bool OldestFirst>
 class queue_state<OldestFirst, exec::host> {
  public:
+  explicit queue_state(std::int64_t capacity)
+      : links_(OldestFirst ? 0 : static_cast<std::size_t>(capacity)) {}
   void validate(const slot_table& t, std::int64_t batch) const { validate_queue(t, batch); }
   void select(const slot_table& t, const selection_request& r, cuda::stream_ref) {
-    queue_rows(t, OldestFirst, r.batch, r.slots, cursor_);
+    queue_rows(t, OldestFirst, r.batch, r.slots, cursor_, links_.data());
     std::fill_n(r.probabilities, r.batch, 1.0f);
     std::fill_n(r.weights, r.batch, 1.0f);
   }
 
  private:
   std::uint64_t cursor_ = 0;
+  std::vector<lifo_link> links_;
 };
 
 template <bool OldestFirst>
 class queue_state<OldestFirst, exec::device> {
  public:
+  explicit queue_state(std::int64_t capacity)
+      : links_(OldestFirst ? 0 : static_cast<std::size_t>(capacity)) {}
   void validate(const slot_table& t, std::int64_t batch) const { validate_queue(t, batch); }
 
   /// Computes the rows on the host, then one stream-ordered copy each of slots, probabilities and
@@ -92,7 +140,7 @@ class queue_state<OldestFirst, exec::device> {
     if (staging_.size() < bytes) staging_ = allocation(memory_kind::pinned_host, bytes);
     auto* slots = staging_.as<std::int64_t>();
     auto* ones = reinterpret_cast<float*>(slots + rows);
-    queue_rows(t, OldestFirst, r.batch, slots, cursor_);
+    queue_rows(t, OldestFirst, r.batch, slots, cursor_, links_.data());
     std::fill_n(ones, 2 * rows, 1.0f);
     GEAR_CUDA_TRY(cudaMemcpyAsync(r.slots, slots, rows * sizeof(std::int64_t),
                                   cudaMemcpyHostToDevice, stream.get()));
@@ -107,6 +155,7 @@ class queue_state<OldestFirst, exec::device> {
   allocation staging_;
   event ready_;
   std::uint64_t cursor_ = 0;
+  std::vector<lifo_link> links_;
 };
 
 }  // namespace gear::detail
@@ -118,7 +167,7 @@ struct fifo {
   static constexpr bool consumes = true;
   template <class Space>
   struct state : detail::queue_state<true, Space> {
-    state(const fifo&, std::int64_t /*capacity*/) {}
+    state(const fifo&, std::int64_t capacity) : detail::queue_state<true, Space>(capacity) {}
   };
 };
 
@@ -127,7 +176,7 @@ struct lifo {
   static constexpr bool consumes = true;
   template <class Space>
   struct state : detail::queue_state<false, Space> {
-    state(const lifo&, std::int64_t /*capacity*/) {}
+    state(const lifo&, std::int64_t capacity) : detail::queue_state<false, Space>(capacity) {}
   };
 };
 
