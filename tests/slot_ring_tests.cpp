@@ -27,6 +27,7 @@ using gear::detail::slot_mirror;
 using gear::detail::slot_record;
 using gear::detail::slot_ring;
 using gear::detail::slot_state;
+using gear::detail::index_record;
 
 std::string str(std::uint64_t v) { return std::to_string(v); }
 
@@ -164,6 +165,13 @@ std::string diff(const slot_ring& ring, const model& m) {
     if (ring.lengths()[s] != m.length(s))
       return say(("lengths()" + at).c_str(), ring.lengths()[s], m.length(s));
   }
+  // The dense index holds every committed slot once.
+  std::vector<std::int64_t> listed(ring.dense(), ring.dense() + ring.live());
+  std::sort(listed.begin(), listed.end());
+  std::vector<std::int64_t> committed_slots;
+  for (std::int64_t s = 0; s < m.capacity; ++s)
+    if (m.state(s) == slot_state::committed) committed_slots.push_back(s);
+  if (listed != committed_slots) return "dense index: not the committed slots";
   // Tickets around the ring's current lap, a few old ones, and the ticket no reservation gets.
   std::vector<std::uint64_t> probes{0, 1, gear::no_ticket, gear::no_ticket - 1};
   const std::uint64_t from = m.next > 3 * m.cap() ? m.next - 3 * m.cap() : 0;
@@ -190,10 +198,10 @@ std::string diff(const slot_ring& ring, const model& m) {
 
 struct host_mirror {
   std::int64_t capacity;
-  std::vector<std::uint64_t> words;  // lengths, tickets, order: 3 * capacity words
+  std::vector<std::uint64_t> words;  // lengths, tickets, order, dense: 4 * capacity words
 
   explicit host_mirror(std::int64_t cap)
-      : capacity(cap), words(static_cast<std::size_t>(3 * cap), 0) {}
+      : capacity(cap), words(static_cast<std::size_t>(4 * cap), 0) {}
   [[nodiscard]] slot_mirror view() {
     return slot_mirror::at(reinterpret_cast<std::byte*>(words.data()), capacity);
   }
@@ -241,6 +249,7 @@ class run {
         other_(capacity, 41 + seed % 7),
         m_{capacity, 40 + seed % 7},
         mirror_(capacity),
+        dense_copy_(static_cast<std::size_t>(capacity), -1),
         records_(with_records),
         c_(c) {}
 
@@ -260,6 +269,22 @@ class run {
       check(pick());
     const std::string d = diff(ring_, m_);
     REQUIRE_MESSAGE(d.empty(), d);
+    // The dense index: its changes, applied to a copy every few steps (as the device's copy gets
+    // them, one journal apply at a time), give the ring's own index.
+    if (gen_() % 3 == 0) {
+      std::vector<index_record> changes(static_cast<std::size_t>(ring_.pending_index_changes()));
+      const std::int64_t n = ring_.take_index_changes(changes.data());
+      REQUIRE(n <= static_cast<std::int64_t>(changes.size()));
+      std::vector<bool> seen(dense_copy_.size());
+      for (std::int64_t i = 0; i < n; ++i) {
+        const auto pos = static_cast<std::size_t>(changes[static_cast<std::size_t>(i)].position);
+        REQUIRE_FALSE(seen[pos]);  // one record per position: a parallel apply is exact
+        seen[pos] = true;
+        dense_copy_[pos] = changes[static_cast<std::size_t>(i)].slot;
+      }
+      for (std::int64_t p = 0; p < ring_.live(); ++p)
+        REQUIRE(dense_copy_[static_cast<std::size_t>(p)] == ring_.dense()[p]);
+    }
     if (records_) {
       const std::string md = mirror_diff(mirror_, ring_);
       REQUIRE_MESSAGE(md.empty(), md);
@@ -411,6 +436,7 @@ class run {
   slot_ring ring_, other_;
   model m_;
   host_mirror mirror_;
+  std::vector<std::int64_t> dense_copy_;  // the device's copy of the dense index
   bool records_;
   coverage& c_;
   std::vector<reservation> made_;

@@ -79,6 +79,7 @@ struct device {};
 struct slot_table {
   const std::int64_t* lengths = nullptr;       ///< committed length; 0 if empty, pending or removed
   const std::uint64_t* tickets = nullptr;      ///< ticket of each slot's latest reservation
+  const std::int64_t* dense = nullptr;         ///< [live]: every committed slot once, any order
   std::int64_t capacity = 0;                   ///< number of slots
   std::int64_t occupied = 0;                   ///< slots [0, occupied) have ever been reserved
   std::int64_t live = 0;                       ///< committed slots (length > 0)

@@ -1,13 +1,12 @@
 #pragma once
 // Uniform selection: every committed trajectory equally likely, with or without replacement.
 //
-// Each row draws a slot uniformly from the slots ever reserved and redraws while it hits a slot
-// that is not committed (pending or removed) or, without replacement, one another row already
-// claimed. Redrawing keeps the result exactly uniform over committed slots (and, without
-// replacement, uniform over subsets of the batch's size). Expected work per row is
-// occupied / live draws, O(1) for a buffer that is mostly committed; without replacement a batch
-// of B from N costs O(B * N / (N - B)) draws in all. Every row stops after 64 draws and falls back
-// to a scan of the occupied slots (O(capacity), exact with replacement), so no loop is unbounded.
+// Each row draws a position in the buffer's dense index of committed slots (slot_ring.hpp): one
+// draw per row, exactly uniform, O(1) whatever the occupancy (a buffer of 2^20 slots with 1000
+// live costs what a full one does). Without replacement a row redraws while it hits a slot
+// another row of the batch already claimed: uniform over subsets of the batch's size, a batch of
+// B from N costing O(B * N / (N - B)) draws in all; every row stops after 64 draws and falls back
+// to the first unclaimed position from a uniform start, so no loop is unbounded.
 //
 // The host and device states draw the same numbers from the same rng_draw, so with replacement
 // they select the same slots.
@@ -37,39 +36,30 @@ struct uniform {
 
 namespace gear::detail {
 
-/// Draws one row makes from all occupied slots before it falls back to a scan.
+/// Draws one row makes without replacement before it falls back to a scan.
 inline constexpr std::uint32_t max_uniform_attempts = 64;
 
 /// The attempt number reserved for a row's window draw, apart from its selection draws.
 inline constexpr std::uint32_t window_attempt = 0xFFFFFFFFu;
 
-/// Selects the slot of one row uniformly (see gear::select::uniform): up to max_uniform_attempts
-/// draws among the occupied slots, redrawn while they hit one that is not committed (or, without
-/// replacement, already claimed by another row); if all miss (few committed among many occupied
-/// slots), a scan: with replacement the j-th committed slot for j uniform in [0, live), exactly;
-/// without replacement the first unclaimed committed slot from a uniform starting point. -1 only
-/// if no committed slot is left to claim.
+/// Selects the slot of one row uniformly (see gear::select::uniform) from the dense index of
+/// committed slots: with replacement one draw of a position in [0, live), exactly uniform, O(1)
+/// whatever the occupancy; without replacement up to max_uniform_attempts draws, redrawn while
+/// another row has already claimed the slot, then the first unclaimed position from a uniform
+/// starting point. -1 only if no committed slot is left to claim.
 GEAR_HD inline std::int64_t uniform_row(const slot_table& t, const selection_request& r,
                                         bool replacement, std::int64_t row) {
+  const auto live = static_cast<std::uint64_t>(t.live);
+  const auto at = static_cast<std::uint64_t>(row);
+  if (replacement) return t.dense[r.draw.below(live, at, 0)];
   for (std::uint32_t attempt = 0; attempt < max_uniform_attempts; ++attempt) {
-    const auto slot = static_cast<std::int64_t>(r.draw.below(
-        static_cast<std::uint64_t>(t.occupied), static_cast<std::uint64_t>(row), attempt));
-    if (t.lengths[slot] <= 0) continue;
-    if (!replacement && !claim_slot(r.scratch, r.scratch_size, slot)) continue;
-    return slot;
+    const std::int64_t slot = t.dense[r.draw.below(live, at, attempt)];
+    if (claim_slot(r.scratch, r.scratch_size, slot)) return slot;
   }
-  const std::uint64_t pick = r.draw.below(
-      static_cast<std::uint64_t>(replacement ? t.live : t.occupied), static_cast<std::uint64_t>(row),
-      max_uniform_attempts);
-  if (replacement) {
-    std::uint64_t seen = 0;
-    for (std::int64_t slot = 0; slot < t.occupied; ++slot)
-      if (t.lengths[slot] > 0 && seen++ == pick) return slot;
-    return -1;
-  }
-  for (std::int64_t k = 0; k < t.occupied; ++k) {
-    const std::int64_t slot = (static_cast<std::int64_t>(pick) + k) % t.occupied;
-    if (t.lengths[slot] > 0 && claim_slot(r.scratch, r.scratch_size, slot)) return slot;
+  const std::uint64_t pick = r.draw.below(live, at, max_uniform_attempts);
+  for (std::uint64_t k = 0; k < live; ++k) {
+    const std::int64_t slot = t.dense[(pick + k) % live];
+    if (claim_slot(r.scratch, r.scratch_size, slot)) return slot;
   }
   return -1;
 }

@@ -169,9 +169,11 @@ class buffer_core {
       const slot_mirror m = mirror();
       t.lengths = m.lengths;
       t.tickets = m.tickets;
+      t.dense = m.dense;
     } else {
       t.lengths = ring_.lengths();
       t.tickets = ring_.tickets();
+      t.dense = ring_.dense();
     }
     t.capacity = capacity_;
     t.occupied = ring_.occupied();
@@ -243,9 +245,18 @@ class buffer_core {
       (void)count;
       return std::nullopt;
     } else {
-      return staging_.acquire(static_cast<std::size_t>(count) * sizeof(slot_record), 0);
+      return staging_.acquire(journal_bytes(count), 0);
     }
   }
+  /// Bytes one apply of `count` slot records needs: the records, then the dense index's changes
+  /// (at most one per record, and those already pending).
+  [[nodiscard]] std::size_t journal_bytes(std::int64_t count) const noexcept {
+    return static_cast<std::size_t>(2 * count + ring_.pending_index_changes()) * sizeof(slot_record);
+  }
+  /// Enqueues one apply of the `count` slot records at l.host + offset, with the dense index's
+  /// pending changes, written after them (room: journal_bytes(count) at lease time).
+  void apply_journal(const staging_pool::lease& l, std::size_t offset, std::int64_t count,
+                     cuda::stream_ref stream);
   [[nodiscard]] static slot_record* records_of(const std::optional<staging_pool::lease>& l) {
     return l ? reinterpret_cast<slot_record*>(l->host) : nullptr;
   }
@@ -322,12 +333,7 @@ void gear::detail::buffer_core<Spec, Storage, Selection, Transport>::publish(
     const std::optional<staging_pool::lease>& l, std::int64_t count, cuda::stream_ref stream) {
   if constexpr (on_device) {
 #if defined(GEAR_DEVICE_BACKEND)
-    journal_args a;
-    a.records = reinterpret_cast<const slot_record*>(l->mapped);
-    a.count = count;
-    a.mirror = mirror();
-    a.capacity = capacity_;
-    apply_journal_on_device(a, stream);
+    apply_journal(*l, 0, count, stream);
     staging_.release_after(*l, stream.get());
 #else
     static_assert(dependent_false<Storage>,
@@ -336,4 +342,23 @@ void gear::detail::buffer_core<Spec, Storage, Selection, Transport>::publish(
   } else {
     (void)l, (void)count, (void)stream;
   }
+}
+
+template <class Spec, class Storage, class Selection, class Transport>
+void gear::detail::buffer_core<Spec, Storage, Selection, Transport>::apply_journal(
+    const staging_pool::lease& l, std::size_t offset, std::int64_t count, cuda::stream_ref stream) {
+#if defined(GEAR_DEVICE_BACKEND)
+  const std::size_t index_at = offset + static_cast<std::size_t>(count) * sizeof(slot_record);
+  journal_args a;
+  a.records = reinterpret_cast<const slot_record*>(l.mapped + offset);
+  a.count = count;
+  a.index = reinterpret_cast<const index_record*>(l.mapped + index_at);
+  a.index_count = ring_.take_index_changes(reinterpret_cast<index_record*>(l.host + index_at));
+  a.mirror = mirror();
+  a.capacity = capacity_;
+  apply_journal_on_device(a, stream);
+#else
+  (void)l, (void)offset, (void)count, (void)stream;
+  static_assert(dependent_false<Storage>, "gear: GPU storage needs <gear/gear.cuh>, compiled by nvcc");
+#endif
 }

@@ -132,7 +132,7 @@ void insert_trajectories(Core& b, const trajectories<Spec>& in, std::span<key> k
     const auto table_bytes = static_cast<std::size_t>(
         align_up(count * std::int64_t{sizeof(scatter_row)}, segment_alignment));
     const std::size_t records_at = table_bytes + static_cast<std::size_t>(staged_bytes);
-    const std::size_t record_bytes = static_cast<std::size_t>(count) * sizeof(slot_record);
+    const std::size_t record_bytes = b.journal_bytes(count);
 
     // Acquire: the staging lease, then (with the mutex let go) the host data for GPU columns
     // copied into it by the CPU.
@@ -202,12 +202,7 @@ void insert_trajectories(Core& b, const trajectories<Spec>& in, std::span<key> k
       // The commit, after the bytes in stream order: one apply of the ring's commit records.
       const reservation r = b.reserve_in_ring(count, nullptr);
       commit_to_ring(b, r, in.lengths, keys_out, reinterpret_cast<slot_record*>(lease.host + records_at));
-      journal_args a;
-      a.records = reinterpret_cast<const slot_record*>(lease.mapped + records_at);
-      a.count = count;
-      a.mirror = b.mirror();
-      a.capacity = b.capacity_;
-      apply_journal_on_device(a, stream);
+      b.apply_journal(lease, records_at, count, stream);
       b.staging_.release_after(lease, stream.get());
       commit_hook(b, first, count, stream);
       b.order_after(stream, Core::write);

@@ -80,7 +80,8 @@ template <class Core>
 void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream) {
   if constexpr (Core::on_device) {
 #if defined(GEAR_DEVICE_BACKEND)
-    if (b.landing_.empty() && b.landing_records_.empty()) return;
+    if (b.landing_.empty() && b.landing_records_.empty() && b.ring_.pending_index_changes() == 0)
+      return;
     // Which inserts go now, and their rows (tickets a newer reservation took over are dropped).
     // Landed inserts go in batches of publish_batch while inserts keep coming (each publish costs
     // the next sample a wait on the buffer's stream), all of them once the inserts pause.
@@ -104,7 +105,7 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
       if (take[i])
         for (std::size_t t = 0; t < b.landing_[i].lengths.size(); ++t)
           rows += b.ring_.is_pending(b.landing_[i].first_ticket + t);
-    if (rows == 0 && b.landing_records_.empty() &&
+    if (rows == 0 && b.landing_records_.empty() && b.ring_.pending_index_changes() == 0 &&
         std::find(take.begin(), take.end(), true) == take.end())
       return;
     // The pending records to apply: one per slot, its latest reservation's, unless that one is
@@ -124,8 +125,7 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
     for (const slot_record& r : b.landing_records_) records += applies(r);
     const std::size_t rows_bytes =
         static_cast<std::size_t>(align_up(rows * std::int64_t{sizeof(scatter_row)}, segment_alignment));
-    const staging_pool::lease lease = b.staging_.acquire(
-        rows_bytes + static_cast<std::size_t>(records) * sizeof(slot_record), 0);
+    const staging_pool::lease lease = b.staging_.acquire(rows_bytes + b.journal_bytes(records), 0);
     try {
       b.scratch_rows_.reserve(static_cast<std::size_t>(rows));
       b.order_before(stream, Core::write);
@@ -175,12 +175,7 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
                                               b.regions_.kernel[c].step_bytes};
         scatter_on_device(args, p);
       }
-      journal_args a;
-      a.records = reinterpret_cast<const slot_record*>(lease.mapped + rows_bytes);
-      a.count = records;
-      a.mirror = b.mirror();
-      a.capacity = b.capacity_;
-      apply_journal_on_device(a, p);
+      b.apply_journal(lease, rows_bytes, records, p);
       for (std::size_t i = 0; i < b.landing_.size(); ++i)
         if (take[i]) b.staging_.release_after(b.landing_[i].lease, stream.get());
       b.staging_.release_after(lease, stream.get());

@@ -34,21 +34,31 @@ struct slot_record {
   [[nodiscard]] GEAR_HD constexpr std::uint64_t rank() const noexcept { return order & 3; }
 };
 
+/// One write of the dense index of committed slots (slot_ring.hpp): dense[position] = slot. The
+/// records of one apply name distinct positions, so applying them in parallel is exact.
+struct index_record {
+  std::int64_t position = 0;
+  std::int64_t slot = 0;
+};
+static_assert(sizeof(index_record) == sizeof(slot_record));
+
 /// Per-slot metadata arrays from one base address: lengths (int64), tickets (uint64), order
-/// (uint64), each [capacity].
+/// (uint64), and the dense index of committed slots (int64; [0, live) in use), each [capacity].
 struct slot_mirror {
   std::int64_t* lengths = nullptr;
   std::uint64_t* tickets = nullptr;
   std::uint64_t* order = nullptr;
+  std::int64_t* dense = nullptr;
 
   static constexpr std::size_t bytes(std::int64_t capacity) noexcept {
-    return static_cast<std::size_t>(capacity) * 24;
+    return static_cast<std::size_t>(capacity) * 32;
   }
   static slot_mirror at(std::byte* base, std::int64_t capacity) noexcept {
     slot_mirror m;
     m.lengths = reinterpret_cast<std::int64_t*>(base);
     m.tickets = reinterpret_cast<std::uint64_t*>(m.lengths + capacity);
     m.order = m.tickets + capacity;
+    m.dense = reinterpret_cast<std::int64_t*>(m.order + capacity);
     return m;
   }
 };

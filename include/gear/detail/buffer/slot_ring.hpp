@@ -10,6 +10,11 @@
 // and holds the ticket of its latest reservation. A key names a ticket; it is live while its slot
 // still holds that ticket, committed. Tickets are 64-bit: keys never wrap.
 //
+// The committed slots are also kept dense: dense()[0, live) holds each once (in no particular
+// order; a removal moves the last one into the hole), so uniform selection draws a position in
+// [0, live) and is done, whatever the occupancy. The positions each transition writes are
+// collected and handed out by take_index_changes() as index_records, for the device's copy.
+//
 // Every transition is noexcept, allocates nothing and writes the slot_records that carry it to
 // the device mirror (mirror.hpp) into memory the caller acquired beforehand, so a call can acquire
 // everything that may fail first and change state last. Not synchronised: the buffer serialises
@@ -37,7 +42,12 @@ class slot_ring {
         buffer_id_(buffer_id),
         lengths_(static_cast<std::size_t>(capacity), 0),
         tickets_(static_cast<std::size_t>(capacity), 0),
-        states_(static_cast<std::size_t>(capacity), slot_state::empty) {}
+        states_(static_cast<std::size_t>(capacity), slot_state::empty),
+        dense_(static_cast<std::size_t>(capacity), 0),
+        where_(static_cast<std::size_t>(capacity), 0),
+        touched_at_(static_cast<std::size_t>(capacity), 0) {
+    touched_.reserve(static_cast<std::size_t>(capacity));
+  }
 
   // ---- queries -------------------------------------------------------------------------------
 
@@ -65,6 +75,23 @@ class slot_ring {
   [[nodiscard]] const std::int64_t* lengths() const noexcept { return lengths_.data(); }
   [[nodiscard]] const std::uint64_t* tickets() const noexcept { return tickets_.data(); }
   [[nodiscard]] const slot_state* states() const noexcept { return states_.data(); }
+  /// [capacity]: positions [0, live) hold every committed slot once.
+  [[nodiscard]] const std::int64_t* dense() const noexcept { return dense_.data(); }
+
+  /// Index positions written since the last take_index_changes (at most capacity).
+  [[nodiscard]] std::int64_t pending_index_changes() const noexcept {
+    return static_cast<std::int64_t>(touched_.size());
+  }
+  /// Writes the dense index's changes since the last call, one record per position still below
+  /// live with its final slot, to `out` (room for pending_index_changes()); returns how many.
+  std::int64_t take_index_changes(index_record* out) noexcept {
+    std::int64_t n = 0;
+    for (const std::int64_t pos : touched_)
+      if (pos < live_) out[n++] = {pos, dense_[at(pos)]};
+    touched_.clear();
+    ++epoch_;
+    return n;
+  }
 
   /// True when `ticket` is the committed occupant of its slot.
   [[nodiscard]] bool holds(std::uint64_t ticket) const noexcept {
@@ -114,7 +141,7 @@ class slot_ring {
     for (std::int64_t i = 0; i < count; ++i) {
       const std::uint64_t ticket = r.first_ticket + static_cast<std::uint64_t>(i);
       const std::size_t s = at(slot_of(ticket));
-      if (states_[s] == slot_state::committed) --live_;
+      if (states_[s] == slot_state::committed) unlist(slot_of(ticket));
       lengths_[s] = 0;
       tickets_[s] = ticket;
       states_[s] = slot_state::pending;
@@ -134,9 +161,9 @@ class slot_ring {
       const std::int64_t length = lengths[static_cast<std::size_t>(i)];
       lengths_[s] = length;
       states_[s] = slot_state::committed;
+      list(slot_of(ticket));
       if (out != nullptr) out[i] = slot_record::make(ticket, slot_record::committed, length);
     }
-    live_ += r.count;
   }
 
   /// Empties the slot of a pending `ticket` (an abandoned writer). Returns false, writing
@@ -154,19 +181,47 @@ class slot_ring {
       const std::size_t s = at(slot_of(tickets[i]));
       states_[s] = slot_state::empty;
       lengths_[s] = 0;
+      unlist(slot_of(tickets[i]));
       if (out != nullptr) out[i] = slot_record::make(tickets[i], slot_record::removed);
     }
-    live_ -= static_cast<std::int64_t>(tickets.size());
   }
 
  private:
   static std::size_t at(std::int64_t slot) noexcept { return static_cast<std::size_t>(slot); }
+
+  // The dense index: a committed slot joins at position live_; a leaving one's position takes
+  // the last. Positions written are collected once per take_index_changes (touched_ has room for
+  // every position, so push_back never allocates).
+  void touch(std::int64_t pos) noexcept {
+    if (touched_at_[at(pos)] == epoch_) return;
+    touched_at_[at(pos)] = epoch_;
+    touched_.push_back(pos);
+  }
+  void list(std::int64_t slot) noexcept {
+    dense_[at(live_)] = slot;
+    where_[at(slot)] = live_;
+    touch(live_);
+    ++live_;
+  }
+  void unlist(std::int64_t slot) noexcept {
+    const std::int64_t pos = where_[at(slot)];
+    const std::int64_t last = dense_[at(live_ - 1)];
+    dense_[at(pos)] = last;
+    where_[at(last)] = pos;
+    touch(pos);
+    --live_;
+  }
 
   std::int64_t capacity_;
   std::uint64_t buffer_id_;
   std::vector<std::int64_t> lengths_;
   std::vector<std::uint64_t> tickets_;
   std::vector<slot_state> states_;
+  std::vector<std::int64_t> dense_;            // [capacity]; [0, live_) committed slots
+  std::vector<std::int64_t> where_;            // [capacity]; a committed slot's position
+  std::vector<std::uint64_t> touched_at_;      // [capacity]; the epoch a position was written in
+  std::vector<std::int64_t> touched_;          // positions written this epoch
+  std::uint64_t epoch_ = 1;
   std::uint64_t next_ticket_ = 0;
   std::int64_t live_ = 0;
 };
