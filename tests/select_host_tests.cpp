@@ -631,6 +631,49 @@ TEST_CASE("recency: uniform over the newest K committed (chi-square, 0.001); pow
   CHECK(chi2_test(c, pl, 4096.0 * 245).rejects());
 }
 
+// The candidates' counts and weights were Fenwick trees adjusted by deltas; they are sum trees
+// recomputed from their children now: after 2 * 10^5 random inserts, erases and writers, every
+// inner node equals the tree rebuilt from its leaves, the count of every window equals a scan,
+// and the weight of the newest window equals a fresh fp64 sum (to 1e-12).
+TEST_CASE("recency: counts and weights are recomputed trees, equal to a fresh sum after 2*10^5 "
+          "changes") {
+  const std::int64_t cap = 1000;
+  const double h = 37.5;
+  recent_buffer buf{gear::capacity{cap}, gear::max_length{1}, gear::select::recency{300, h}};
+  std::mt19937_64 gen(4242);
+  std::vector<gear::key> keys;
+  for (int step = 0; step < 200000; ++step) {
+    if (gen() % 4 != 0 || keys.empty()) {
+      const auto k = insert_ids(buf, 0, 1 + static_cast<std::int64_t>(gen() % 3));
+      keys.insert(keys.end(), k.begin(), k.end());
+    } else {
+      const std::size_t i = gen() % keys.size();
+      if (buf.contains(keys[i])) buf.erase(std::span<const gear::key>(&keys[i], 1));
+      keys[i] = keys.back();
+      keys.pop_back();
+    }
+    if (keys.size() > 4000) keys.erase(keys.begin(), keys.begin() + 2000);
+  }
+  const auto& c = buf.selection_state().committed();
+  CHECK(c.counts().nodes() == c.counts().rebuilt());
+  CHECK(c.weights().nodes() == c.weights().rebuilt());
+  const std::uint64_t next = buf.tickets_issued();
+  for (std::uint64_t k : {std::uint64_t{1}, std::uint64_t{17}, std::uint64_t{300}, std::uint64_t{1000}}) {
+    std::int64_t scan = 0;
+    long double fresh = 0;
+    for (std::uint64_t t = next - k; t < next; ++t) {
+      const gear::key probe{t, 0, 0};
+      if (!buf.contains(probe)) continue;
+      ++scan;
+      fresh += std::exp2(static_cast<long double>(static_cast<double>(t) - static_cast<double>(c.base())) / h);
+    }
+    CHECK(c.count(next - k, next) == scan);
+    const double rel = std::abs(static_cast<double>((c.weight_sum(next - k, next) - fresh) / fresh));
+    INFO("window " << k << ": tree " << c.weight_sum(next - k, next) << " fresh " << static_cast<double>(fresh));
+    CHECK(rel < 1e-12);
+  }
+}
+
 TEST_CASE("recency: pending slots are skipped and counted out; K beyond the size is all") {
   recent_buffer buf{gear::capacity{20}, gear::max_length{1}, gear::select::recency{5}};
   insert_ids(buf, 0, 12);

@@ -1,6 +1,6 @@
 #pragma once
 // Device side of gear::select::recency: one thread per row, or drawn inside the gather kernel
-// (row_selector). The candidate count and weight total come from the host-side Fenwick trees, so
+// (row_selector). The candidate count and weight total come from the host-side sum trees, so
 // selection never synchronises.
 
 #include <cuda/stream_ref>

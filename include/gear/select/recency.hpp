@@ -3,7 +3,7 @@
 // weighted by age (weight 2^(-age / half_life), age in insertions, the newest having age 0).
 // Age-weighted draws invert the CDF of the truncated geometric distribution over the window and
 // redraw on slots that are not committed, so P(i) = w_i / (sum of the candidates' weights),
-// exactly; the candidates' weight sum comes from a second host-side Fenwick tree.
+// exactly; the candidates' weight sum comes from a second host-side sum tree.
 //
 // The candidates are the committed trajectories among the last K reservations (tickets in
 // [next_ticket - K, next_ticket)); pending or abandoned slots among them are skipped, so a batch
@@ -16,8 +16,10 @@
 // window instead, O(K). No loop is unbounded and no row is left without a trajectory while a
 // candidate exists. half_life is 0 or at least 1/1024.
 //
-// Both states count m on the host with a Fenwick tree over slots kept current by the buffer's
-// on_commit / on_evict hooks, O(log N) per slot changed and per sample.
+// Both states count m (and sum the weights) on the host with sum trees over slots kept current
+// by the buffer's on_commit / on_evict hooks, O(log N) per slot changed and per sample. Every
+// inner node is recomputed from its children, never adjusted by a delta, so the sums cannot drift
+// however long the buffer runs.
 
 #include <algorithm>
 #include <cmath>
@@ -50,37 +52,57 @@ struct recency {
 
 namespace gear::detail {
 
-/// A Fenwick tree over the slots of a ring: O(log N) point updates and sums over ticket ranges
-/// (ticket t lives in slot t % capacity).
+/// A sum tree over the slots of a ring: leaves hold one value per slot; every inner node is
+/// recomputed from its two children whenever a leaf below it changes, never adjusted by a delta,
+/// so each node is a fixed function of the leaves (no drift, however many updates) and a range
+/// sum over tickets costs O(log N). Ticket t lives in slot t % capacity.
 template <class T>
-class ring_fenwick {
+class ring_sum_tree {
  public:
-  ring_fenwick() = default;
-  explicit ring_fenwick(std::int64_t capacity)
-      : capacity_(capacity), tree_(static_cast<std::size_t>(capacity) + 1, T{}) {}
-
-  void add(std::size_t slot, T delta) {
-    for (std::size_t k = slot + 1; k < tree_.size(); k += k & (~k + 1)) tree_[k] += delta;
+  ring_sum_tree() = default;
+  explicit ring_sum_tree(std::int64_t capacity) : capacity_(capacity) {
+    while (leaves_ < static_cast<std::size_t>(capacity)) leaves_ *= 2;
+    nodes_.assign(2 * leaves_, T{});
   }
+
+  void set(std::size_t slot, T value) {
+    std::size_t k = leaves_ + slot;
+    nodes_[k] = value;
+    for (k /= 2; k >= 1; k /= 2) nodes_[k] = nodes_[2 * k] + nodes_[2 * k + 1];
+  }
+  [[nodiscard]] T at(std::size_t slot) const noexcept { return nodes_[leaves_ + slot]; }
 
   /// Sum over the slots of the tickets [lo, hi) (hi - lo <= capacity).
   [[nodiscard]] T sum(std::uint64_t lo, std::uint64_t hi) const noexcept {
     if (hi <= lo) return T{};
-    const auto a = static_cast<std::int64_t>(lo % static_cast<std::uint64_t>(capacity_));
-    const auto n = static_cast<std::int64_t>(hi - lo);
-    if (a + n <= capacity_) return prefix(a + n) - prefix(a);
-    return prefix(capacity_) - prefix(a) + prefix(a + n - capacity_);
+    const auto a = static_cast<std::size_t>(lo % static_cast<std::uint64_t>(capacity_));
+    const auto n = static_cast<std::size_t>(hi - lo);
+    const auto cap = static_cast<std::size_t>(capacity_);
+    if (a + n <= cap) return range(a, a + n);
+    return range(a, cap) + range(0, a + n - cap);
   }
+  /// The inner nodes as recomputed from the leaves alone (for tests: equal to nodes()).
+  [[nodiscard]] std::vector<T> rebuilt() const {
+    std::vector<T> r = nodes_;
+    for (std::size_t k = leaves_ - 1; k >= 1; --k) r[k] = r[2 * k] + r[2 * k + 1];
+    return r;
+  }
+  [[nodiscard]] const std::vector<T>& nodes() const noexcept { return nodes_; }
 
  private:
-  [[nodiscard]] T prefix(std::int64_t end) const noexcept {
-    T s{};
-    for (auto k = static_cast<std::size_t>(end); k > 0; k -= k & (~k + 1)) s += tree_[k];
-    return s;
+  /// Sum of the slots [lo, hi): the canonical cover, bottom up.
+  [[nodiscard]] T range(std::size_t lo, std::size_t hi) const noexcept {
+    T left{}, right{};
+    for (lo += leaves_, hi += leaves_; lo < hi; lo /= 2, hi /= 2) {
+      if (lo & 1) left = left + nodes_[lo++];
+      if (hi & 1) right = nodes_[--hi] + right;
+    }
+    return left + right;
   }
 
   std::int64_t capacity_ = 0;
-  std::vector<T> tree_;
+  std::size_t leaves_ = 1;
+  std::vector<T> nodes_;  // [1] the root; leaves from leaves_
 };
 
 /// Which slots hold committed trajectories, with O(log N) counts (and, with a half-life, age
@@ -100,10 +122,9 @@ class committed_slots {
       next_seen_ = std::max(next_seen_, ticket + 1);
       if (flags_[slot] == static_cast<std::uint8_t>(committed)) continue;
       flags_[slot] = static_cast<std::uint8_t>(committed);
-      counts_.add(slot, committed ? 1 : -1);
+      counts_.set(slot, committed ? 1 : 0);
       if (committed) tickets_[slot] = ticket;
-      // An evicted occupant takes out exactly the weight it put in (its own ticket, its base).
-      if (half_life_ > 0) set_weight(slot, committed ? weight(ticket) : 0.0);
+      if (half_life_ > 0) weights_.set(slot, committed ? weight(ticket) : 0.0);
     }
   }
 
@@ -132,35 +153,32 @@ class committed_slots {
   [[nodiscard]] double weight_sum(std::uint64_t lo, std::uint64_t hi) const noexcept {
     return weights_.sum(lo, hi);
   }
+  /// The trees behind count() and weight_sum(), for inspection.
+  [[nodiscard]] const ring_sum_tree<std::int64_t>& counts() const noexcept { return counts_; }
+  [[nodiscard]] const ring_sum_tree<double>& weights() const noexcept { return weights_; }
 
  private:
   [[nodiscard]] double weight(std::uint64_t ticket) const noexcept {
     return std::exp2((static_cast<double>(ticket) - static_cast<double>(base_)) / half_life_);
   }
-  void set_weight(std::size_t slot, double w) {
-    weights_.add(slot, w - slot_weight_[slot]);
-    slot_weight_[slot] = w;
-  }
   void rebase(std::uint64_t next_ticket) {
     base_ = next_ticket;
-    weights_ = half_life_ > 0 ? ring_fenwick<double>(capacity_) : ring_fenwick<double>();
-    slot_weight_.assign(half_life_ > 0 ? flags_.size() : 0, 0.0);
+    weights_ = half_life_ > 0 ? ring_sum_tree<double>(capacity_) : ring_sum_tree<double>();
     if (half_life_ <= 0) return;
     const auto span = static_cast<std::uint64_t>(std::min(1100.0 * half_life_, 1e18));
     for (std::size_t slot = 0; slot < flags_.size(); ++slot)
       if (flags_[slot] != 0 && tickets_[slot] + span >= next_ticket)
-        set_weight(slot, weight(tickets_[slot]));
+        weights_.set(slot, weight(tickets_[slot]));
   }
 
   std::int64_t capacity_;
   std::vector<std::uint8_t> flags_;
   std::vector<std::uint64_t> tickets_;  // ticket of each committed slot
-  ring_fenwick<std::int64_t> counts_;
+  ring_sum_tree<std::int64_t> counts_;
   double half_life_ = 0;
   std::uint64_t base_ = 0;
-  std::uint64_t next_seen_ = 0;      // one past the newest ticket set so far
-  ring_fenwick<double> weights_;     // age weights of committed slots (half_life_ > 0)
-  std::vector<double> slot_weight_;  // the weight each slot holds in weights_
+  std::uint64_t next_seen_ = 0;   // one past the newest ticket set so far
+  ring_sum_tree<double> weights_;  // age weights of committed slots (half_life_ > 0)
 };
 
 /// The ticket window of a recency draw.
@@ -337,6 +355,8 @@ class recency_state_base {
     policy_.newest = newest;
   }
   [[nodiscard]] std::int64_t newest() const noexcept { return policy_.newest; }
+  /// Which slots are committed, with their counts and weights, as the state keeps them.
+  [[nodiscard]] const committed_slots& committed() const noexcept { return committed_; }
   /// The settings as they are now.
   [[nodiscard]] const select::recency& policy() const noexcept { return policy_; }
 
