@@ -130,6 +130,20 @@ class buffer_core {
   std::vector<std::pair<std::uint64_t, std::int64_t>> landing_evictions_;  // (first, count) for
                                                                           // the evict hook
   std::vector<std::int64_t> scratch_rows_;  // of publishing, reused
+  cudaStream_t publisher_{};  // publishes for landing inserts while no sample is in flight
+
+  ~buffer_core() {
+    if (publisher_ != nullptr) (void)cudaStreamDestroy(publisher_);
+  }
+  buffer_core(const buffer_core&) = delete;
+  buffer_core& operator=(const buffer_core&) = delete;
+
+  /// The buffer's own stream (made on first use). Throws errc::cuda_error.
+  [[nodiscard]] cuda::stream_ref publisher() {
+    if (publisher_ == nullptr)
+      GEAR_CUDA_TRY(cudaStreamCreateWithFlags(&publisher_, cudaStreamNonBlocking));
+    return cuda::stream_ref{publisher_};
+  }
 
   /// Trajectories of landing inserts not taken over by newer reservations.
   [[nodiscard]] std::int64_t landing_count() const noexcept {

@@ -12,7 +12,9 @@
 // later reads on other streams follow it. A learner that samples on one stream publishes what
 // the actors landed on its own stream, between its samples, with no wait across streams.
 //
-// When: every call but a landing insert settles first (settle_landing), publishing
+// When: every call but a landing insert settles first (settle_landing), on its own stream; a
+// landing insert settles on the buffer's own stream, and only while no sample is in flight
+// (actors inserting alone) or past max_landing inserts in flight. A settle publishes
 //   - the inserts whose copies have already finished (an event query, no wait): in batches of
 //     publish_batch while inserts keep coming, all of them once they pause;
 //   - the inserts the call must see whatever their progress (its stream then waits for their
@@ -208,8 +210,13 @@ void land_trajectories(Core& b, std::unique_lock<std::mutex>& held, const trajec
                        std::span<key> keys_out, cuda::stream_ref stream, std::int64_t steps,
                        const std::array<std::int64_t, N>& staged_at, std::int64_t staged_bytes) {
   const auto count = static_cast<std::int64_t>(in.lengths.size());
+  // Inserts publish only while no sample is in flight (with actors alone, say): on the buffer's
+  // own stream, so that no actor's stream waits for another's copies. With a sample in flight
+  // the learner's next call publishes, on its stream. Past max_landing, everything goes.
   if (b.landing_.size() >= max_landing)
-    settle_landing(b, landing_force{landing_force::kind::all}, stream);
+    settle_landing(b, landing_force{landing_force::kind::all}, b.publisher());
+  else if (!b.order_.reads_pending())
+    settle_landing(b, landing_force{}, b.publisher());
   const auto bytes = static_cast<std::size_t>(staged_bytes);
   const staging_pool::lease lease = b.staging_.acquire(bytes, bytes);
   held.unlock();

@@ -8,6 +8,10 @@
 // with an event recorded after that work. Entries are recycled by cudaEventQuery, so a busy stream
 // never makes a later call wait: a new entry is allocated instead, up to max_entries; only past
 // that does acquire wait for the oldest lease's work.
+//
+// Cost: entries handed back wait in release order; an acquire asks at most `probe` of the oldest
+// whether their work has finished (a finished one becomes idle), then takes an idle entry large
+// enough, so a call makes a bounded number of driver queries however many entries are in flight.
 
 #include <algorithm>
 #include <cstddef>
@@ -23,6 +27,8 @@ class staging_pool {
  public:
   /// Entries in flight before acquire waits for the oldest.
   static constexpr std::size_t max_entries = 512;
+  /// Entries in flight an acquire asks about, oldest first.
+  static constexpr std::size_t probe = 8;
 
   /// One call's staging: `host` (CPU address) and `mapped` (its GPU address) of the pinned part,
   /// `device` of the device part (null if none was asked for).
@@ -36,26 +42,37 @@ class staging_pool {
   /// Leases at least `pinned_bytes` of mapped pinned memory and `device_bytes` of device memory.
   /// Throws errc::out_of_memory or errc::cuda_error, leasing nothing.
   lease acquire(std::size_t pinned_bytes, std::size_t device_bytes) {
-    entry* pick = nullptr;
-    for (auto& e : entries_) {
-      if (e->leased || !finished(*e)) continue;
-      pick = e.get();
-      if (pick->pinned.size() >= pinned_bytes && pick->device.size() >= device_bytes) break;
-    }
+    collect();
+    entry* pick = take_idle(pinned_bytes, device_bytes);
     if (pick == nullptr && entries_.size() >= max_entries) {
-      // Every entry is leased (open writers hold theirs across calls) or in flight: wait for the
-      // oldest in flight, or, with none, make another.
-      pick = oldest();
-      if (pick != nullptr) GEAR_CUDA_TRY(cudaEventSynchronize(pick->done.get()));
+      // Every entry is leased (open writers and landing inserts hold theirs across calls), in
+      // flight or too small: wait for the oldest in flight, then take an idle one; with none,
+      // make another.
+      if (!in_flight_.empty()) {
+        entry& oldest = *entries_[in_flight_.front()];
+        GEAR_CUDA_TRY(cudaEventSynchronize(oldest.done.get()));
+        in_flight_.erase(in_flight_.begin());
+        idle_.push_back(oldest.index);
+      }
+      pick = take_idle(pinned_bytes, device_bytes, /*any=*/true);  // grown below if small
     }
     if (pick == nullptr) {
+      // Every entry is in one of leased, idle_ or in_flight_: with room for all of them in both
+      // lists, handing entries back never allocates.
+      idle_.reserve(entries_.size() + 1);
+      in_flight_.reserve(entries_.size() + 1);
       auto fresh = std::make_unique<entry>();
       fresh->done = event::make();
       fresh->index = entries_.size();
-      entries_.push_back(std::move(fresh));  // the entry outlives a failed growth below, unleased
+      entries_.push_back(std::move(fresh));  // the entry outlives a failed growth below, idle
       pick = entries_.back().get();
     }
-    grow(*pick, pinned_bytes, device_bytes);
+    try {
+      grow(*pick, pinned_bytes, device_bytes);
+    } catch (...) {
+      idle_.push_back(pick->index);
+      throw;
+    }
     pick->leased = true;
     return {pick->index, pick->pinned.data(), pick->pinned.device_data(), pick->device.data()};
   }
@@ -66,22 +83,31 @@ class staging_pool {
   void release_after(const lease& l, cudaStream_t stream) {
     entry& e = *entries_[l.entry];
     e.leased = false;
-    e.sequence = ++sequence_;
+    e.marked = false;
     const cudaError_t recorded = cudaEventRecord(e.done.get(), stream);
-    e.recorded = recorded == cudaSuccess;
-    e.unsafe = !e.recorded;
+    if (recorded != cudaSuccess) e.unsafe = true;
+    in_flight_.push_back(e.index);
     GEAR_CUDA_TRY(recorded);
   }
 
   /// Ends a lease whose memory nothing read (the call failed before enqueueing), or whose
   /// readers were all marked (mark()) before it was given back.
-  void give_back(const lease& l) noexcept { entries_[l.entry]->leased = false; }
+  void give_back(const lease& l) noexcept {
+    entry& e = *entries_[l.entry];
+    e.leased = false;
+    if (e.marked) in_flight_.push_back(e.index);
+    else idle_.push_back(e.index);
+    e.marked = false;
+  }
 
   /// Ends a lease whose memory work enqueued on some stream may still use, with no event to say
   /// when it is done: the entry is reused only after a device-wide wait.
   void give_back_unsafe(const lease& l) noexcept {
-    entries_[l.entry]->leased = false;
-    entries_[l.entry]->unsafe = true;
+    entry& e = *entries_[l.entry];
+    e.leased = false;
+    e.marked = false;
+    e.unsafe = true;
+    in_flight_.push_back(e.index);
   }
 
   /// Marks the point of `stream` after which the lease's work so far is done (a landing insert's
@@ -89,10 +115,14 @@ class staging_pool {
   void mark(const lease& l, cudaStream_t stream) {
     entry& e = *entries_[l.entry];
     GEAR_CUDA_TRY(cudaEventRecord(e.done.get(), stream));
-    e.recorded = true;
+    e.marked = true;
   }
-  /// True once the work marked by mark() has finished. Throws errc::cuda_error.
-  [[nodiscard]] bool reached(const lease& l) { return finished(*entries_[l.entry]); }
+  /// True once the work marked by mark() has finished (or nothing was marked). Throws
+  /// errc::cuda_error.
+  [[nodiscard]] bool reached(const lease& l) {
+    entry& e = *entries_[l.entry];
+    return !e.marked || finished(e);
+  }
   /// The event mark() recorded, for a stream to wait on.
   [[nodiscard]] cudaEvent_t marked(const lease& l) const noexcept {
     return entries_[l.entry]->done.get();
@@ -103,20 +133,18 @@ class staging_pool {
     allocation pinned, device;
     event done;
     bool leased = false;
-    bool recorded = false;
+    bool marked = false;  // leased, with an event recorded by mark()
     bool unsafe = false;  // the event could not be recorded: reuse after a device-wide wait
-    std::uint64_t sequence = 0;
     std::size_t index = 0;  // its place in entries_
   };
 
-  /// True when the entry's last reader has finished. Throws errc::cuda_error.
+  /// True when the entry's last recorded work has finished. Throws errc::cuda_error.
   static bool finished(entry& e) {
     if (e.unsafe) {
       GEAR_CUDA_TRY(cudaDeviceSynchronize());
       e.unsafe = false;
       return true;
     }
-    if (!e.recorded) return true;
     const cudaError_t status = cudaEventQuery(e.done.get());
     if (status == cudaErrorNotReady) {
       (void)cudaGetLastError();
@@ -126,11 +154,41 @@ class staging_pool {
     return true;
   }
 
-  entry* oldest() noexcept {
-    entry* o = nullptr;
-    for (auto& e : entries_)
-      if (!e->leased && (o == nullptr || e->sequence < o->sequence)) o = e.get();
-    return o;
+  /// Moves finished entries among the `probe` oldest in flight to the idle list.
+  void collect() {
+    std::size_t asked = 0;
+    for (auto it = in_flight_.begin(); it != in_flight_.end() && asked < probe; ++asked) {
+      if (finished(*entries_[*it])) {
+        idle_.push_back(*it);
+        it = in_flight_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  /// Takes the smallest idle entry with room for the sizes, or, with `any` and none that fits,
+  /// the largest idle entry (to grow); null if none.
+  entry* take_idle(std::size_t pinned_bytes, std::size_t device_bytes, bool any = false) {
+    auto size_of = [&](std::size_t i) {
+      const entry& e = *entries_[idle_[i]];
+      return e.pinned.size() + e.device.size();
+    };
+    std::size_t best = idle_.size();
+    for (std::size_t i = 0; i < idle_.size(); ++i) {
+      const entry& e = *entries_[idle_[i]];
+      if (e.pinned.size() >= pinned_bytes && e.device.size() >= device_bytes &&
+          (best == idle_.size() || size_of(i) < size_of(best)))
+        best = i;
+    }
+    if (best == idle_.size() && any)
+      for (std::size_t i = 0; i < idle_.size(); ++i)
+        if (best == idle_.size() || size_of(i) > size_of(best)) best = i;
+    if (best == idle_.size()) return nullptr;
+    entry* e = entries_[idle_[best]].get();
+    idle_[best] = idle_.back();
+    idle_.pop_back();
+    return e;
   }
 
   /// Grows the entry's memory to the sizes asked for (at least doubling); on failure the entry
@@ -146,7 +204,8 @@ class staging_pool {
   }
 
   std::vector<std::unique_ptr<entry>> entries_;
-  std::uint64_t sequence_ = 0;
+  std::vector<std::size_t> idle_;       // entries free to lease now
+  std::vector<std::size_t> in_flight_;  // entries handed back, in release order
 };
 
 }  // namespace gear::detail

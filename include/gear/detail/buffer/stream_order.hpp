@@ -37,6 +37,13 @@ class stream_order {
           GEAR_CUDA_TRY(cudaStreamWaitEvent(s, l->read.get(), 0));
   }
 
+  /// True when some stream has a read no write has followed yet.
+  [[nodiscard]] bool reads_pending() const noexcept {
+    for (const auto& l : lanes_)
+      if (l->read_pending) return true;
+    return false;
+  }
+
   /// True while no stream but `s` (or none) has used the buffer.
   [[nodiscard]] bool only_lane(cudaStream_t s) const noexcept {
     return lanes_.empty() || (lanes_.size() == 1 && lanes_.front()->stream == s);
