@@ -123,6 +123,7 @@ class buffer_core {
     std::uint64_t first_ticket = 0;
     std::int64_t steps = 0;  // all trajectories' steps: the staging's column stride
     std::vector<std::int64_t> lengths;
+    std::vector<stream_order::read_mark> reads;  // the reads that may see what it evicted
     bool landed = false;  // the copy has finished (seen by an event query)
   };
   std::vector<landing_insert> landing_;
@@ -130,7 +131,8 @@ class buffer_core {
   std::vector<std::pair<std::uint64_t, std::int64_t>> landing_evictions_;  // (first, count) for
                                                                           // the evict hook
   std::vector<std::int64_t> scratch_rows_;  // of publishing, reused
-  cudaStream_t publisher_{};  // publishes for landing inserts while no sample is in flight
+  cudaStream_t publisher_{};  // scatters landing inserts; publishes while no sample is in flight
+  event scattered_;           // recorded on publisher_ after its latest scatter
 
   ~buffer_core() {
     if (publisher_ != nullptr) (void)cudaStreamDestroy(publisher_);

@@ -5,12 +5,14 @@
 // every host insert does), enqueues their copy into the staging's device part on the caller's
 // stream, reserves their slots (the evicted occupants leave the host view at once) and returns.
 // Nothing it enqueues touches a slot or the mirror, so it waits for no other stream and no other
-// stream waits for it. Its bytes are *published* later by the next call that settles, on that
-// call's stream: one scatter from the device staging into the slots, then one journal apply that
-// brings the reservations' and commits' records to the mirror. A publish is a write in
-// stream_order's sense: it follows every read and write other streams enqueued before it, and
-// later reads on other streams follow it. A learner that samples on one stream publishes what
-// the actors landed on its own stream, between its samples, with no wait across streams.
+// stream waits for it. Its bytes are *published* later by the next call that settles: one
+// scatter from the device staging into the slots, on the buffer's own stream, after the reads
+// enqueued before the insert evicted the slots' occupants (each insert keeps those read marks)
+// and not after the reads enqueued since, so it overlaps a learner's gathers; then, on the
+// settling call's stream, after the scatter, one journal apply that brings the reservations' and
+// commits' records to the mirror. The apply is a write in stream_order's sense: it follows every
+// read and write other streams enqueued before it, and later reads on other streams follow it. A
+// learner that samples on one stream so publishes what the actors landed between its samples.
 //
 // When: every call but a landing insert settles first (settle_landing), on its own stream; a
 // landing insert settles on the buffer's own stream, and only while no sample is in flight
@@ -128,24 +130,43 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
     const std::size_t rows_bytes =
         static_cast<std::size_t>(align_up(rows * std::int64_t{sizeof(scatter_row)}, segment_alignment));
     const staging_pool::lease lease = b.staging_.acquire(rows_bytes + b.journal_bytes(records), 0);
+    // The scatter runs on the buffer's own stream after the copies it reads, the writes of the
+    // slots' earlier occupants and the reads enqueued before the inserts evicted them (not every
+    // read since: it can overlap the gathers enqueued after); the journal, on `stream`, after it.
     try {
       b.scratch_rows_.reserve(static_cast<std::size_t>(rows));
+      if (rows > 0) {
+        const cuda::stream_ref p = b.publisher();
+        if (b.scattered_.get() == nullptr) b.scattered_ = event::make();
+        b.order_.join(p.get());
+        std::vector<stream_order::read_mark> reads;
+        for (std::size_t i = 0; i < b.landing_.size(); ++i)
+          if (take[i])
+            for (const auto& m : b.landing_[i].reads) {
+              auto same = std::find_if(reads.begin(), reads.end(),
+                                       [&](const auto& r) { return r.lane == m.lane; });
+              if (same == reads.end()) reads.push_back(m);
+              else same->count = std::max(same->count, m.count);
+            }
+        b.order_.wait_reads(p.get(), reads);
+        b.order_.wait_last_write(p.get());
+        for (std::size_t i = 0; i < b.landing_.size(); ++i)
+          if (take[i] && !b.landing_[i].landed)
+            GEAR_CUDA_TRY(cudaStreamWaitEvent(p.get(), b.staging_.marked(b.landing_[i].lease), 0));
+      }
       b.order_before(stream, Core::write);
-      for (std::size_t i = 0; i < b.landing_.size(); ++i)
-        if (take[i] && !b.landing_[i].landed)
-          GEAR_CUDA_TRY(cudaStreamWaitEvent(stream.get(), b.staging_.marked(b.landing_[i].lease), 0));
     } catch (...) {
       b.staging_.give_back(lease);
       throw;
     }
 
     b.enqueue([&] {
-      const cuda::stream_ref p = stream;
+      const cuda::stream_ref p = rows > 0 ? cuda::stream_ref{b.publisher_} : stream;
       auto* row = reinterpret_cast<scatter_row*>(lease.host);
       auto* record = reinterpret_cast<slot_record*>(lease.host + rows_bytes);
       for (const slot_record& r : b.landing_records_)
         if (applies(r)) *record++ = r;
-      for (const auto& [first, count] : b.landing_evictions_) evict_hook(b, first, count, p);
+      for (const auto& [first, count] : b.landing_evictions_) evict_hook(b, first, count, stream);
       std::int64_t longest = 0;
       std::vector<std::int64_t>& committed = b.scratch_rows_;  // tickets, for the commit hook
       committed.clear();
@@ -176,14 +197,16 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
                                               b.regions_.kernel[c].slot_stride,
                                               b.regions_.kernel[c].step_bytes};
         scatter_on_device(args, p);
+        for (std::size_t i = 0; i < b.landing_.size(); ++i)
+          if (take[i]) b.staging_.release_after(b.landing_[i].lease, p.get());
+        GEAR_CUDA_TRY(cudaEventRecord(b.scattered_.get(), p.get()));
+        GEAR_CUDA_TRY(cudaStreamWaitEvent(stream.get(), b.scattered_.get(), 0));
       }
-      b.apply_journal(lease, rows_bytes, records, p);
-      for (std::size_t i = 0; i < b.landing_.size(); ++i)
-        if (take[i]) b.staging_.release_after(b.landing_[i].lease, stream.get());
-      b.staging_.release_after(lease, stream.get());
+      b.apply_journal(lease, rows_bytes, records, stream);
+      b.staging_.release_after(lease, stream.get());  // after the scatter too: it waited for it
       for (const std::int64_t ticket : committed)
-        commit_hook(b, static_cast<std::uint64_t>(ticket), 1, p);
-      b.order_after(p, Core::write);
+        commit_hook(b, static_cast<std::uint64_t>(ticket), 1, stream);
+      b.order_after(stream, Core::write);
       std::size_t kept = 0;
       for (std::size_t i = 0; i < b.landing_.size(); ++i)
         if (!take[i]) {
@@ -231,7 +254,8 @@ void land_trajectories(Core& b, std::unique_lock<std::mutex>& held, const trajec
     b.landing_.reserve(b.landing_.size() + 1);
     b.landing_records_.reserve(b.landing_records_.size() + static_cast<std::size_t>(count));
     b.landing_evictions_.reserve(b.landing_evictions_.size() + 1);
-    l = {lease, stream.get(), 0, steps, std::vector<std::int64_t>(in.lengths.begin(), in.lengths.end())};
+    l = {lease, stream.get(), 0, steps, std::vector<std::int64_t>(in.lengths.begin(), in.lengths.end()),
+         b.order_.read_marks()};
   } catch (...) {
     b.staging_.give_back(lease);
     throw;

@@ -13,6 +13,10 @@
 // stream is all a buffer has seen, nothing is recorded or waited for: the first call on a second
 // stream waits once, on the host, for the whole device (the first stream may be gone by then).
 // A stream may be destroyed while the buffer lives: its events stay valid.
+//
+// Each stream keeps the events of its last 64 reads, so a write that evicted slots earlier (a
+// landing insert's reservation, landing.hpp) can wait for just the reads enqueued before that
+// eviction (read_marks, wait_reads) rather than for every read enqueued since.
 
 #include <cstdint>
 #include <gear/detail/cuda.hpp>
@@ -33,9 +37,40 @@ class stream_order {
       GEAR_CUDA_TRY(cudaStreamWaitEvent(s, last_writer_->write.get(), 0));
     if (a == access::write)
       for (auto& l : lanes_)
-        if (l.get() != &self && l->read_pending)
-          GEAR_CUDA_TRY(cudaStreamWaitEvent(s, l->read.get(), 0));
+        if (l.get() != &self && l->read_pending && l->reads > 0)
+          GEAR_CUDA_TRY(cudaStreamWaitEvent(s, l->read_event(l->reads - 1), 0));
   }
+
+  /// A point in one stream's reads: its first `count` recorded reads.
+  struct read_mark {
+    std::size_t lane = 0;
+    std::uint64_t count = 0;
+  };
+  /// The reads every stream has recorded so far: what a slot evicted now may still be read by.
+  [[nodiscard]] std::vector<read_mark> read_marks() const {
+    std::vector<read_mark> out;
+    for (std::size_t i = 0; i < lanes_.size(); ++i)
+      if (lanes_[i]->reads > 0) out.push_back({i, lanes_[i]->reads});
+    return out;
+  }
+  /// Makes `s` wait for the reads `marks` name (for a mark whose event a newer read has taken
+  /// over, for that newer read: later, so still enough).
+  void wait_reads(cudaStream_t s, const std::vector<read_mark>& marks) {
+    for (const read_mark& m : marks) {
+      lane& l = *lanes_[m.lane];
+      if (l.stream == s) continue;
+      const std::uint64_t at = l.reads - m.count < read_ring ? m.count - 1 : l.reads - 1;
+      GEAR_CUDA_TRY(cudaStreamWaitEvent(s, l.read_event(at), 0));
+    }
+  }
+  /// Makes `s` wait for the last write, unless it was s's own.
+  void wait_last_write(cudaStream_t s) {
+    if (last_writer_ != nullptr && last_writer_->stream != s)
+      GEAR_CUDA_TRY(cudaStreamWaitEvent(s, last_writer_->write.get(), 0));
+  }
+  /// Counts `s` among the streams that use the buffer, so that every other stream's accesses are
+  /// recorded from now on (a stream that only copies bytes for the buffer, say).
+  void join(cudaStream_t s) { (void)lane_of(s); }
 
   /// True when some stream has a read no write has followed yet.
   [[nodiscard]] bool reads_pending() const noexcept {
@@ -59,15 +94,26 @@ class stream_order {
       if (lanes_.size() > 1) GEAR_CUDA_TRY(cudaEventRecord(self.write.get(), s));
     } else {
       self.read_pending = true;
-      if (lanes_.size() > 1) GEAR_CUDA_TRY(cudaEventRecord(self.read.get(), s));
+      if (lanes_.size() > 1) {
+        GEAR_CUDA_TRY(cudaEventRecord(self.read_event(self.reads), s));
+        ++self.reads;
+      }
     }
   }
 
  private:
+  /// Reads whose events a stream keeps before it reuses the oldest.
+  static constexpr std::uint64_t read_ring = 64;
+
   struct lane {
     cudaStream_t stream{};
-    event read, write;
+    std::vector<event> read;  // [read_ring]: read n's event is read[n % read_ring]
+    event write;
+    std::uint64_t reads = 0;    // reads recorded so far
     bool read_pending = false;  // a read since the last write that has not been waited for
+    [[nodiscard]] cudaEvent_t read_event(std::uint64_t n) const noexcept {
+      return read[static_cast<std::size_t>(n % read_ring)].get();
+    }
   };
 
   lane& lane_of(cudaStream_t s) {
@@ -75,7 +121,7 @@ class stream_order {
       if (l->stream == s) return *l;
     auto fresh = std::make_unique<lane>();
     fresh->stream = s;
-    fresh->read = event::make();
+    for (std::uint64_t i = 0; i < read_ring; ++i) fresh->read.push_back(event::make());
     fresh->write = event::make();
     if (lanes_.size() == 1) {
       // A second stream: the first one's accesses were not recorded, and that stream may no
