@@ -59,8 +59,9 @@
 //   (the copy engine, into staging) and reserves its slots; the next call that needs it (a
 //   sample, or any call but another such insert) publishes every insert that has landed by
 //   then: one scatter on the buffer's own stream, after the samples that may still read the
-//   evicted slots, and one journal apply on the call's stream (detail/buffer/landing.hpp). Actors inserting so never wait for a learner's samples,
-//   and a learner sampling on another stream never waits for bytes still crossing PCIe: its
+//   evicted slots, and one journal apply on the call's stream (detail/buffer/landing.hpp).
+//   Actors inserting so never wait for a learner's samples, and a learner sampling on another
+//   stream never waits for bytes still crossing PCIe: its
 //   sample sees the inserts that had landed when it was called, and every insert of its own
 //   stream. Any call that names a landing insert's keys (erase, host-span priority updates)
 //   publishes it first; host queries count it as stored. Priority updates from device memory see
@@ -153,8 +154,7 @@ class replay_buffer {
   /// errc::no_device (GPU storage without a GPU), errc::out_of_memory, errc::cuda_error.
   replay_buffer(gear::capacity slots, gear::max_length length, Selection selection = {},
                 Transport transport = {}) {
-    GEAR_REQUIRE(slots.value >= 1 && slots.value <= (std::int64_t{1} << 40),
-                 errc::invalid_argument,
+    GEAR_REQUIRE(slots.value >= 1 && slots.value <= (std::int64_t{1} << 40), errc::invalid_argument,
                  "capacity must be in [1, 2^40], got " + std::to_string(slots.value));
     GEAR_REQUIRE(length.value >= 1, errc::invalid_argument,
                  "max_length must be at least 1, got " + std::to_string(length.value));
@@ -381,7 +381,7 @@ class replay_buffer {
   /// arrived (see below).
   priority_update_result update_priorities_async(
       std::span<const key> keys, std::span<const float> priorities,
-      cuda::stream_ref stream) requires detail::has_host_priority_update<state_type> {
+      cuda::stream_ref stream) requires host_priority_update<state_type> {
     const detail::device_scope scope(core().device_);
     return detail::update_from_host(core(), keys, priorities, stream);
   }
@@ -402,8 +402,8 @@ class replay_buffer {
   ///   - check_priority_updates(stream) and update_priorities (device memory), which synchronise
   ///     first, so they always see it.
   void update_priorities_async(std::span<const key> keys, std::span<const float> priorities,
-                               memory_kind source, cuda::stream_ref stream) requires
-      detail::has_host_priority_update<state_type> {
+                               memory_kind source,
+                               cuda::stream_ref stream) requires host_priority_update<state_type> {
     if (source == memory_kind::host) {
       (void)update_priorities_async(keys, priorities, stream);
       return;
@@ -414,17 +414,16 @@ class replay_buffer {
     detail::update_from_device(core(), keys, priorities, stream);
   }
   /// update_priorities_async, then synchronises the stream.
-  priority_update_result update_priorities(std::span<const key> keys,
-                                           std::span<const float> priorities,
-                                           cuda::stream_ref stream) requires
-      detail::has_host_priority_update<state_type> {
+  priority_update_result update_priorities(
+      std::span<const key> keys, std::span<const float> priorities,
+      cuda::stream_ref stream) requires host_priority_update<state_type> {
     const priority_update_result r = update_priorities_async(keys, priorities, stream);
     synchronize(stream);
     return r;
   }
-  priority_update_result update_priorities(std::span<const key> keys,
-                                           std::span<const float> priorities) requires(!on_device) &&
-      detail::has_host_priority_update<state_type> {
+  priority_update_result update_priorities(
+      std::span<const key> keys, std::span<const float> priorities) requires(!on_device) &&
+      host_priority_update<state_type> {
     return update_priorities_async(keys, priorities, detail::no_stream());
   }
   /// update_priorities_async from `source`, synchronous. From device memory it runs
@@ -432,8 +431,8 @@ class replay_buffer {
   /// after (its own failure is thrown), so it throws deterministically and only when the buffer's
   /// priorities were left unchanged by this call.
   void update_priorities(std::span<const key> keys, std::span<const float> priorities,
-                         memory_kind source, cuda::stream_ref stream) requires
-      detail::has_host_priority_update<state_type> {
+                         memory_kind source,
+                         cuda::stream_ref stream) requires host_priority_update<state_type> {
     if (source == memory_kind::host) {
       (void)update_priorities(keys, priorities, stream);
       return;
@@ -444,10 +443,9 @@ class replay_buffer {
   }
   /// Synchronises the stream, then throws the earliest failed update from device memory not yet
   /// raised (see update_priorities_async), counting any later ones in its message.
-  void check_priority_updates(cuda::stream_ref stream) requires
-      detail::has_host_priority_update<state_type> {
+  void check_priority_updates(cuda::stream_ref stream) requires host_priority_update<state_type> {
     synchronize(stream);
-    if constexpr (detail::has_device_priority_update<state_type>) {
+    if constexpr (device_priority_update<state_type>) {
       const auto held = core().lock();
       core().selection_->raise_update_failures();
     }
@@ -481,9 +479,9 @@ class replay_buffer {
   [[nodiscard]] const core_type& core() const noexcept { return *core_; }
 
   void check_slot(std::int64_t slot) const {
-    GEAR_REQUIRE(slot >= 0 && slot < capacity(), errc::key_out_of_range,
-                 "slot " + std::to_string(slot) + " is outside [0, " +
-                     std::to_string(capacity()) + ")");
+    GEAR_REQUIRE(
+        slot >= 0 && slot < capacity(), errc::key_out_of_range,
+        "slot " + std::to_string(slot) + " is outside [0, " + std::to_string(capacity()) + ")");
   }
   void synchronize(cuda::stream_ref stream) const {
     const detail::device_scope scope(core().device_);

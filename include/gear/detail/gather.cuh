@@ -111,7 +111,7 @@ void select_and_gather_on_device(State& state, const slot_table& table,
                                  const selection_request& request, const gather_args& a,
                                  cuda::stream_ref stream) {
   const column_blocks g = gather_blocks(a);
-  if constexpr (requires { state.row_selector(table, request); }) {
+  if constexpr (row_selecting<State>) {
     const std::int64_t blocks = g.first_block[a.num_columns];
     const std::int64_t one_wave = std::int64_t{multiprocessors()} * tuning::copy_blocks_per_sm;
     if (blocks > 0 && blocks <= tuning::fused_gather_max_waves * one_wave) {

@@ -26,9 +26,10 @@ __global__ void __launch_bounds__(tuning::copy_threads)
   const std::int64_t lo = chunk * tuning::copy_chunk_bytes;
   if (lo >= bytes) return;
   const std::int64_t hi = min64(lo + tuning::copy_chunk_bytes, bytes);
-  const std::byte* src = r.staged == nullptr ? col.src
-                                             : r.staged + staged_column_offset(a, c, r.staged_steps);
-  block_copy(col.dst + r.slot * col.slot_stride + lo, src + r.src_step * col.step_bytes + lo, hi - lo);
+  const std::byte* src =
+      r.staged == nullptr ? col.src : r.staged + staged_column_offset(a, c, r.staged_steps);
+  block_copy(col.dst + r.slot * col.slot_stride + lo, src + r.src_step * col.step_bytes + lo,
+             hi - lo);
 }
 
 /// Launches the scatter on `stream`; checks the launch, never synchronises.

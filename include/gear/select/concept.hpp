@@ -57,6 +57,10 @@
 // A policy may also declare `static constexpr bool consumes = true;`: the buffer then removes every
 // trajectory a sample returns (each is returned once), as a queue or stack does.
 //
+// Each optional part has a concept of its own at the bottom of this file (commit_hook,
+// evict_hook, host_priority_update, device_priority_update, row_selecting, consuming_policy);
+// the buffer asks for them by name.
+//
 // slot_table points at metadata in the memory of Space (and at the host's copy of the lengths).
 // Ticket t (an insertion sequence number) lives in slot t % capacity. A user-written policy follows
 // the same contract and plugs in as the third template argument of replay_buffer, with no change to
@@ -65,7 +69,9 @@
 #include <concepts>
 #include <cstdint>
 #include <cuda/stream_ref>
+#include <gear/key.hpp>
 #include <gear/rng.hpp>
+#include <span>
 
 namespace gear {
 
@@ -118,5 +124,44 @@ concept selection_policy_for = std::copy_constructible<P> &&
   {s.validate(t, std::int64_t{})};
   {s.select(t, r, stream)};
 };
+
+// ---- the optional parts of a state, by name (see the top of this file) ------------------------
+
+/// on_commit: told when slots go live.
+template <class State>
+concept commit_hook = requires(State& s, const slot_table& t, std::uint64_t first,
+                               std::int64_t count, cuda::stream_ref stream) {
+  s.on_commit(t, first, count, stream);
+};
+/// on_evict: told before slots are overwritten or removed.
+template <class State>
+concept evict_hook = requires(State& s, const slot_table& t, std::uint64_t first,
+                              std::int64_t count, cuda::stream_ref stream) {
+  s.on_evict(t, first, count, stream);
+};
+/// update: priorities from host spans (replay_buffer::update_priorities exists).
+template <class State>
+concept host_priority_update = requires(State& s, const slot_table& t, std::span<const key> k,
+                                        std::span<const float> p, cuda::stream_ref stream) {
+  s.update(t, k, p, stream);
+};
+/// update_from_device and raise_update_failures: priorities from GPU-readable memory.
+template <class State>
+concept device_priority_update = requires(State& s, const slot_table& t, std::span<const key> k,
+                                          std::span<const float> p, cuda::stream_ref stream) {
+  s.update_from_device(t, std::uint32_t{}, k, p, stream);
+  s.raise_update_failures();
+};
+/// row_selector: rows drawn inside the gather kernel.
+template <class State>
+concept row_selecting = requires(const State& s, const slot_table& t, const selection_request& r) {
+  s.row_selector(t, r);
+};
+/// `static constexpr bool consumes = true`: every trajectory a sample returns is removed.
+template <class Policy>
+concept consuming_policy = requires {
+  { Policy::consumes } -> std::convertible_to<bool>;
+}
+&&Policy::consumes;
 
 }  // namespace gear

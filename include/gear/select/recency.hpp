@@ -177,7 +177,7 @@ class committed_slots {
   ring_sum_tree<std::int64_t> counts_;
   double half_life_ = 0;
   std::uint64_t base_ = 0;
-  std::uint64_t next_seen_ = 0;   // one past the newest ticket set so far
+  std::uint64_t next_seen_ = 0;    // one past the newest ticket set so far
   ring_sum_tree<double> weights_;  // age weights of committed slots (half_life_ > 0)
 };
 
@@ -289,9 +289,8 @@ GEAR_HD inline std::int64_t recency_row(const slot_table& t, const selection_req
     const auto slot = static_cast<std::int64_t>(ticket % static_cast<std::uint64_t>(t.capacity));
     if (t.lengths[slot] > 0) return slot;
   }
-  const double u = static_cast<double>(r.draw.below(std::uint64_t{1} << 53,
-                                                    static_cast<std::uint64_t>(row),
-                                                    recency_attempts)) *
+  const double u = static_cast<double>(r.draw.below(
+                       std::uint64_t{1} << 53, static_cast<std::uint64_t>(row), recency_attempts)) *
                    0x1p-53;
   return recency_scan(t, w, u);
 }

@@ -124,13 +124,13 @@ class buffer_core {
     std::int64_t steps = 0;  // all trajectories' steps: the staging's column stride
     std::vector<std::int64_t> lengths;
     std::vector<stream_order::read_mark> reads;  // the reads that may see what it evicted
-    bool landed = false;  // the copy has finished (seen by an event query)
+    bool landed = false;                         // the copy has finished (seen by an event query)
   };
   std::vector<landing_insert> landing_;
   std::vector<slot_record> landing_records_;  // the reservations' pending records, not yet applied
   std::vector<std::pair<std::uint64_t, std::int64_t>> landing_evictions_;  // (first, count) for
-                                                                          // the evict hook
-  std::vector<std::int64_t> scratch_rows_;  // of publishing, reused
+                                                                           // the evict hook
+  std::vector<std::int64_t> scratch_rows_;                                 // of publishing, reused
   cudaStream_t publisher_{};  // scatters landing inserts; publishes while no sample is in flight
   event scattered_;           // recorded on publisher_ after its latest scatter
 
@@ -151,8 +151,7 @@ class buffer_core {
   [[nodiscard]] std::int64_t landing_count() const noexcept {
     std::int64_t n = 0;
     for (const auto& l : landing_)
-      for (std::size_t i = 0; i < l.lengths.size(); ++i)
-        n += ring_.is_pending(l.first_ticket + i);
+      for (std::size_t i = 0; i < l.lengths.size(); ++i) n += ring_.is_pending(l.first_ticket + i);
     return n;
   }
   /// True when `ticket` belongs to a landing insert and is still its slot's reservation.
@@ -229,9 +228,9 @@ class buffer_core {
 
   /// Throws the failure that left this buffer unusable, if any.
   void check_usable() const {
-    GEAR_REQUIRE(failure_.empty(), errc::cuda_error,
-                 "the buffer is unusable: an earlier operation failed after changing it (" +
-                     failure_ + ")");
+    GEAR_REQUIRE(
+        failure_.empty(), errc::cuda_error,
+        "the buffer is unusable: an earlier operation failed after changing it (" + failure_ + ")");
   }
 
   /// Runs f, which enqueues work after the ring changed; a failure makes the buffer unusable.
@@ -250,7 +249,8 @@ class buffer_core {
   reservation reserve_in_ring(std::int64_t count, slot_record* records) noexcept {
     const reservation r = ring_.reserve(count, records);
     if (!times_sampled_.empty())
-      for (std::int64_t i = 0; i < count; ++i) times_sampled_[static_cast<std::size_t>(r.slot(i))] = 0;
+      for (std::int64_t i = 0; i < count; ++i)
+        times_sampled_[static_cast<std::size_t>(r.slot(i))] = 0;
     return r;
   }
 
@@ -267,7 +267,8 @@ class buffer_core {
   /// Bytes one apply of `count` slot records needs: the records, then the dense index's changes
   /// (at most one per record, and those already pending).
   [[nodiscard]] std::size_t journal_bytes(std::int64_t count) const noexcept {
-    return static_cast<std::size_t>(2 * count + ring_.pending_index_changes()) * sizeof(slot_record);
+    return static_cast<std::size_t>(2 * count + ring_.pending_index_changes()) *
+           sizeof(slot_record);
   }
   /// Enqueues one apply of the `count` slot records at l.host + offset, with the dense index's
   /// pending changes, written after them (room: journal_bytes(count) at lease time).
@@ -325,8 +326,10 @@ class device_scope {
   explicit device_scope(int device) {
     if (device < 0) return;
     GEAR_CUDA_TRY(cudaGetDevice(&previous_));
-    if (previous_ != device) GEAR_CUDA_TRY(cudaSetDevice(device));
-    else previous_ = -1;
+    if (previous_ != device)
+      GEAR_CUDA_TRY(cudaSetDevice(device));
+    else
+      previous_ = -1;
   }
   device_scope(const device_scope&) = delete;
   device_scope& operator=(const device_scope&) = delete;
@@ -375,6 +378,7 @@ void gear::detail::buffer_core<Spec, Storage, Selection, Transport>::apply_journ
   apply_journal_on_device(a, stream);
 #else
   (void)l, (void)offset, (void)count, (void)stream;
-  static_assert(dependent_false<Storage>, "gear: GPU storage needs <gear/gear.cuh>, compiled by nvcc");
+  static_assert(dependent_false<Storage>,
+                "gear: GPU storage needs <gear/gear.cuh>, compiled by nvcc");
 #endif
 }

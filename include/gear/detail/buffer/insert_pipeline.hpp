@@ -51,9 +51,9 @@ void check_insert(const Core& b, const trajectories<Spec>& in, std::span<key> ke
                "an insert takes 1 to capacity = " + std::to_string(b.capacity_) +
                    " trajectories, got " + std::to_string(count));
   GEAR_REQUIRE(in.lengths.data() != nullptr, errc::null_pointer, "lengths is null");
-  GEAR_REQUIRE(static_cast<std::int64_t>(keys_out.size()) >= count, errc::invalid_argument,
-               "keys_out holds " + std::to_string(keys_out.size()) + " keys, need " +
-                   std::to_string(count));
+  GEAR_REQUIRE(
+      static_cast<std::int64_t>(keys_out.size()) >= count, errc::invalid_argument,
+      "keys_out holds " + std::to_string(keys_out.size()) + " keys, need " + std::to_string(count));
   check_lengths(in.lengths, b.max_length_);
   [&]<std::size_t... C>(std::index_sequence<C...>) {
     (check_column_input<Spec, C>(in.columns[C]), ...);
@@ -82,7 +82,8 @@ void commit_to_ring(Core& b, const reservation& r, std::span<const std::int64_t>
                     std::span<key> keys_out, slot_record* records = nullptr) noexcept {
   b.ring_.commit(r, lengths, records);
   for (std::int64_t i = 0; i < r.count; ++i)
-    keys_out[static_cast<std::size_t>(i)] = b.key_of(r.first_ticket + static_cast<std::uint64_t>(i));
+    keys_out[static_cast<std::size_t>(i)] =
+        b.key_of(r.first_ticket + static_cast<std::uint64_t>(i));
 }
 
 template <class Core, class Spec>
@@ -100,12 +101,13 @@ void insert_trajectories(Core& b, const trajectories<Spec>& in, std::span<key> k
     std::int64_t bytes = 0;
     for (std::int64_t len : in.lengths)
       for (std::size_t c = 0; c < columns; ++c) bytes += len * Spec::step_bytes[c];
-    evict_hook(b, first, count, stream);
-    copy_host_columns(in, in.lengths, bytes, [](std::size_t) { return true; },
-                      [&](std::size_t c, std::size_t i) { return b.regions_.host[c].at(slot(i), 0); });
+    run_evict_hook(b, first, count, stream);
+    copy_host_columns(
+        in, in.lengths, bytes, [](std::size_t) { return true; },
+        [&](std::size_t c, std::size_t i) { return b.regions_.host[c].at(slot(i), 0); });
     const reservation r = b.reserve_in_ring(count, nullptr);
     commit_to_ring(b, r, in.lengths, keys_out);
-    commit_hook(b, first, count, stream);
+    run_commit_hook(b, first, count, stream);
   } else {
 #if defined(GEAR_DEVICE_BACKEND)
     // What goes where: GPU columns by the scatter (from staging for host data), host-resident
@@ -142,9 +144,10 @@ void insert_trajectories(Core& b, const trajectories<Spec>& in, std::span<key> k
     if (staged_bytes > 0) {
       held.unlock();
       const std::int64_t total[] = {steps};  // staged packed as given: one piece per column
-      copy_host_columns(in, total, staged_bytes,
-                        [](std::size_t c) { return !host_accessible(Core::placement[c]); },
-                        [&](std::size_t c, std::size_t) { return data + staged_at[c]; });
+      copy_host_columns(
+          in, total, staged_bytes,
+          [](std::size_t c) { return !host_accessible(Core::placement[c]); },
+          [&](std::size_t c, std::size_t) { return data + staged_at[c]; });
       held.lock();
       first = b.ring_.next_ticket();
     }
@@ -166,8 +169,7 @@ void insert_trajectories(Core& b, const trajectories<Spec>& in, std::span<key> k
     std::int64_t at = 0, longest = 0;
     for (std::int64_t i = 0; i < count; ++i) {
       const std::int64_t len = in.lengths[static_cast<std::size_t>(i)];
-      rows[i] = {slot(static_cast<std::size_t>(i)), at, len,
-                          first + static_cast<std::uint64_t>(i)};
+      rows[i] = {slot(static_cast<std::size_t>(i)), at, len, first + static_cast<std::uint64_t>(i)};
       at += len;
       longest = std::max(longest, len);
     }
@@ -175,10 +177,11 @@ void insert_trajectories(Core& b, const trajectories<Spec>& in, std::span<key> k
     // Change: from here a failure leaves the buffer unusable.
     b.enqueue([&] {
       if (cpu_bytes > 0)
-        copy_host_columns(in, in.lengths, cpu_bytes,
-                          [](std::size_t c) { return host_accessible(Core::placement[c]); },
-                          [&](std::size_t c, std::size_t i) { return b.regions_.host[c].at(slot(i), 0); });
-      evict_hook(b, first, count, stream);
+        copy_host_columns(
+            in, in.lengths, cpu_bytes,
+            [](std::size_t c) { return host_accessible(Core::placement[c]); },
+            [&](std::size_t c, std::size_t i) { return b.regions_.host[c].at(slot(i), 0); });
+      run_evict_hook(b, first, count, stream);
       if (scatters) {
         // Every block reads its row: from device memory, not over PCIe.
         GEAR_CUDA_TRY(cudaMemcpyAsync(lease.device, lease.host,
@@ -201,14 +204,16 @@ void insert_trajectories(Core& b, const trajectories<Spec>& in, std::span<key> k
       }
       // The commit, after the bytes in stream order: one apply of the ring's commit records.
       const reservation r = b.reserve_in_ring(count, nullptr);
-      commit_to_ring(b, r, in.lengths, keys_out, reinterpret_cast<slot_record*>(lease.host + records_at));
+      commit_to_ring(b, r, in.lengths, keys_out,
+                     reinterpret_cast<slot_record*>(lease.host + records_at));
       b.apply_journal(lease, records_at, count, stream);
       b.staging_.release_after(lease, stream.get());
-      commit_hook(b, first, count, stream);
+      run_commit_hook(b, first, count, stream);
       b.order_after(stream, Core::write);
     });
 #else
-    static_assert(dependent_false<Core>, "gear: GPU storage needs <gear/gear.cuh>, compiled by nvcc");
+    static_assert(dependent_false<Core>,
+                  "gear: GPU storage needs <gear/gear.cuh>, compiled by nvcc");
 #endif
   }
 }

@@ -21,20 +21,20 @@ void copy_host_columns(const trajectories<Spec>& in, std::span<const std::int64_
   parallel_for(parts, [&](unsigned part) {
     for (std::size_t c = 0; c < Spec::num_columns; ++c)
       if (wanted(c))
-        copy_packed_share(static_cast<const std::byte*>(in.columns[c].data), lengths,
-                          Spec::step_bytes[c], [&](std::size_t i) { return target(c, i); }, part,
-                          parts);
+        copy_packed_share(
+            static_cast<const std::byte*>(in.columns[c].data), lengths, Spec::step_bytes[c],
+            [&](std::size_t i) { return target(c, i); }, part, parts);
   });
 }
 
 template <class Core>
-void evict_hook(Core& b, std::uint64_t first, std::int64_t count, cuda::stream_ref stream) {
-  if constexpr (requires { b.selection_->on_evict(slot_table{}, first, count, stream); })
+void run_evict_hook(Core& b, std::uint64_t first, std::int64_t count, cuda::stream_ref stream) {
+  if constexpr (evict_hook<typename Core::state_type>)
     b.selection_->on_evict(b.table(), first, count, stream);
 }
 template <class Core>
-void commit_hook(Core& b, std::uint64_t first, std::int64_t count, cuda::stream_ref stream) {
-  if constexpr (requires { b.selection_->on_commit(slot_table{}, first, count, stream); })
+void run_commit_hook(Core& b, std::uint64_t first, std::int64_t count, cuda::stream_ref stream) {
+  if constexpr (commit_hook<typename Core::state_type>)
     b.selection_->on_commit(b.table(), first, count, stream);
 }
 

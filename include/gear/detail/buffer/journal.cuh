@@ -36,7 +36,8 @@ inline void apply_journal_on_device(const journal_args& a, cuda::stream_ref stre
   if (n <= 0) return;
   constexpr int threads = tuning::journal_threads;
   const std::int64_t wanted = (n + threads - 1) / threads;
-  const auto blocks = static_cast<unsigned>(std::min<std::int64_t>(wanted, tuning::journal_max_blocks));
+  const auto blocks =
+      static_cast<unsigned>(std::min<std::int64_t>(wanted, tuning::journal_max_blocks));
   journal_apply_kernel<<<blocks, threads, 0, stream.get()>>>(a);
   GEAR_CHECK_LAUNCH("journal_apply_kernel");
 }

@@ -51,13 +51,17 @@ struct landing_force {
   template <class Landing>
   [[nodiscard]] bool operator()(const Landing& l) const noexcept {
     switch (what) {
-      case kind::all: return true;
-      case kind::stream: return l.stream == stream;
+      case kind::all:
+        return true;
+      case kind::stream:
+        return l.stream == stream;
       case kind::keys:
         for (const key& k : keys)
-          if (k.ticket >= l.first_ticket && k.ticket - l.first_ticket < l.lengths.size()) return true;
+          if (k.ticket >= l.first_ticket && k.ticket - l.first_ticket < l.lengths.size())
+            return true;
         return false;
-      default: return false;
+      default:
+        return false;
     }
   }
 };
@@ -127,8 +131,8 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
     };
     std::int64_t records = rows;
     for (const slot_record& r : b.landing_records_) records += applies(r);
-    const std::size_t rows_bytes =
-        static_cast<std::size_t>(align_up(rows * std::int64_t{sizeof(scatter_row)}, segment_alignment));
+    const std::size_t rows_bytes = static_cast<std::size_t>(
+        align_up(rows * std::int64_t{sizeof(scatter_row)}, segment_alignment));
     const staging_pool::lease lease = b.staging_.acquire(rows_bytes + b.journal_bytes(records), 0);
     // The scatter runs on the buffer's own stream after the copies it reads, the writes of the
     // slots' earlier occupants and the reads enqueued before the inserts evicted them (not every
@@ -145,8 +149,10 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
             for (const auto& m : b.landing_[i].reads) {
               auto same = std::find_if(reads.begin(), reads.end(),
                                        [&](const auto& r) { return r.lane == m.lane; });
-              if (same == reads.end()) reads.push_back(m);
-              else same->count = std::max(same->count, m.count);
+              if (same == reads.end())
+                reads.push_back(m);
+              else
+                same->count = std::max(same->count, m.count);
             }
         b.order_.wait_reads(p.get(), reads);
         b.order_.wait_last_write(p.get());
@@ -166,7 +172,8 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
       auto* record = reinterpret_cast<slot_record*>(lease.host + rows_bytes);
       for (const slot_record& r : b.landing_records_)
         if (applies(r)) *record++ = r;
-      for (const auto& [first, count] : b.landing_evictions_) evict_hook(b, first, count, stream);
+      for (const auto& [first, count] : b.landing_evictions_)
+        run_evict_hook(b, first, count, stream);
       std::int64_t longest = 0;
       std::vector<std::int64_t>& committed = b.scratch_rows_;  // tickets, for the commit hook
       committed.clear();
@@ -205,7 +212,7 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
       b.apply_journal(lease, rows_bytes, records, stream);
       b.staging_.release_after(lease, stream.get());  // after the scatter too: it waited for it
       for (const std::int64_t ticket : committed)
-        commit_hook(b, static_cast<std::uint64_t>(ticket), 1, stream);
+        run_commit_hook(b, static_cast<std::uint64_t>(ticket), 1, stream);
       b.order_after(stream, Core::write);
       std::size_t kept = 0;
       for (std::size_t i = 0; i < b.landing_.size(); ++i)
@@ -218,7 +225,8 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
       b.landing_evictions_.clear();
     });
 #else
-    static_assert(dependent_false<Core>, "gear: GPU storage needs <gear/gear.cuh>, compiled by nvcc");
+    static_assert(dependent_false<Core>,
+                  "gear: GPU storage needs <gear/gear.cuh>, compiled by nvcc");
 #endif
   } else {
     (void)b, (void)force, (void)stream;
@@ -244,8 +252,9 @@ void land_trajectories(Core& b, std::unique_lock<std::mutex>& held, const trajec
   const staging_pool::lease lease = b.staging_.acquire(bytes, bytes);
   held.unlock();
   const std::int64_t total[] = {steps};  // packed as given: one piece per column
-  copy_host_columns(in, total, staged_bytes, [](std::size_t) { return true; },
-                    [&](std::size_t c, std::size_t) { return lease.host + staged_at[c]; });
+  copy_host_columns(
+      in, total, staged_bytes, [](std::size_t) { return true; },
+      [&](std::size_t c, std::size_t) { return lease.host + staged_at[c]; });
   held.lock();
   // Everything that can fail, before the ring changes.
   typename Core::landing_insert l;
@@ -254,14 +263,19 @@ void land_trajectories(Core& b, std::unique_lock<std::mutex>& held, const trajec
     b.landing_.reserve(b.landing_.size() + 1);
     b.landing_records_.reserve(b.landing_records_.size() + static_cast<std::size_t>(count));
     b.landing_evictions_.reserve(b.landing_evictions_.size() + 1);
-    l = {lease, stream.get(), 0, steps, std::vector<std::int64_t>(in.lengths.begin(), in.lengths.end()),
+    l = {lease,
+         stream.get(),
+         0,
+         steps,
+         std::vector<std::int64_t>(in.lengths.begin(), in.lengths.end()),
          b.order_.read_marks()};
   } catch (...) {
     b.staging_.give_back(lease);
     throw;
   }
   try {
-    GEAR_CUDA_TRY(cudaMemcpyAsync(lease.device, lease.host, bytes, cudaMemcpyHostToDevice, stream.get()));
+    GEAR_CUDA_TRY(
+        cudaMemcpyAsync(lease.device, lease.host, bytes, cudaMemcpyHostToDevice, stream.get()));
   } catch (...) {
     b.staging_.give_back_unsafe(lease);  // the copy may have been enqueued
     throw;
@@ -278,7 +292,8 @@ void land_trajectories(Core& b, std::unique_lock<std::mutex>& held, const trajec
   const reservation r = b.reserve_in_ring(count, b.landing_records_.data() + at);
   l.first_ticket = r.first_ticket;
   for (std::int64_t i = 0; i < count; ++i)
-    keys_out[static_cast<std::size_t>(i)] = b.key_of(r.first_ticket + static_cast<std::uint64_t>(i));
+    keys_out[static_cast<std::size_t>(i)] =
+        b.key_of(r.first_ticket + static_cast<std::uint64_t>(i));
   b.landing_evictions_.emplace_back(r.first_ticket, count);
   b.landing_.push_back(std::move(l));
 }

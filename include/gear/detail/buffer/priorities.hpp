@@ -20,19 +20,6 @@
 
 namespace gear::detail {
 
-template <class State>
-concept has_host_priority_update =
-    requires(State& s, std::span<const key> k, std::span<const float> p, cuda::stream_ref st) {
-  s.update(slot_table{}, k, p, st);
-};
-
-template <class State>
-concept has_device_priority_update = requires(State& s, std::span<const key> k,
-                                              std::span<const float> p, cuda::stream_ref st) {
-  s.update_from_device(slot_table{}, std::uint32_t{}, k, p, st);
-  s.raise_update_failures();
-};
-
 /// Throws unless p, an array of `align`-byte elements, is set, aligned and readable by kernels.
 inline void check_gpu_readable(const void* p, std::size_t align, const char* what) {
   GEAR_REQUIRE(p != nullptr, errc::null_pointer, std::string(what) + " is null");
@@ -50,7 +37,7 @@ priority_update_result update_from_host(Core& b, std::span<const key> keys,
                                         cuda::stream_ref stream) {
   const auto held = b.lock();
   b.check_usable();
-  if constexpr (has_device_priority_update<typename Core::state_type>)
+  if constexpr (device_priority_update<typename Core::state_type>)
     b.selection_->raise_update_failures();
   GEAR_REQUIRE(keys.size() == priorities.size(), errc::invalid_argument,
                "update_priorities needs one priority per key: " + std::to_string(keys.size()) +
@@ -108,7 +95,7 @@ void update_from_device(Core& b, std::span<const key> keys, std::span<const floa
                         cuda::stream_ref stream) {
   const auto held = b.lock();
   b.check_usable();
-  if constexpr (has_device_priority_update<typename Core::state_type>) {
+  if constexpr (device_priority_update<typename Core::state_type>) {
     b.selection_->raise_update_failures();
     GEAR_REQUIRE(keys.size() == priorities.size(), errc::invalid_argument,
                  "update_priorities needs one priority per key: " + std::to_string(keys.size()) +

@@ -20,9 +20,7 @@ namespace gear::detail {
 /// once) or the user's max_times_sampled; 0 for no limit.
 template <class Core>
 std::int64_t consume_limit(const Core& b) noexcept {
-  using selection = typename Core::selection_type;
-  if constexpr (requires { selection::consumes; })
-    if (selection::consumes) return 1;
+  if constexpr (consuming_policy<typename Core::selection_type>) return 1;
   return b.max_times_sampled_;
 }
 
@@ -71,7 +69,8 @@ void count_returns(Core& b, const std::int64_t* slots, std::int64_t rows, cuda::
   std::sort(b.removal_tickets_.begin(), b.removal_tickets_.end());
   remove_tickets(b, b.removal_tickets_, stream, removal);
   for (const std::int64_t slot : drawn)
-    if (b.ring_.state(slot) == slot_state::committed) ++b.times_sampled_[static_cast<std::size_t>(slot)];
+    if (b.ring_.state(slot) == slot_state::committed)
+      ++b.times_sampled_[static_cast<std::size_t>(slot)];
 }
 
 template <class Core, class Batch>
@@ -151,7 +150,8 @@ void sample_into(Core& b, Batch& out, const window& w, rng& g, cuda::stream_ref 
       throw;
     }
 #else
-    static_assert(dependent_false<Core>, "gear: GPU storage needs <gear/gear.cuh>, compiled by nvcc");
+    static_assert(dependent_false<Core>,
+                  "gear: GPU storage needs <gear/gear.cuh>, compiled by nvcc");
 #endif
   } else {
     b.selection_->select(table, request, stream);

@@ -217,10 +217,10 @@ class slot_ring {
   std::vector<std::int64_t> lengths_;
   std::vector<std::uint64_t> tickets_;
   std::vector<slot_state> states_;
-  std::vector<std::int64_t> dense_;            // [capacity]; [0, live_) committed slots
-  std::vector<std::int64_t> where_;            // [capacity]; a committed slot's position
-  std::vector<std::uint64_t> touched_at_;      // [capacity]; the epoch a position was written in
-  std::vector<std::int64_t> touched_;          // positions written this epoch
+  std::vector<std::int64_t> dense_;        // [capacity]; [0, live_) committed slots
+  std::vector<std::int64_t> where_;        // [capacity]; a committed slot's position
+  std::vector<std::uint64_t> touched_at_;  // [capacity]; the epoch a position was written in
+  std::vector<std::int64_t> touched_;      // positions written this epoch
   std::uint64_t epoch_ = 1;
   std::uint64_t next_ticket_ = 0;
   std::int64_t live_ = 0;

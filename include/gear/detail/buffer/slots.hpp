@@ -31,7 +31,7 @@ reservation reserve_slots(Core& b, std::int64_t count, cuda::stream_ref stream) 
   reservation r{};
   b.order_write(lease, stream);
   b.enqueue([&] {
-    evict_hook(b, first, count, stream);
+    run_evict_hook(b, first, count, stream);
     r = b.reserve_in_ring(count, b.records_of(lease));
     b.publish(lease, count, stream);
     b.order_after(stream, Core::write);
@@ -56,7 +56,7 @@ void commit_slots(Core& b, const reservation& r, std::span<const std::int64_t> l
   b.enqueue([&] {
     commit_to_ring(b, r, lengths, keys_out, b.records_of(lease));
     b.publish(lease, r.count, stream);
-    commit_hook(b, r.first_ticket, r.count, stream);
+    run_commit_hook(b, r.first_ticket, r.count, stream);
     b.order_after(stream, Core::write);
   });
 }
@@ -100,7 +100,7 @@ void remove_tickets(Core& b, std::span<const std::uint64_t> tickets, cuda::strea
     for (std::size_t i = 0; i < tickets.size();) {
       std::size_t end = i + 1;
       while (end < tickets.size() && tickets[end] == tickets[end - 1] + 1) ++end;
-      evict_hook(b, tickets[i], static_cast<std::int64_t>(end - i), stream);
+      run_evict_hook(b, tickets[i], static_cast<std::int64_t>(end - i), stream);
       i = end;
     }
     b.ring_.remove(tickets, b.records_of(lease));
@@ -124,9 +124,9 @@ void erase_keys(Core& b, std::span<const key> keys, cuda::stream_ref stream) {
   }
   std::sort(tickets.begin(), tickets.end());
   const auto twice = std::adjacent_find(tickets.begin(), tickets.end());
-  GEAR_REQUIRE(twice == tickets.end(), errc::stale_key,
-               "key (ticket " + std::to_string(twice == tickets.end() ? 0 : *twice) +
-                   ") is named twice");
+  GEAR_REQUIRE(
+      twice == tickets.end(), errc::stale_key,
+      "key (ticket " + std::to_string(twice == tickets.end() ? 0 : *twice) + ") is named twice");
   remove_tickets(b, tickets, stream);
 }
 

@@ -95,8 +95,10 @@ class staging_pool {
   void give_back(const lease& l) noexcept {
     entry& e = *entries_[l.entry];
     e.leased = false;
-    if (e.marked) in_flight_.push_back(e.index);
-    else idle_.push_back(e.index);
+    if (e.marked)
+      in_flight_.push_back(e.index);
+    else
+      idle_.push_back(e.index);
     e.marked = false;
   }
 
@@ -133,8 +135,8 @@ class staging_pool {
     allocation pinned, device;
     event done;
     bool leased = false;
-    bool marked = false;  // leased, with an event recorded by mark()
-    bool unsafe = false;  // the event could not be recorded: reuse after a device-wide wait
+    bool marked = false;    // leased, with an event recorded by mark()
+    bool unsafe = false;    // the event could not be recorded: reuse after a device-wide wait
     std::size_t index = 0;  // its place in entries_
   };
 
