@@ -258,6 +258,29 @@ TEST_CASE("prioritized (device): duplicates (last write wins), stale keys, bad p
   CHECK(buf.size() == 8);
 }
 
+TEST_CASE("prioritized (device): set_exponents refuses an alpha that takes a stored priority out "
+          "of range (the range reduced on the GPU)") {
+  stream_holder s;
+  per_buffer buf{gear::capacity{8}, gear::max_length{1}, gear::select::prioritized{1.0, 0.4}};
+  const auto keys = insert_ids(buf, 0, 4, cuda::stream_ref{s});
+  buf.update_priorities(std::vector<gear::key>{keys[0], keys[1]}, std::vector<float>{1e30f, 1e-30f},
+                        s);
+  auto& st = buf.selection_state();
+  const auto [smallest, largest] = st.priority_range(s);
+  CHECK(smallest == 1e-30f);
+  CHECK(largest == 1e30f);
+  const auto nodes = st.nodes(s);
+  for (const double alpha : {20.0, 12.0}) {  // 1e600 is infinite; 1e-360 underflows to 0
+    CHECK(gear_test::code_of([&] { st.set_exponents(alpha, 0.5, s); }) ==
+          gear::errc::invalid_argument);
+    CHECK(st.alpha() == 1.0);
+    CHECK(st.nodes(s) == nodes);
+  }
+  st.set_exponents(2.0, 0.5, s);
+  CHECK(st.alpha() == 2.0);
+  CHECK(st.nodes(s)[0] == doctest::Approx(1e60 + 1e-60 + 2.0));
+}
+
 TEST_CASE("prioritized (device): 10^6 random updates with duplicates keep the tree exact") {
   stream_holder s;
   const std::uint64_t seed = 8080;

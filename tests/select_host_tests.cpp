@@ -892,6 +892,34 @@ TEST_CASE("lifo: skip links agree with a scan under random inserts, erases, writ
   CHECK(samples > 1000);
 }
 
+// A new alpha recomputes every leaf from the stored priorities: one whose p^alpha would leave
+// the range (infinite, or 0 for p > 0) is refused before anything changes, as an update would be.
+TEST_CASE("prioritized: set_exponents refuses an alpha that takes a stored priority out of range") {
+  per_buffer buf{gear::capacity{8}, gear::max_length{1}, gear::select::prioritized{1.0, 0.4}};
+  const auto keys = insert_ids(buf, 0, 4);
+  buf.update_priorities(std::vector<gear::key>{keys[0], keys[1]}, std::vector<float>{1e30f, 1e-30f});
+  auto& st = buf.selection_state();
+  const double total = st.total();
+  const auto nodes = st.nodes();
+  auto refused = [&](double alpha) {
+    const auto code = gear_test::code_of([&] { st.set_exponents(alpha, 0.5); });
+    CHECK(code == gear::errc::invalid_argument);
+    CHECK(st.alpha() == 1.0);
+    CHECK(st.beta() == doctest::Approx(0.4));
+    CHECK(st.total() == total);
+    CHECK(st.nodes() == nodes);
+  };
+  refused(20.0);  // (1e30)^20 = 1e600: infinite
+  refused(12.0);  // (1e-30)^12 = 1e-360: underflows to 0 for a positive priority
+  st.set_exponents(2.0, 0.5);  // (1e30)^2 and (1e-30)^2 are in range: accepted
+  CHECK(st.alpha() == 2.0);
+  CHECK(st.total() == doctest::Approx(1e60 + 1e-60 + 2.0));  // two entered at priority 1 (1^2)
+  auto batch = buf.make_batch(gear::batch_size{16}, gear::window_length{1});
+  gear::rng g{8};
+  buf.sample(batch, gear::window{.length = 1}, g);
+  for (const gear::key& k : batch.keys()) CHECK(k == keys[0]);  // the 1e60 leaf takes every draw
+}
+
 // Bad input is refused before anything is enqueued: it never makes the buffer unusable (only a
 // failure to enqueue after a change does).
 TEST_CASE("prioritized: refused updates leave the buffer usable and unchanged") {

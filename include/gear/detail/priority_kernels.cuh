@@ -7,6 +7,7 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <cub/block/block_reduce.cuh>
 #include <cuda/atomic>
 #include <gear/detail/cuda.hpp>
 #include <gear/detail/sum_tree.hpp>
@@ -221,6 +222,39 @@ __global__ void prioritized_weights_kernel(Request r, const double* nodes, sum_t
   if (!(nodes[0] > 0)) return;
   const double leaf_min = __longlong_as_double(static_cast<long long>(~r.scratch[0]));
   r.weights[row] = importance_weight(nodes[shape.leaf(r.slots[row])], leaf_min, beta);
+}
+
+/// Functors of the range reduction (positive floats order as their bits do).
+struct bits_min {
+  __device__ unsigned operator()(unsigned a, unsigned b) const { return a < b ? a : b; }
+};
+struct bits_max {
+  __device__ unsigned operator()(unsigned a, unsigned b) const { return a > b ? a : b; }
+};
+
+/// Folds the smallest positive and the largest of raw[0, n) (as float bits) into out[0], out[1]:
+/// a grid-stride pass per thread, cub::BlockReduce per block, one atomic per block.
+template <int Threads>
+__global__ void __launch_bounds__(Threads)
+    priority_range_kernel(const float* raw, std::int64_t n, unsigned* out) {
+  using reduce = cub::BlockReduce<unsigned, Threads>;
+  __shared__ typename reduce::TempStorage low_storage, high_storage;
+  unsigned low = 0x7F800000u, high = 0;
+  for (std::int64_t i = blockIdx.x * std::int64_t{Threads} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * Threads) {
+    const float p = raw[i];
+    if (p > 0 && p <= 3.402823466e38f) {  // positive and finite; NaN and none (< 0) fail
+      const unsigned b = __float_as_uint(p);
+      low = b < low ? b : low;
+      high = b > high ? b : high;
+    }
+  }
+  low = reduce(low_storage).Reduce(low, bits_min{});
+  high = reduce(high_storage).Reduce(high, bits_max{});
+  if (threadIdx.x == 0) {
+    atomicMin(out, low);
+    atomicMax(out + 1, high);
+  }
 }
 
 inline unsigned blocks_for(std::int64_t n, int threads) {

@@ -39,6 +39,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <cuda/stream_ref>
 #include <gear/detail/cuda.hpp>
 #include <gear/detail/memory.hpp>
@@ -48,6 +49,7 @@
 #include <gear/select/prioritized.hpp>
 #include <new>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace gear::select {
@@ -107,6 +109,11 @@ class prioritized::state<exec::device> {
   void set_exponents(double alpha, double beta, cuda::stream_ref stream) {
     detail::validate_exponents(alpha, beta);
     const bool rebuild = alpha != policy_.alpha;
+    if (rebuild) {  // the stored priorities' range, reduced on the GPU (this synchronises)
+      const auto [smallest, largest] = priority_range(stream);
+      detail::validate_alpha_change(alpha, smallest, std::max(largest, max_priority(stream)),
+                                    capacity_);
+    }
     policy_.alpha = alpha;
     policy_.beta = beta;
     if (!rebuild) return;
@@ -155,6 +162,28 @@ class prioritized::state<exec::device> {
   /// The priority new trajectories enter with: the largest given so far (by updates that
   /// succeeded), 1 before any. Kept in device memory, folded by the update kernels; this reads it
   /// after the stream's earlier work (synchronises).
+  /// The smallest positive and the largest raw priority stored (infinity and 0 with none), reduced
+  /// on the GPU; synchronises the stream.
+  [[nodiscard]] std::pair<float, float> priority_range(cuda::stream_ref stream) const {
+    constexpr int threads = detail::tuning::priority_update_threads;
+    detail::allocation out(memory_kind::device, 2 * sizeof(unsigned));
+    const unsigned start[2] = {0x7F800000u, 0u};  // +infinity, +0 as bits
+    GEAR_CUDA_TRY(cudaMemcpyAsync(out.data(), start, sizeof start, cudaMemcpyHostToDevice,
+                                  stream.get()));
+    const auto blocks = static_cast<unsigned>(
+        std::min<std::int64_t>(detail::blocks_for(capacity_, threads), 1024));
+    detail::priority_range_kernel<threads><<<blocks, threads, 0, stream.get()>>>(
+        raw_.as<const float>(), capacity_, out.as<unsigned>());
+    GEAR_CHECK_LAUNCH("priority_range_kernel");
+    unsigned bits[2] = {};
+    GEAR_CUDA_TRY(cudaMemcpyAsync(bits, out.data(), sizeof bits, cudaMemcpyDeviceToHost,
+                                  stream.get()));
+    GEAR_CUDA_TRY(cudaStreamSynchronize(stream.get()));
+    float range[2];
+    std::memcpy(range, bits, sizeof range);
+    return {range[0], range[1]};
+  }
+
   [[nodiscard]] float max_priority(cuda::stream_ref stream) const {
     float largest = 0;
     GEAR_CUDA_TRY(cudaMemcpyAsync(&largest,

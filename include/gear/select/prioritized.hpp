@@ -48,6 +48,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <cuda/stream_ref>
 #include <gear/config.hpp>
 #include <gear/detail/sum_tree.hpp>
@@ -106,6 +107,26 @@ inline void validate_exponents(double alpha, double beta) {
                "priority exponent alpha must be finite and >= 0, got " + std::to_string(alpha));
   GEAR_REQUIRE(std::isfinite(beta) && beta >= 0, errc::invalid_argument,
                "importance exponent beta must be finite and >= 0, got " + std::to_string(beta));
+}
+
+/// Throws errc::invalid_argument (a new alpha is refused, nothing changes) unless the priorities
+/// stored, from the smallest positive one to the largest (or the one new trajectories enter
+/// with, if larger), keep p^alpha in the range a sum tree of `capacity` leaves draws from: no
+/// leaf infinite or 0 for p > 0, and their sum finite.
+inline void validate_alpha_change(double alpha, float smallest_positive, float largest,
+                                  std::int64_t capacity) {
+  const double top = priority_leaf(largest, alpha);
+  GEAR_REQUIRE(std::isfinite(top * static_cast<double>(capacity)), errc::invalid_argument,
+               "alpha " + std::to_string(alpha) + " would make the priority " +
+                   std::to_string(largest) + " weigh " + std::to_string(top) +
+                   " (p^alpha), past what a sum tree of " + std::to_string(capacity) +
+                   " leaves can add up; the exponents stay as they were");
+  if (smallest_positive > 0 && std::isfinite(smallest_positive))
+    GEAR_REQUIRE(priority_leaf(smallest_positive, alpha) > 0, errc::invalid_argument,
+                 "alpha " + std::to_string(alpha) + " would make the priority " +
+                     std::to_string(smallest_positive) +
+                     " weigh 0 (p^alpha underflows): it could never be drawn; the exponents "
+                     "stay as they were");
 }
 
 // ---- updates from device memory: checks made on the GPU, and their verdicts ------------------
@@ -258,10 +279,22 @@ class prioritized::state<exec::host> {
   // ---- settings ----------------------------------------------------------------------------
 
   /// Sets the exponents (beta annealing: call before each sample). A changed alpha recomputes
-  /// every leaf, O(capacity). Throws errc::invalid_argument (not finite, or negative).
+  /// every leaf, O(capacity). Throws errc::invalid_argument (not finite, or negative; or an alpha
+  /// under which a stored priority's p^alpha would leave the range, validate_alpha_change),
+  /// changing nothing.
   void set_exponents(double alpha, double beta) {
     detail::validate_exponents(alpha, beta);
     const bool rebuild = alpha != policy_.alpha;
+    if (rebuild) {
+      float smallest = std::numeric_limits<float>::infinity(), largest = max_priority_;
+      for (const float p : priorities_)
+        if (p > 0) {
+          smallest = std::min(smallest, p);
+          largest = std::max(largest, p);
+        }
+      detail::validate_alpha_change(alpha, smallest, largest,
+                                    static_cast<std::int64_t>(priorities_.size()));
+    }
     policy_.alpha = alpha;
     policy_.beta = beta;
     if (!rebuild) return;
