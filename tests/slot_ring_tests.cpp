@@ -575,6 +575,33 @@ TEST_CASE("slot ring: each way a reservation goes bad is refused, and the ring i
   refused(r3, "(ticket 4)");  // committed (and removed)
 }
 
+// buffer_core::journal_bytes leases room for 2 index changes per slot an operation changes (an
+// insert into a full ring evicts and commits each): the bound every journal relies on.
+TEST_CASE("slot ring: an operation on n slots changes at most 2n positions of the dense index") {
+  std::mt19937_64 gen(99);
+  for (const std::int64_t capacity : {1, 2, 4, 7, 64, 1000}) {
+    slot_ring ring(capacity, 1);
+    for (int step = 0; step < 400; ++step) {
+      std::vector<index_record> out(static_cast<std::size_t>(capacity) + 1);
+      (void)ring.take_index_changes(out.data());  // start from no pending change
+      if (gen() % 3 != 0 || ring.live() == 0) {
+        const auto n = 1 + static_cast<std::int64_t>(gen() % static_cast<std::uint64_t>(capacity));
+        const reservation r = ring.reserve(n, nullptr);
+        ring.commit(r, std::vector<std::int64_t>(static_cast<std::size_t>(n), 1), nullptr);
+        CHECK(ring.pending_index_changes() <= 2 * n);
+      } else {
+        std::vector<std::uint64_t> gone;
+        for (std::int64_t s = 0; s < capacity; ++s)
+          if (ring.state(s) == slot_state::committed && gen() % 2 == 0) gone.push_back(ring.ticket(s));
+        if (gone.empty()) continue;
+        std::sort(gone.begin(), gone.end());
+        ring.remove(gone, nullptr);
+        CHECK(ring.pending_index_changes() <= static_cast<std::int64_t>(gone.size()));
+      }
+    }
+  }
+}
+
 TEST_CASE("slot ring: random operation sequences agree with the reference model") {
   const std::uint64_t base = 20240611;
   const int runs = 2000, steps = 150;

@@ -460,7 +460,10 @@ class replay_buffer {
 
   /// A trivially copyable view carrying the operations Ops (gear::op::write_steps,
   /// gear::op::read_metadata), for kernels (or host code, for storage::host). Its metadata is the
-  /// device mirror: what the stream's earlier work left.
+  /// device mirror: what the stream's earlier work left. The buffer does not order a kernel of
+  /// yours that reads it against other streams' work (a host insert that lands, say, reaches the
+  /// mirror at the next call of the buffer's that settles): use it on the stream that writes or
+  /// samples, or after synchronising the buffer's streams.
   template <class... Ops>
   [[nodiscard]] buffer_ref<typename Spec::element_list, Ops...> ref(Ops...) const noexcept {
     const slot_table t = selection_table();

@@ -135,7 +135,9 @@ class buffer_core {
   event scattered_;           // recorded on publisher_ after its latest scatter
 
   ~buffer_core() {
-    if (publisher_ != nullptr) (void)cudaStreamDestroy(publisher_);
+    if (publisher_ == nullptr) return;
+    (void)cudaStreamSynchronize(publisher_);  // its scatters read staging freed with the buffer
+    (void)cudaStreamDestroy(publisher_);
   }
   buffer_core(const buffer_core&) = delete;
   buffer_core& operator=(const buffer_core&) = delete;
@@ -219,7 +221,7 @@ class buffer_core {
                  "key (shard " + std::to_string(k.shard) + ", incarnation " +
                      std::to_string(k.incarnation) + ") is not of this shard (shard " +
                      std::to_string(transport_.shard_id()) + ", incarnation 0)");
-    GEAR_REQUIRE(ring_.holds(k.ticket), errc::stale_key,
+    GEAR_REQUIRE(ring_.holds(k.ticket) || is_landing(k.ticket), errc::stale_key,
                  "key (ticket " + std::to_string(k.ticket) + ", slot " +
                      std::to_string(k.slot(capacity_)) + ") names a trajectory no longer stored");
   }
@@ -264,10 +266,11 @@ class buffer_core {
       return staging_.acquire(journal_bytes(count), 0);
     }
   }
-  /// Bytes one apply of `count` slot records needs: the records, then the dense index's changes
-  /// (at most one per record, and those already pending).
+  /// Bytes one apply of `count` slot records needs: the records, then the dense index's changes:
+  /// those already pending, and two per record (an operation of `count` slots may both evict
+  /// and commit each, as an insert into a full ring does).
   [[nodiscard]] std::size_t journal_bytes(std::int64_t count) const noexcept {
-    return static_cast<std::size_t>(2 * count + ring_.pending_index_changes()) *
+    return static_cast<std::size_t>(3 * count + ring_.pending_index_changes()) *
            sizeof(slot_record);
   }
   /// Enqueues one apply of the `count` slot records at l.host + offset, with the dense index's

@@ -174,7 +174,6 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
         if (applies(r)) *record++ = r;
       for (const auto& [first, count] : b.landing_evictions_)
         run_evict_hook(b, first, count, stream);
-      std::int64_t longest = 0;
       std::vector<std::int64_t>& committed = b.scratch_rows_;  // tickets, for the commit hook
       committed.clear();
       for (std::size_t i = 0; i < b.landing_.size(); ++i) {
@@ -189,7 +188,6 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
             const reservation one{ticket, 1, b.capacity_, b.ring_.buffer_id()};
             b.ring_.commit(one, std::span<const std::int64_t>(&len, 1), record++);
             committed.push_back(static_cast<std::int64_t>(ticket));
-            longest = std::max(longest, len);
           }
           at += len;
         }
@@ -197,22 +195,31 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
       if (rows > 0) {
         scatter_args args;
         args.count = rows;
-        args.max_count_length = longest;
         args.rows = reinterpret_cast<const scatter_row*>(lease.mapped);
         for (std::size_t c = 0; c < Core::num_columns; ++c)
           args.columns[args.num_columns++] = {nullptr, b.regions_.kernel[c].base,
                                               b.regions_.kernel[c].slot_stride,
                                               b.regions_.kernel[c].step_bytes};
-        scatter_on_device(args, p);
-        for (std::size_t i = 0; i < b.landing_.size(); ++i)
-          if (take[i]) b.staging_.release_after(b.landing_[i].lease, p.get());
+        scatter_in_groups(args, reinterpret_cast<const scatter_row*>(lease.host), p);
         GEAR_CUDA_TRY(cudaEventRecord(b.scattered_.get(), p.get()));
         GEAR_CUDA_TRY(cudaStreamWaitEvent(stream.get(), b.scattered_.get(), 0));
       }
+      // Every taken insert's staging goes back: after the scatter that read it, or, with nothing
+      // scattered (its tickets all taken over), once its copy has finished.
+      for (std::size_t i = 0; i < b.landing_.size(); ++i)
+        if (take[i]) {
+          if (rows > 0) b.staging_.release_after(b.landing_[i].lease, p.get());
+          else b.staging_.give_back(b.landing_[i].lease);
+        }
       b.apply_journal(lease, rows_bytes, records, stream);
       b.staging_.release_after(lease, stream.get());  // after the scatter too: it waited for it
-      for (const std::int64_t ticket : committed)
-        run_commit_hook(b, static_cast<std::uint64_t>(ticket), 1, stream);
+      for (std::size_t i = 0; i < committed.size();) {  // the hook takes runs of tickets
+        std::size_t end = i + 1;
+        while (end < committed.size() && committed[end] == committed[end - 1] + 1) ++end;
+        run_commit_hook(b, static_cast<std::uint64_t>(committed[i]),
+                        static_cast<std::int64_t>(end - i), stream);
+        i = end;
+      }
       b.order_after(stream, Core::write);
       std::size_t kept = 0;
       for (std::size_t i = 0; i < b.landing_.size(); ++i)

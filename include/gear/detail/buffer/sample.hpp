@@ -85,8 +85,9 @@ void sample_into(Core& b, Batch& out, const window& w, rng& g, cuda::stream_ref 
     try {
       check_sample(b, out, w);
       b.selection_->validate(b.table(), out.batch_size());
-    } catch (const error&) {
-      settle_landing(b, landing_force{landing_force::kind::all}, stream);
+    } catch (const error& e) {
+      if (e.code() == errc::empty_buffer || e.code() == errc::not_enough_items)
+        settle_landing(b, landing_force{landing_force::kind::all}, stream);
     }
   }
   check_sample(b, out, w);
@@ -145,7 +146,8 @@ void sample_into(Core& b, Batch& out, const window& w, rng& g, cuda::stream_ref 
         slots = reinterpret_cast<const std::int64_t*>(readback->host);
       }
     } catch (...) {
-      if (readback) b.staging_.give_back(*readback);
+      // The read-back copy may have been enqueued: its entry waits for the device before reuse.
+      if (readback) b.staging_.give_back_unsafe(*readback);
       b.give_back(removal);
       throw;
     }
@@ -162,7 +164,7 @@ void sample_into(Core& b, Batch& out, const window& w, rng& g, cuda::stream_ref 
       count_returns(b, slots, out.batch_size(), stream, removal);
     } catch (...) {
       if (readback) b.staging_.give_back(*readback);
-      b.give_back(removal);  // harmless if the removal already handed it on
+      b.give_back(removal);  // a no-op if the removal already handed it on
       throw;
     }
     // Read by the CPU after a synchronisation: free at once.

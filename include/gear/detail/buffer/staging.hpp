@@ -9,9 +9,10 @@
 // never makes a later call wait: a new entry is allocated instead, up to max_entries; only past
 // that does acquire wait for the oldest lease's work.
 //
-// Cost: entries handed back wait in release order; an acquire asks at most `probe` of the oldest
-// whether their work has finished (a finished one becomes idle), then takes an idle entry large
-// enough, so a call makes a bounded number of driver queries however many entries are in flight.
+// Cost: entries handed back wait in a queue; an acquire asks at most `probe` at its head whether
+// their work has finished (a finished one becomes idle, an unfinished one goes to the back), then
+// takes the smallest idle entry large enough, so a call makes a bounded number of driver queries
+// however many entries are in flight.
 
 #include <algorithm>
 #include <cstddef>
@@ -50,7 +51,12 @@ class staging_pool {
       // make another.
       if (!in_flight_.empty()) {
         entry& oldest = *entries_[in_flight_.front()];
-        GEAR_CUDA_TRY(cudaEventSynchronize(oldest.done.get()));
+        if (oldest.unsafe) {
+          GEAR_CUDA_TRY(cudaDeviceSynchronize());
+          oldest.unsafe = false;
+        } else {
+          GEAR_CUDA_TRY(cudaEventSynchronize(oldest.done.get()));
+        }
         in_flight_.erase(in_flight_.begin());
         idle_.push_back(oldest.index);
       }
@@ -94,6 +100,7 @@ class staging_pool {
   /// readers were all marked (mark()) before it was given back.
   void give_back(const lease& l) noexcept {
     entry& e = *entries_[l.entry];
+    if (!e.leased) return;  // given back already: a second time must not list it twice
     e.leased = false;
     if (e.marked)
       in_flight_.push_back(e.index);
@@ -106,6 +113,10 @@ class staging_pool {
   /// when it is done: the entry is reused only after a device-wide wait.
   void give_back_unsafe(const lease& l) noexcept {
     entry& e = *entries_[l.entry];
+    if (!e.leased) {  // given back already (and listed): only make its reuse wait for the device
+      e.unsafe = true;
+      return;
+    }
     e.leased = false;
     e.marked = false;
     e.unsafe = true;
@@ -156,16 +167,15 @@ class staging_pool {
     return true;
   }
 
-  /// Moves finished entries among the `probe` oldest in flight to the idle list.
+  /// Asks the `probe` oldest entries in flight whether their work has finished: the finished
+  /// ones become idle, the others go to the back, so that an entry on a slow stream does not
+  /// hide finished ones behind it.
   void collect() {
-    std::size_t asked = 0;
-    for (auto it = in_flight_.begin(); it != in_flight_.end() && asked < probe; ++asked) {
-      if (finished(*entries_[*it])) {
-        idle_.push_back(*it);
-        it = in_flight_.erase(it);
-      } else {
-        ++it;
-      }
+    for (std::size_t asked = 0; asked < probe && asked < in_flight_.size(); ++asked) {
+      const std::size_t e = in_flight_.front();
+      const bool done = finished(*entries_[e]);  // may throw: the lists are unchanged then
+      in_flight_.erase(in_flight_.begin());
+      (done ? idle_ : in_flight_).push_back(e);
     }
   }
 
