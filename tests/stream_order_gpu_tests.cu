@@ -404,6 +404,36 @@ TEST_CASE("landing: erase and host-span priority updates publish the keys they n
   CHECK(buf.size() == 2);
 }
 
+// Review finding E4: a launch check reads the thread's last error, so a failed launch of the
+// caller's that nobody checked was reported by the buffer's next launch, after the buffer had
+// changed, leaving it unusable. The buffer now refuses to start, changing nothing, and stays usable.
+TEST_CASE("an unchecked failed launch of the caller's is reported before the buffer changes") {
+  stream_holder s;
+  vbuffer<gear::storage::device> buf{gear::capacity{4}, gear::max_length{2}};
+  const gear::key k0 = insert_values(buf, {1, 2}, s);
+  GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
+  spin<<<0, 1, 0, s.s>>>(0);  // an invalid configuration: fails at launch, nobody checks
+  std::string message;
+  try {
+    (void)insert_values(buf, {3, 4}, s);
+  } catch (const gear::error& e) {
+    CHECK(e.code() == gear::errc::cuda_error);
+    message = e.what();
+  }
+  CHECK(message.find("not checked") != std::string::npos);
+  CHECK(buf.size() == 1);
+  CHECK(buf.tickets_issued() == 1);
+  // Usable: the next calls work.
+  const gear::key k1 = insert_values(buf, {5, 6}, s);
+  auto batch = buf.make_batch(gear::batch_size{64}, gear::window_length{2});
+  gear::rng g{5};
+  buf.sample(batch, gear::window{.length = 2}, g, s);
+  for (const row& r : rows_of(batch, s)) {
+    CHECK((r.k == k0 || r.k == k1));
+    CHECK(r.v[0] == (r.k == k0 ? 1 : 5));
+  }
+}
+
 namespace {
 
 /// What a test can observe of a buffer: sizes, tickets, lengths, and a sample's rows.

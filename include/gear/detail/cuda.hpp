@@ -1,8 +1,9 @@
 #pragma once
 // Checked CUDA runtime calls. Every runtime call and every kernel launch in gear goes through
 // GEAR_CUDA_TRY / GEAR_CHECK_LAUNCH, which turn a failure into gear::error(errc::cuda_error).
-// GEAR_CHECK_LAUNCH reads the thread's last launch error, so it also reports an earlier failed
-// launch of the caller's that nobody checked, as this launch's.
+// GEAR_CHECK_LAUNCH reads the thread's last launch error, so it would also report an earlier
+// failed launch of the caller's that nobody checked, as this launch's: the buffer's calls check
+// for such an error first, before they change anything (buffer_core::check_usable).
 
 #include <cuda_runtime_api.h>
 

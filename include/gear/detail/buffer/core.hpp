@@ -228,11 +228,24 @@ class buffer_core {
 
   // ---- the phases every operation shares -----------------------------------------------------
 
-  /// Throws the failure that left this buffer unusable, if any.
+  /// Throws the failure that left this buffer unusable, if any. GPU buffers also refuse to start
+  /// while the calling thread has a CUDA error pending that nobody checked (a failed launch of the
+  /// caller's): the launch checks of this call would report it as theirs after the buffer had
+  /// changed. The error is reported, and cleared, before anything changes.
   void check_usable() const {
     GEAR_REQUIRE(
         failure_.empty(), errc::cuda_error,
         "the buffer is unusable: an earlier operation failed after changing it (" + failure_ + ")");
+    if constexpr (on_device) {
+      const cudaError_t pending = cudaPeekAtLastError();
+      if (pending != cudaSuccess) {
+        (void)cudaGetLastError();
+        throw error(errc::cuda_error,
+                    std::string("an earlier CUDA call of this thread failed and was not checked (") +
+                        cudaGetErrorName(pending) + ": " + cudaGetErrorString(pending) +
+                        "); the buffer changed nothing");
+      }
+    }
   }
 
   /// Runs f, which enqueues work after the ring changed; a failure makes the buffer unusable.
