@@ -4,6 +4,9 @@
 // in this run: the learner against its own solo rate, the actors together against a pinned
 // host-to-device cudaMemcpy, and single-threaded sample_async at 256 B steps against itself
 // before the buffer was ever used from a second stream (what thread safety costs one stream).
+// Two references without a buffer say what the copy method alone allows: 8 threads copying
+// their pageable trajectories through pinned memory (as a landing insert does), and straight
+// from pageable memory (the driver stages it).
 //
 //   gear_contention [seconds per phase, default 2]       exits 77 without a GPU
 
@@ -48,6 +51,48 @@ double h2d_limit() {
     best = std::max(best, double(bytes) / seconds_since(t) / 1e9);
   }
   return best;
+}
+
+/// What 8 threads move from their own pageable trajectories into device memory, each on its own
+/// stream, with no buffer, GB/s over `seconds`: with `staged`, the way a landing insert does it
+/// (a CPU copy into pinned memory, then cudaMemcpyAsync from there; 4 buffers per thread in
+/// turn), else one cudaMemcpyAsync from the pageable memory (the driver stages it).
+double copy_reference(bool staged, double seconds, std::size_t bytes) {
+  std::atomic<bool> stop{false};
+  std::atomic<std::int64_t> copies{0};
+  auto worker = [&] {
+    stream s;
+    std::vector<std::uint8_t> mine(bytes, 3);
+    gear::detail::allocation dst(gear::memory_kind::device, bytes);
+    std::vector<gear::detail::allocation> pinned;
+    std::vector<gear::detail::event> done;
+    for (int i = 0; i < 4; ++i) {
+      pinned.emplace_back(gear::memory_kind::pinned_host, bytes);
+      done.push_back(gear::detail::event::make());
+    }
+    std::int64_t n = 0;
+    while (!stop.load()) {
+      if (staged) {
+        const auto k = static_cast<std::size_t>(n % 4);
+        GEAR_CUDA_TRY(cudaEventSynchronize(done[k].get()));
+        std::memcpy(pinned[k].data(), mine.data(), bytes);
+        GEAR_CUDA_TRY(cudaMemcpyAsync(dst.data(), pinned[k].data(), bytes, cudaMemcpyHostToDevice, s.s));
+        GEAR_CUDA_TRY(cudaEventRecord(done[k].get(), s.s));
+      } else {
+        GEAR_CUDA_TRY(cudaMemcpyAsync(dst.data(), mine.data(), bytes, cudaMemcpyHostToDevice, s.s));
+      }
+      ++n;
+    }
+    GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
+    copies += n;
+  };
+  const auto t = clock_type::now();
+  std::vector<std::thread> pool;
+  for (int a = 0; a < 8; ++a) pool.emplace_back(worker);
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  stop = true;
+  for (auto& th : pool) th.join();
+  return double(copies.load()) * double(bytes) / seconds_since(t) / 1e9;
 }
 
 /// Samples for `seconds` on the learner's stream; returns samples per second.
@@ -155,6 +200,11 @@ int main(int argc, char** argv) {
     if (round > 0) (with_learner ? actors_with : actors_alone) = gbps;
   }
 
+  progress("references: 8 threads copying pageable trajectories to the GPU, no buffer");
+  const std::size_t traj_bytes = std::size_t{steps} * step_bytes;
+  const double copy_staged = copy_reference(true, phase, traj_bytes);
+  const double copy_driver = copy_reference(false, phase, traj_bytes);
+
   std::printf("%-58s %12s %14s %8s %8s\n", "operation", "figure", "reference", "ratio", "target");
   std::printf("%-58s %9.0f /s %11.0f /s %7.1f%% %8s\n",
               "sample_async 256 B steps B=256 w=64, after a 2nd stream", two_streams, one_stream,
@@ -163,6 +213,10 @@ int main(int argc, char** argv) {
               learner_with, solo, 100 * learner_with / solo, ">= 90%");
   std::printf("%-58s %6.1f GB/s %8.1f GB/s %7.1f%% %8s\n", "8 actors inserting 28 KiB steps, with learner",
               actors_with, limit, 100 * actors_with / limit, ">= 80%");
+  std::printf("%-58s %6.1f GB/s %8.1f GB/s %7.1f%% %8s\n", "8 threads: CPU copy to pinned, then H2D (no buffer)",
+              copy_staged, limit, 100 * copy_staged / limit, "");
+  std::printf("%-58s %6.1f GB/s %8.1f GB/s %7.1f%% %8s\n", "8 threads: H2D from pageable, driver-staged (no buffer)",
+              copy_driver, limit, 100 * copy_driver / limit, "");
   std::printf("%-58s %6.1f GB/s %8.1f GB/s %7.1f%% %8s\n", "8 actors inserting 28 KiB steps, alone",
               actors_alone, limit, 100 * actors_alone / limit, "");
   return 0;
