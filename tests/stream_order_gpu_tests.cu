@@ -526,6 +526,64 @@ std::pair<int, int> inject_every_fault(Op&& op) {
 
 }  // namespace
 
+// The publish of a landing insert (a settle, made by another stream's sample) under every
+// injected fault: a failure before anything changed leaves the insert landing (stored, its key
+// live) and the next sample publishes it; a failure after makes the buffer unusable, never wrong.
+TEST_CASE("landing: every failing call of a publish leaves the insert landing, or the buffer "
+          "unusable") {
+  int failures = 0, unchanged = 0;
+  for (long n = 1; n < 200; ++n) {
+    stream_holder learner, actor;
+    vbuffer<gear::storage::device> buf{gear::capacity{4}, gear::max_length{2}};
+    const gear::key k0 = insert_values(buf, {0, 1}, learner);
+    auto batch = buf.make_batch(gear::batch_size{32}, gear::window_length{2});
+    gear::rng g{6};
+    buf.sample(batch, gear::window{.length = 2}, g, actor);  // two streams: inserts land now
+    const gear::key k1 = insert_values(buf, {10, 11}, actor);
+    GEAR_CUDA_TRY(cudaStreamSynchronize(actor.s));  // landed, not yet published
+    REQUIRE(buf.contains(k1));
+    fi::countdown = n;
+    bool failed = false;
+    try {
+      buf.sample(batch, gear::window{.length = 2}, g, learner);  // publishes k1
+    } catch (const gear::error& e) {
+      failed = true;
+      CHECK((e.code() == gear::errc::out_of_memory || e.code() == gear::errc::cuda_error));
+    }
+    const bool fired = fi::countdown == 0;
+    fi::countdown = 0;
+    if (!fired) {
+      CHECK_FALSE(failed);
+      MESSAGE("publish: " << failures << " injected failures, " << unchanged
+                          << " left the insert landing, the others made the buffer unusable");
+      CHECK(failures > 0);
+      return;
+    }
+    REQUIRE(failed);
+    ++failures;
+    GEAR_CUDA_TRY(cudaDeviceSynchronize());
+    try {
+      CHECK(buf.contains(k0));
+      CHECK(buf.contains(k1));
+      CHECK(buf.size() == 2);
+      auto all = buf.make_batch(gear::batch_size{256}, gear::window_length{2});
+      buf.sample(all, gear::window{.length = 2}, g, learner);  // publishes it now
+      int of_k1 = 0;
+      for (const row& r : rows_of(all, learner)) {
+        CHECK((r.k == k0 || r.k == k1));
+        CHECK(r.v == (r.k == k1 ? std::vector<std::int32_t>{10, 11} : std::vector<std::int32_t>{0, 1}));
+        of_k1 += r.k == k1;
+      }
+      CHECK(of_k1 > 64);  // about 128 of 256
+      ++unchanged;
+    } catch (const gear::error& e) {
+      CHECK(e.code() == gear::errc::cuda_error);
+      CHECK(std::string(e.what()).find("unusable") != std::string::npos);
+    }
+  }
+  FAIL("the publish still failed after 200 injected faults");
+}
+
 TEST_CASE_TEMPLATE("row 5: every failing allocation or CUDA call of a mutating call leaves the "
                    "buffer as it was, or unusable with a clear error",
                    Storage, gear::storage::device, gear::storage::pinned_host) {
