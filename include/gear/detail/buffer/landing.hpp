@@ -257,12 +257,28 @@ void land_trajectories(Core& b, std::unique_lock<std::mutex>& held, const trajec
     settle_landing(b, landing_force{}, b.publisher());
   const auto bytes = static_cast<std::size_t>(staged_bytes);
   const staging_pool::lease lease = b.staging_.acquire(bytes, bytes);
+  const cudaEvent_t landed = b.staging_.marked(lease);  // the lease's own: stable while leased
   held.unlock();
+  // The lease is this call's alone: the CPU copy into it and its copy to the device, on the
+  // caller's stream, need no mutex.
   const std::int64_t total[] = {steps};  // packed as given: one piece per column
   copy_host_columns(
       in, total, staged_bytes, [](std::size_t) { return true; },
       [&](std::size_t c, std::size_t) { return lease.host + staged_at[c]; });
+  bool enqueued = false;
+  try {
+    GEAR_CUDA_TRY(
+        cudaMemcpyAsync(lease.device, lease.host, bytes, cudaMemcpyHostToDevice, stream.get()));
+    enqueued = true;
+    GEAR_CUDA_TRY(cudaEventRecord(landed, stream.get()));
+  } catch (...) {
+    held.lock();
+    if (enqueued) b.staging_.give_back_unsafe(lease);  // the copy may still run
+    else b.staging_.give_back(lease);
+    throw;
+  }
   held.lock();
+  b.staging_.note_marked(lease);  // the event recorded above follows the copy
   // Everything that can fail, before the ring changes.
   typename Core::landing_insert l;
   try {
@@ -278,19 +294,6 @@ void land_trajectories(Core& b, std::unique_lock<std::mutex>& held, const trajec
          b.order_.read_marks()};
   } catch (...) {
     b.staging_.give_back(lease);
-    throw;
-  }
-  try {
-    GEAR_CUDA_TRY(
-        cudaMemcpyAsync(lease.device, lease.host, bytes, cudaMemcpyHostToDevice, stream.get()));
-  } catch (...) {
-    b.staging_.give_back_unsafe(lease);  // the copy may have been enqueued
-    throw;
-  }
-  try {
-    b.staging_.mark(lease, stream.get());
-  } catch (...) {
-    b.staging_.give_back_unsafe(lease);
     throw;
   }
   // Change: nothing below throws.

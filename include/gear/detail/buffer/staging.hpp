@@ -97,7 +97,7 @@ class staging_pool {
   }
 
   /// Ends a lease whose memory nothing read (the call failed before enqueueing), or whose
-  /// readers were all marked (mark()) before it was given back.
+  /// readers were all marked (note_marked) before it was given back.
   void give_back(const lease& l) noexcept {
     entry& e = *entries_[l.entry];
     if (!e.leased) return;  // given back already: a second time must not list it twice
@@ -123,20 +123,16 @@ class staging_pool {
     in_flight_.push_back(e.index);
   }
 
-  /// Marks the point of `stream` after which the lease's work so far is done (a landing insert's
-  /// copy); the lease stays held. Throws errc::cuda_error (then give_back_unsafe).
-  void mark(const lease& l, cudaStream_t stream) {
-    entry& e = *entries_[l.entry];
-    GEAR_CUDA_TRY(cudaEventRecord(e.done.get(), stream));
-    e.marked = true;
-  }
-  /// True once the work marked by mark() has finished (or nothing was marked). Throws
+  /// Says that the caller recorded, on some stream, the lease's event (marked()) after the work
+  /// so far that uses the lease (a landing insert's copy); the lease stays held.
+  void note_marked(const lease& l) noexcept { entries_[l.entry]->marked = true; }
+  /// True once the work note_marked() names has finished (or nothing was marked). Throws
   /// errc::cuda_error.
   [[nodiscard]] bool reached(const lease& l) {
     entry& e = *entries_[l.entry];
     return !e.marked || finished(e);
   }
-  /// The event mark() recorded, for a stream to wait on.
+  /// The lease's event: for the holder to record (then note_marked) and for streams to wait on.
   [[nodiscard]] cudaEvent_t marked(const lease& l) const noexcept {
     return entries_[l.entry]->done.get();
   }
@@ -146,7 +142,7 @@ class staging_pool {
     allocation pinned, device;
     event done;
     bool leased = false;
-    bool marked = false;    // leased, with an event recorded by mark()
+    bool marked = false;    // leased, its event recorded by the holder (note_marked)
     bool unsafe = false;    // the event could not be recorded: reuse after a device-wide wait
     std::size_t index = 0;  // its place in entries_
   };
