@@ -383,6 +383,49 @@ TEST_CASE("landing: inserts that evict slots a queued gather may read wait for i
   }
 }
 
+// A landing insert is scattered by one settle and committed by a later one. A reservation that
+// takes its slot over in between must not be overwritten by that scatter arriving late (held
+// here behind a gather that may still read the slot's earlier occupant). Without the reservation
+// waiting for the buffer's scatters, the two writes race once the gather ends: the test then
+// fails when the scatter lands last, not every run.
+TEST_CASE("landing: a scatter in flight never overwrites the slot's next reservation") {
+  stream_holder learner, actor, third, writer_stream;
+  vbuffer<gear::storage::device> buf{gear::capacity{2}, gear::max_length{2}};
+  (void)insert_values(buf, {0, 1}, learner);  // ticket 0, slot 0
+  (void)insert_values(buf, {10, 11}, learner);  // ticket 1, slot 1
+  auto batch = buf.make_batch(gear::batch_size{8}, gear::window_length{2});
+  gear::rng g{13};
+  buf.sample(batch, gear::window{.length = 2}, g, actor);  // two streams: inserts land now
+  hold(learner, 300);
+  buf.sample_async(batch, gear::window{.length = 2}, g, learner);  // a gather held 300 ms
+  (void)insert_values(buf, {20, 21}, actor);  // ticket 2, slot 0: lands
+  GEAR_CUDA_TRY(cudaStreamSynchronize(actor.s));
+  // Two settles on a third stream: the first applies the eviction, the second (inserts paused)
+  // starts the scatter, which waits for the held gather; neither commits it.
+  auto other = buf.make_batch(gear::batch_size{8}, gear::window_length{2});
+  buf.sample_async(other, gear::window{.length = 2}, g, third);
+  buf.sample_async(other, gear::window{.length = 2}, g, third);
+  // Tickets 3 and 4 take slots 1 and 0 (ticket 2's): a kernel writes them at once.
+  const gear::reservation r = buf.reserve(2, writer_stream);
+  write_steps<<<1, 1, 0, writer_stream.s>>>(buf.ref(gear::op::write_steps{}), r.slot(0), 30, 2);
+  write_steps<<<1, 1, 0, writer_stream.s>>>(buf.ref(gear::op::write_steps{}), r.slot(1), 40, 2);
+  GEAR_CHECK_LAUNCH("write_steps");
+  const std::int64_t lengths[] = {2, 2};
+  std::vector<gear::key> keys(2);
+  buf.commit(r, lengths, keys, writer_stream);
+  GEAR_CUDA_TRY(cudaDeviceSynchronize());
+  auto all = buf.make_batch(gear::batch_size{128}, gear::window_length{2});
+  buf.sample(all, gear::window{.length = 2}, g, writer_stream);
+  int seen = 0;
+  for (const row& r2 : rows_of(all, writer_stream)) {
+    CHECK((r2.k == keys[0] || r2.k == keys[1]));
+    CHECK(r2.v == (r2.k == keys[0] ? std::vector<std::int32_t>{30, 31}
+                                    : std::vector<std::int32_t>{40, 41}));
+    seen += r2.k == keys[1];
+  }
+  CHECK(seen > 0);
+}
+
 TEST_CASE("landing: erase and host-span priority updates publish the keys they name first") {
   stream_holder learner, actor;
   using pbuffer = vbuffer<gear::storage::device, gear::select::prioritized>;
@@ -526,8 +569,8 @@ std::pair<int, int> inject_every_fault(Op&& op) {
 
 }  // namespace
 
-// The publish of a landing insert (a settle, made by another stream's sample) under every
-// injected fault: a failure before anything changed leaves the insert landing (stored, its key
+// The publish of a landing insert (a settle, made by a sample on the insert's own stream: it
+// scatters and commits at once) under every injected fault: a failure before anything changed leaves the insert landing (stored, its key
 // live) and the next sample publishes it; a failure after makes the buffer unusable, never wrong.
 TEST_CASE("landing: every failing call of a publish leaves the insert landing, or the buffer "
           "unusable") {
@@ -545,7 +588,7 @@ TEST_CASE("landing: every failing call of a publish leaves the insert landing, o
     fi::countdown = n;
     bool failed = false;
     try {
-      buf.sample(batch, gear::window{.length = 2}, g, learner);  // publishes k1
+      buf.sample(batch, gear::window{.length = 2}, g, actor);  // its own stream: publishes k1
     } catch (const gear::error& e) {
       failed = true;
       CHECK((e.code() == gear::errc::out_of_memory || e.code() == gear::errc::cuda_error));
@@ -567,9 +610,9 @@ TEST_CASE("landing: every failing call of a publish leaves the insert landing, o
       CHECK(buf.contains(k1));
       CHECK(buf.size() == 2);
       auto all = buf.make_batch(gear::batch_size{256}, gear::window_length{2});
-      buf.sample(all, gear::window{.length = 2}, g, learner);  // publishes it now
+      buf.sample(all, gear::window{.length = 2}, g, actor);  // publishes it now
       int of_k1 = 0;
-      for (const row& r : rows_of(all, learner)) {
+      for (const row& r : rows_of(all, actor)) {
         CHECK((r.k == k0 || r.k == k1));
         CHECK(r.v == (r.k == k1 ? std::vector<std::int32_t>{10, 11} : std::vector<std::int32_t>{0, 1}));
         of_k1 += r.k == k1;

@@ -56,10 +56,11 @@
 //
 //   Host inserts that land: once a buffer whose columns are all in device memory has been used
 //   from a second stream, an insert of host data only copies it to the device on its own stream
-//   (the copy engine, into staging) and reserves its slots; the next call that needs it (a
-//   sample, or any call but another such insert) publishes every insert that has landed by
-//   then: one scatter on the buffer's own stream, after the samples that may still read the
-//   evicted slots, and one journal apply on the call's stream (detail/buffer/landing.hpp).
+//   (the copy engine, into staging) and reserves its slots. Later calls (a sample, or any call
+//   but another such insert) publish it: one scatters the inserts that have landed, on the
+//   buffer's own stream, after the samples that may still read the evicted slots; a later one,
+//   once that scatter has finished, commits them with one journal apply on its own stream
+//   (detail/buffer/landing.hpp).
 //   Actors inserting so never wait for a learner's samples, and a learner sampling on another
 //   stream never waits for bytes still crossing PCIe: its
 //   sample sees the inserts that had landed when it was called, and every insert of its own

@@ -125,6 +125,8 @@ class buffer_core {
     std::vector<std::int64_t> lengths;
     std::vector<stream_order::read_mark> reads;  // the reads that may see what it evicted
     bool landed = false;                         // the copy has finished (seen by an event query)
+    bool scattering = false;  // scattered on publisher_; the lease's event follows the scatter
+    bool scattered = false;   // that scatter has finished (seen by an event query)
   };
   std::vector<landing_insert> landing_;
   std::vector<slot_record> landing_records_;  // the reservations' pending records, not yet applied
@@ -141,6 +143,15 @@ class buffer_core {
   }
   buffer_core(const buffer_core&) = delete;
   buffer_core& operator=(const buffer_core&) = delete;
+
+  /// Makes `stream` wait for every landing scatter enqueued so far: a write of slot bytes on
+  /// another stream (a reservation a kernel then fills, a scatter of the caller's) must not be
+  /// overwritten by a scatter of an insert whose slot it took over. Throws errc::cuda_error.
+  void wait_for_scatters(cuda::stream_ref stream) const {
+    if constexpr (on_device)
+      if (publisher_ != nullptr && scattered_.get() != nullptr && stream.get() != publisher_)
+        GEAR_CUDA_TRY(cudaStreamWaitEvent(stream.get(), scattered_.get(), 0));
+  }
 
   /// The buffer's own stream (made on first use). Throws errc::cuda_error.
   [[nodiscard]] cuda::stream_ref publisher() {
@@ -240,10 +251,11 @@ class buffer_core {
       const cudaError_t pending = cudaPeekAtLastError();
       if (pending != cudaSuccess) {
         (void)cudaGetLastError();
-        throw error(errc::cuda_error,
-                    std::string("an earlier CUDA call of this thread failed and was not checked (") +
-                        cudaGetErrorName(pending) + ": " + cudaGetErrorString(pending) +
-                        "); the buffer changed nothing");
+        throw error(
+            errc::cuda_error,
+            std::string("an earlier CUDA call of this thread failed and was not checked (") +
+                cudaGetErrorName(pending) + ": " + cudaGetErrorString(pending) +
+                "); the buffer changed nothing");
       }
     }
   }

@@ -158,6 +158,7 @@ void insert_trajectories(Core& b, const trajectories<Spec>& in, std::span<key> k
       b.check_usable();
       settle_landing(b, landing_force{}, stream);
       b.order_before(stream, Core::write);
+      b.wait_for_scatters(stream);
       if (cpu_bytes > 0) b.synchronize(stream);
     } catch (...) {
       b.staging_.give_back(lease);

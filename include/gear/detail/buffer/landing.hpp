@@ -5,25 +5,33 @@
 // every host insert does), enqueues their copy into the staging's device part on the caller's
 // stream, reserves their slots (the evicted occupants leave the host view at once) and returns.
 // Nothing it enqueues touches a slot or the mirror, so it waits for no other stream and no other
-// stream waits for it. Its bytes are *published* later by the next call that settles: one
-// scatter from the device staging into the slots, on the buffer's own stream, after the reads
-// enqueued before the insert evicted the slots' occupants (each insert keeps those read marks)
-// and not after the reads enqueued since, so it overlaps a learner's gathers; then, on the
-// settling call's stream, after the scatter, one journal apply that brings the reservations' and
-// commits' records to the mirror. The apply is a write in stream_order's sense: it follows every
-// read and write other streams enqueued before it, and later reads on other streams follow it. A
-// learner that samples on one stream so publishes what the actors landed between its samples.
+// stream waits for it. Its bytes are *published* later, by calls that settle, in two steps:
+//   scatter  from the device staging into the slots, on the buffer's own stream (publisher_),
+//            after the reads enqueued before the insert evicted the slots' occupants (each insert
+//            keeps those read marks), not after the reads enqueued since: it overlaps a learner's
+//            gathers;
+//   commit   once a later settle sees that scatter finished (an event query): one journal apply,
+//            on the settling call's stream, brings the commit records to the mirror, with the
+//            reservations' eviction records (applied at every settle).
+// So a learner's sample never waits for a scatter or a copy of an insert it did not ask to see:
+// only for one small journal apply. The apply is a write in stream_order's sense: it follows
+// every read and write other streams enqueued before it, and later reads on other streams follow
+// it. A write of slot bytes on another stream (a reservation, a direct insert) waits for the
+// scatters in flight (buffer_core::wait_for_scatters), since it may take over a slot one of them
+// is about to fill.
 //
 // When: every call but a landing insert settles first (settle_landing), on its own stream; a
 // landing insert settles on the buffer's own stream, and only while no sample is in flight
-// (actors inserting alone) or past max_landing inserts in flight. A settle publishes
-//   - the inserts whose copies have already finished (an event query, no wait): in batches of
+// (actors inserting alone) or past max_landing inserts in flight. A settle
+//   - commits the inserts whose scatter has finished;
+//   - scatters the inserts whose copies have finished (an event query, no wait): in batches of
 //     publish_batch while inserts keep coming, all of them once they pause;
-//   - the inserts the call must see whatever their progress (its stream then waits for their
-//     copies): a sample's own stream's, those a call names by key, or all of them.
+//   - scatters and commits the inserts the call must see whatever their progress (its stream
+//     then waits for their copy and scatter): a sample's own stream's, those a call names by
+//     key, or all of them.
 // The evicted occupants' records go with every settle, so a call never sees a slot the host view
 // has already given away. So a sample on another stream sees a host insert once its bytes are
-// on the device, and never waits for bytes still crossing PCIe; a sample on the insert's own
+// in its slots, and never waits for bytes still crossing PCIe; a sample on the insert's own
 // stream, or any call naming its keys, sees it as stream order says. Host queries (size,
 // contains) count landing inserts as stored.
 
@@ -33,6 +41,7 @@
 #include <gear/detail/buffer/core.hpp>
 #include <gear/detail/buffer/insert_steps.hpp>
 #include <gear/detail/scatter.hpp>
+#include <optional>
 #include <span>
 
 namespace gear::detail {
@@ -90,31 +99,48 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
 #if defined(GEAR_DEVICE_BACKEND)
     if (b.landing_.empty() && b.landing_records_.empty() && b.ring_.pending_index_changes() == 0)
       return;
-    // Which inserts go now, and their rows (tickets a newer reservation took over are dropped).
-    // Landed inserts go in batches of publish_batch while inserts keep coming (each publish costs
-    // the next sample a wait on the buffer's stream), all of them once the inserts pause.
-    // A stream's copies finish in its order: past its first one still in flight, none is asked.
+    // Where each insert is: its copy finished (landed); its scatter enqueued on the buffer's own
+    // stream, after which its lease's event was recorded again (scattering); that scatter
+    // finished (scattered). A stream's copies finish in its order: past its first one still in
+    // flight, none is asked.
     std::vector<cudaStream_t> in_flight;
-    std::vector<bool> take(b.landing_.size());
-    std::size_t landed = 0;
-    for (std::size_t i = 0; i < b.landing_.size(); ++i) {
-      auto& l = b.landing_[i];
-      if (!l.landed && std::find(in_flight.begin(), in_flight.end(), l.stream) == in_flight.end()) {
+    for (auto& l : b.landing_) {
+      if (l.scattering) {
+        if (!l.scattered) l.scattered = b.staging_.reached(l.lease);
+      } else if (!l.landed &&
+                 std::find(in_flight.begin(), in_flight.end(), l.stream) == in_flight.end()) {
         l.landed = b.staging_.reached(l.lease);
         if (!l.landed) in_flight.push_back(l.stream);
       }
-      take[i] = force(l);
-      landed += !take[i] && l.landed;
+    }
+    // What goes now. Commit: every insert whose scatter has finished, and those the call must see
+    // (whose scatter it then waits for). Scatter: those, and the landed ones, in batches of
+    // publish_batch while inserts keep coming, all of them once they pause. An insert whose
+    // tickets newer reservations all took over is dropped.
+    const std::size_t n = b.landing_.size();
+    std::vector<char> commit(n), scatter(n), alive(n);
+    std::size_t landed = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto& l = b.landing_[i];
+      for (std::size_t t = 0; t < l.lengths.size() && !alive[i]; ++t)
+        alive[i] = b.ring_.is_pending(l.first_ticket + t);
+      commit[i] = alive[i] && (l.scattered || force(l));
+      scatter[i] = alive[i] && !l.scattering && commit[i];
+      landed += alive[i] && !l.scattering && !commit[i] && l.landed;
     }
     if (landed >= publish_batch || b.landing_records_.empty())
-      for (std::size_t i = 0; i < b.landing_.size(); ++i) take[i] = take[i] || b.landing_[i].landed;
-    std::int64_t rows = 0;
-    for (std::size_t i = 0; i < b.landing_.size(); ++i)
-      if (take[i])
-        for (std::size_t t = 0; t < b.landing_[i].lengths.size(); ++t)
-          rows += b.ring_.is_pending(b.landing_[i].first_ticket + t);
-    if (rows == 0 && b.landing_records_.empty() && b.ring_.pending_index_changes() == 0 &&
-        std::find(take.begin(), take.end(), true) == take.end())
+      for (std::size_t i = 0; i < n; ++i)
+        scatter[i] = scatter[i] || (alive[i] && !b.landing_[i].scattering && b.landing_[i].landed);
+    std::int64_t rows = 0, commits = 0;
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t t = 0; t < b.landing_[i].lengths.size(); ++t) {
+        const bool pending = b.ring_.is_pending(b.landing_[i].first_ticket + t);
+        rows += scatter[i] && pending;
+        commits += commit[i] && pending;
+      }
+    if (rows == 0 && commits == 0 && b.landing_records_.empty() &&
+        b.ring_.pending_index_changes() == 0 &&
+        std::find(alive.begin(), alive.end(), char{0}) == alive.end())
       return;
     // The pending records to apply: one per slot, its latest reservation's, unless that one is
     // committed now (its commit record evicts the old occupant just as well). Records of one apply
@@ -122,30 +148,40 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
     auto applies = [&](const slot_record& r) {
       const std::uint64_t ticket = r.ticket();
       if (b.ring_.ticket(b.ring_.slot_of(ticket)) != ticket) return false;
-      for (std::size_t i = 0; i < b.landing_.size(); ++i) {
+      for (std::size_t i = 0; i < n; ++i) {
         const auto& l = b.landing_[i];
-        if (take[i] && ticket >= l.first_ticket && ticket - l.first_ticket < l.lengths.size())
+        if (commit[i] && ticket >= l.first_ticket && ticket - l.first_ticket < l.lengths.size())
           return !b.ring_.is_pending(ticket);
       }
       return true;
     };
-    std::int64_t records = rows;
+    std::int64_t records = commits;
     for (const slot_record& r : b.landing_records_) records += applies(r);
-    const std::size_t rows_bytes = static_cast<std::size_t>(
-        align_up(rows * std::int64_t{sizeof(scatter_row)}, segment_alignment));
-    const staging_pool::lease lease = b.staging_.acquire(rows_bytes + b.journal_bytes(records), 0);
+    // Two leases: the scatter's rows (read on the buffer's stream) and the journal's records (read
+    // on `stream`), each given back after the stream that reads it.
+    const staging_pool::lease lease = b.staging_.acquire(b.journal_bytes(records), 0);
+    std::optional<staging_pool::lease> rows_lease;
+    try {
+      if (rows > 0)
+        rows_lease = b.staging_.acquire(static_cast<std::size_t>(rows) * sizeof(scatter_row), 0);
+    } catch (...) {
+      b.staging_.give_back(lease);
+      throw;
+    }
     // The scatter runs on the buffer's own stream after the copies it reads, the writes of the
     // slots' earlier occupants and the reads enqueued before the inserts evicted them (not every
-    // read since: it can overlap the gathers enqueued after); the journal, on `stream`, after it.
+    // read since: it overlaps the gathers enqueued after). The journal, on `stream`, commits only
+    // what has been scattered already, or what the call must see (then it waits for its scatter):
+    // a sample does not wait for the scatters it starts.
     try {
-      b.scratch_rows_.reserve(static_cast<std::size_t>(rows));
+      b.scratch_rows_.reserve(static_cast<std::size_t>(commits));
       if (rows > 0) {
         const cuda::stream_ref p = b.publisher();
         if (b.scattered_.get() == nullptr) b.scattered_ = event::make();
         b.order_.join(p.get());
         std::vector<stream_order::read_mark> reads;
-        for (std::size_t i = 0; i < b.landing_.size(); ++i)
-          if (take[i])
+        for (std::size_t i = 0; i < n; ++i)
+          if (scatter[i])
             for (const auto& m : b.landing_[i].reads) {
               auto same = std::find_if(reads.begin(), reads.end(),
                                        [&](const auto& r) { return r.lane == m.lane; });
@@ -156,63 +192,79 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
             }
         b.order_.wait_reads(p.get(), reads);
         b.order_.wait_last_write(p.get());
-        for (std::size_t i = 0; i < b.landing_.size(); ++i)
-          if (take[i] && !b.landing_[i].landed)
+        for (std::size_t i = 0; i < n; ++i)
+          if (scatter[i] && !b.landing_[i].landed)
             GEAR_CUDA_TRY(cudaStreamWaitEvent(p.get(), b.staging_.marked(b.landing_[i].lease), 0));
       }
       b.order_before(stream, Core::write);
+      for (std::size_t i = 0; i < n; ++i)  // scattered earlier, not seen to have finished
+        if (commit[i] && b.landing_[i].scattering && !b.landing_[i].scattered)
+          GEAR_CUDA_TRY(
+              cudaStreamWaitEvent(stream.get(), b.staging_.marked(b.landing_[i].lease), 0));
     } catch (...) {
       b.staging_.give_back(lease);
+      if (rows_lease) b.staging_.give_back(*rows_lease);
       throw;
     }
 
     b.enqueue([&] {
-      const cuda::stream_ref p = rows > 0 ? cuda::stream_ref{b.publisher_} : stream;
-      auto* row = reinterpret_cast<scatter_row*>(lease.host);
-      auto* record = reinterpret_cast<slot_record*>(lease.host + rows_bytes);
+      auto* record = reinterpret_cast<slot_record*>(lease.host);
       for (const slot_record& r : b.landing_records_)
         if (applies(r)) *record++ = r;
       for (const auto& [first, count] : b.landing_evictions_)
         run_evict_hook(b, first, count, stream);
-      std::vector<std::int64_t>& committed = b.scratch_rows_;  // tickets, for the commit hook
-      committed.clear();
-      for (std::size_t i = 0; i < b.landing_.size(); ++i) {
-        if (!take[i]) continue;
-        const auto& l = b.landing_[i];
-        std::int64_t at = 0;
-        for (std::size_t t = 0; t < l.lengths.size(); ++t) {
-          const std::uint64_t ticket = l.first_ticket + t;
-          const std::int64_t len = l.lengths[t];
-          if (b.ring_.is_pending(ticket)) {
-            *row++ = {b.ring_.slot_of(ticket), at, len, ticket, l.lease.device, l.steps};
-            const reservation one{ticket, 1, b.capacity_, b.ring_.buffer_id()};
-            b.ring_.commit(one, std::span<const std::int64_t>(&len, 1), record++);
-            committed.push_back(static_cast<std::int64_t>(ticket));
-          }
-          at += len;
-        }
-      }
+      // The scatter, on the buffer's own stream; each scattered insert's event follows it.
+      bool waits_for_scatter = false;
       if (rows > 0) {
+        const cuda::stream_ref p{b.publisher_};
+        auto* row = reinterpret_cast<scatter_row*>(rows_lease->host);
+        for (std::size_t i = 0; i < n; ++i) {
+          if (!scatter[i]) continue;
+          const auto& l = b.landing_[i];
+          std::int64_t at = 0;
+          for (std::size_t t = 0; t < l.lengths.size(); ++t) {
+            const std::uint64_t ticket = l.first_ticket + t;
+            if (b.ring_.is_pending(ticket))
+              *row++ = {b.ring_.slot_of(ticket), at, l.lengths[t], ticket, l.lease.device, l.steps};
+            at += l.lengths[t];
+          }
+        }
         scatter_args args;
         args.count = rows;
-        args.rows = reinterpret_cast<const scatter_row*>(lease.mapped);
+        args.rows = reinterpret_cast<const scatter_row*>(rows_lease->mapped);
         for (std::size_t c = 0; c < Core::num_columns; ++c)
           args.columns[args.num_columns++] = {nullptr, b.regions_.kernel[c].base,
                                               b.regions_.kernel[c].slot_stride,
                                               b.regions_.kernel[c].step_bytes};
-        scatter_in_groups(args, reinterpret_cast<const scatter_row*>(lease.host), p);
+        scatter_in_groups(args, reinterpret_cast<const scatter_row*>(rows_lease->host), p);
+        b.staging_.release_after(*rows_lease, p.get());
         GEAR_CUDA_TRY(cudaEventRecord(b.scattered_.get(), p.get()));
-        GEAR_CUDA_TRY(cudaStreamWaitEvent(stream.get(), b.scattered_.get(), 0));
+        for (std::size_t i = 0; i < n; ++i)
+          if (scatter[i]) {
+            GEAR_CUDA_TRY(cudaEventRecord(b.staging_.marked(b.landing_[i].lease), p.get()));
+            b.landing_[i].scattering = true;
+            waits_for_scatter = waits_for_scatter || commit[i];
+          }
       }
-      // Every taken insert's staging goes back: after the scatter that read it, or, with nothing
-      // scattered (its tickets all taken over), once its copy has finished.
-      for (std::size_t i = 0; i < b.landing_.size(); ++i)
-        if (take[i]) {
-          if (rows > 0) b.staging_.release_after(b.landing_[i].lease, p.get());
-          else b.staging_.give_back(b.landing_[i].lease);
+      // Only what the call must see waits for the scatter just started.
+      if (waits_for_scatter)
+        GEAR_CUDA_TRY(cudaStreamWaitEvent(stream.get(), b.scattered_.get(), 0));
+      // The commit: the ring, then one journal apply of its records with the evictions'.
+      std::vector<std::int64_t>& committed = b.scratch_rows_;  // tickets, for the commit hook
+      committed.clear();
+      for (std::size_t i = 0; i < n; ++i) {
+        if (!commit[i]) continue;
+        const auto& l = b.landing_[i];
+        for (std::size_t t = 0; t < l.lengths.size(); ++t) {
+          const std::uint64_t ticket = l.first_ticket + t;
+          if (!b.ring_.is_pending(ticket)) continue;
+          const reservation one{ticket, 1, b.capacity_, b.ring_.buffer_id()};
+          b.ring_.commit(one, std::span<const std::int64_t>(&l.lengths[t], 1), record++);
+          committed.push_back(static_cast<std::int64_t>(ticket));
         }
-      b.apply_journal(lease, rows_bytes, records, stream);
-      b.staging_.release_after(lease, stream.get());  // after the scatter too: it waited for it
+      }
+      b.apply_journal(lease, 0, records, stream);
+      b.staging_.release_after(lease, stream.get());
       for (std::size_t i = 0; i < committed.size();) {  // the hook takes runs of tickets
         std::size_t end = i + 1;
         while (end < committed.size() && committed[end] == committed[end - 1] + 1) ++end;
@@ -221,12 +273,17 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
         i = end;
       }
       b.order_after(stream, Core::write);
+      // Committed and dropped inserts leave; their staging is reused once its event (after the
+      // scatter, or the copy for one never scattered) has passed.
       std::size_t kept = 0;
-      for (std::size_t i = 0; i < b.landing_.size(); ++i)
-        if (!take[i]) {
-          if (kept != i) b.landing_[kept] = std::move(b.landing_[i]);  // not onto itself
-          ++kept;
+      for (std::size_t i = 0; i < n; ++i) {
+        if (commit[i] || !alive[i]) {
+          b.staging_.give_back(b.landing_[i].lease);
+          continue;
         }
+        if (kept != i) b.landing_[kept] = std::move(b.landing_[i]);  // not onto itself
+        ++kept;
+      }
       b.landing_.resize(kept);
       b.landing_records_.clear();
       b.landing_evictions_.clear();
@@ -273,8 +330,10 @@ void land_trajectories(Core& b, std::unique_lock<std::mutex>& held, const trajec
     GEAR_CUDA_TRY(cudaEventRecord(landed, stream.get()));
   } catch (...) {
     held.lock();
-    if (enqueued) b.staging_.give_back_unsafe(lease);  // the copy may still run
-    else b.staging_.give_back(lease);
+    if (enqueued)
+      b.staging_.give_back_unsafe(lease);  // the copy may still run
+    else
+      b.staging_.give_back(lease);
     throw;
   }
   held.lock();

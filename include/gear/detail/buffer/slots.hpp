@@ -30,6 +30,12 @@ reservation reserve_slots(Core& b, std::int64_t count, cuda::stream_ref stream) 
   const std::uint64_t first = b.ring_.next_ticket();
   reservation r{};
   b.order_write(lease, stream);
+  try {
+    b.wait_for_scatters(stream);  // the caller's kernel writes the slots after this
+  } catch (...) {
+    b.give_back(lease);
+    throw;
+  }
   b.enqueue([&] {
     run_evict_hook(b, first, count, stream);
     r = b.reserve_in_ring(count, b.records_of(lease));
