@@ -359,9 +359,13 @@ TEST_CASE("landing: inserts that evict slots a queued gather may read wait for i
   GEAR_CUDA_TRY(cudaStreamSynchronize(learner.s));
   auto queued = buf.make_batch(gear::batch_size{128}, gear::window_length{4});
   gear::rng g{12};
+  // A second stream first: from here every stream's reads are recorded, so what keeps the queued
+  // gather safe below is the inserts' read marks, not the device-wide wait of a new stream.
+  buf.sample(queued, gear::window{.length = 4}, g, third);
   hold(learner, 200);
   buf.sample_async(queued, gear::window{.length = 4}, g, learner);  // runs after the spin
-  // The actor evicts both slots; a third stream's sample publishes the inserts once landed.
+  // The actor evicts both slots; a third stream's sample finds nothing committed and so publishes
+  // every landing insert, its scatter waiting for the queued gather (the inserts' read marks).
   const gear::key kz = insert_values(buf, {30, 31, 32, 33}, actor);
   const gear::key kw = insert_values(buf, {40, 41, 42, 43}, actor);
   GEAR_CUDA_TRY(cudaStreamSynchronize(actor.s));
@@ -431,7 +435,12 @@ TEST_CASE("landing: erase and host-span priority updates publish the keys they n
   using pbuffer = vbuffer<gear::storage::device, gear::select::prioritized>;
   pbuffer buf{gear::capacity{8}, gear::max_length{1}};
   (void)insert_values(buf, {1}, learner);
-  GEAR_CUDA_TRY(cudaStreamSynchronize(learner.s));
+  // Both streams sample first: the lanes exist (no device-wide wait below) and a read is pending,
+  // so the inserts below only land: the copies stay held behind the actor's spin.
+  auto b1 = buf.make_batch(gear::batch_size{1}, gear::window_length{1});
+  gear::rng g{3};
+  buf.sample(b1, gear::window{.length = 1}, g, actor);
+  buf.sample(b1, gear::window{.length = 1}, g, learner);
   hold(actor, 100);
   const gear::key ka = insert_values(buf, {2}, actor);
   const gear::key kb = insert_values(buf, {3}, actor);

@@ -62,9 +62,10 @@
 //   once that scatter has finished, commits them with one journal apply on its own stream
 //   (detail/buffer/landing.hpp).
 //   Actors inserting so never wait for a learner's samples, and a learner sampling on another
-//   stream never waits for bytes still crossing PCIe: its
-//   sample sees the inserts that had landed when it was called, and every insert of its own
-//   stream. Any call that names a landing insert's keys (erase, host-span priority updates)
+//   stream never waits for bytes still crossing PCIe or being scattered: its sample sees the
+//   inserts an earlier call had scattered into their slots (typically those that had landed
+//   two samples before), every insert of its own stream, and, rather than find too few
+//   trajectories to sample from, all of them. Any call that names a landing insert's keys (erase, host-span priority updates)
 //   publishes it first; host queries count it as stored. Priority updates from device memory see
 //   a still-landing key as stale.
 //   selection_state() is not synchronised: change its settings while no other thread uses the

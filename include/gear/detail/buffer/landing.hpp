@@ -24,8 +24,7 @@
 // landing insert settles on the buffer's own stream, and only while no sample is in flight
 // (actors inserting alone) or past max_landing inserts in flight. A settle
 //   - commits the inserts whose scatter has finished;
-//   - scatters the inserts whose copies have finished (an event query, no wait): in batches of
-//     publish_batch while inserts keep coming, all of them once they pause;
+//   - scatters the inserts whose copies have finished (an event query, no wait);
 //   - scatters and commits the inserts the call must see whatever their progress (its stream
 //     then waits for their copy and scatter): a sample's own stream's, those a call names by
 //     key, or all of them.
@@ -48,8 +47,6 @@ namespace gear::detail {
 
 /// Landing inserts in flight before an insert first publishes them all (bounds the staging).
 inline constexpr std::size_t max_landing = 256;
-/// Landed inserts a settle waits for before it publishes them, while inserts keep coming.
-inline constexpr std::size_t publish_batch = 8;
 
 /// Which landing inserts a settle publishes whatever their progress.
 struct landing_force {
@@ -114,23 +111,18 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
       }
     }
     // What goes now. Commit: every insert whose scatter has finished, and those the call must see
-    // (whose scatter it then waits for). Scatter: those, and the landed ones, in batches of
-    // publish_batch while inserts keep coming, all of them once they pause. An insert whose
-    // tickets newer reservations all took over is dropped.
+    // (whose scatter it then waits for). Scatter: those, and every landed one (a scatter runs on
+    // the buffer's stream: it costs the calling stream nothing). An insert whose tickets newer
+    // reservations all took over is dropped.
     const std::size_t n = b.landing_.size();
     std::vector<char> commit(n), scatter(n), alive(n);
-    std::size_t landed = 0;
     for (std::size_t i = 0; i < n; ++i) {
       const auto& l = b.landing_[i];
       for (std::size_t t = 0; t < l.lengths.size() && !alive[i]; ++t)
         alive[i] = b.ring_.is_pending(l.first_ticket + t);
       commit[i] = alive[i] && (l.scattered || force(l));
-      scatter[i] = alive[i] && !l.scattering && commit[i];
-      landed += alive[i] && !l.scattering && !commit[i] && l.landed;
+      scatter[i] = alive[i] && !l.scattering && (commit[i] || l.landed);
     }
-    if (landed >= publish_batch || b.landing_records_.empty())
-      for (std::size_t i = 0; i < n; ++i)
-        scatter[i] = scatter[i] || (alive[i] && !b.landing_[i].scattering && b.landing_[i].landed);
     std::int64_t rows = 0, commits = 0;
     for (std::size_t i = 0; i < n; ++i)
       for (std::size_t t = 0; t < b.landing_[i].lengths.size(); ++t) {

@@ -24,9 +24,9 @@ std::int64_t consume_limit(const Core& b) noexcept {
   return b.max_times_sampled_;
 }
 
+/// Throws unless the window and the batch suit the buffer (what does not depend on its contents).
 template <class Core, class Batch>
-void check_sample(const Core& b, const Batch& out, const window& w) {
-  GEAR_REQUIRE(b.ring_.live() > 0, errc::empty_buffer, "no committed trajectory to sample from");
+void check_sample_arguments(const Core& b, const Batch& out, const window& w) {
   GEAR_REQUIRE(w.length >= 1, errc::empty_window,
                "window length must be at least 1, got " + std::to_string(w.length));
   GEAR_REQUIRE(w.offset >= 0 && w.offset < b.max_length_, errc::window_out_of_range,
@@ -42,6 +42,13 @@ void check_sample(const Core& b, const Batch& out, const window& w) {
   GEAR_REQUIRE(out.where() == (Core::on_device ? memory_kind::device : memory_kind::host),
                errc::batch_mismatch,
                "batch lives in the wrong memory for this buffer; make it with make_batch()");
+}
+
+/// Throws unless a batch can be drawn now: a committed trajectory, and what the policy needs.
+template <class Core>
+void check_contents(const Core& b, std::int64_t batch) {
+  GEAR_REQUIRE(b.ring_.live() > 0, errc::empty_buffer, "no committed trajectory to sample from");
+  b.selection_->validate(b.table(), batch);
 }
 
 /// Counts the rows of a finished sample (`slots` in host memory) and removes the trajectories
@@ -77,22 +84,21 @@ template <class Core, class Batch>
 void sample_into(Core& b, Batch& out, const window& w, rng& g, cuda::stream_ref stream) {
   const auto held = b.lock();
   b.check_usable();
+  check_sample_arguments(b, out, w);  // before anything is published
   // Landing inserts (landing.hpp): this stream's own, and those already on the device, are
   // published; if the rest are needed for the sample to be valid at all (an empty buffer, too few
   // trajectories for a batch without replacement), they are published too.
   settle_landing(b, landing_force{landing_force::kind::stream, stream.get()}, stream);
   if (!b.landing_.empty()) {
     try {
-      check_sample(b, out, w);
-      b.selection_->validate(b.table(), out.batch_size());
+      check_contents(b, out.batch_size());
     } catch (const error& e) {
       if (e.code() == errc::empty_buffer || e.code() == errc::not_enough_items)
         settle_landing(b, landing_force{landing_force::kind::all}, stream);
     }
   }
-  check_sample(b, out, w);
+  check_contents(b, out.batch_size());
   const slot_table table = b.table();
-  b.selection_->validate(table, out.batch_size());
   const bool consumes = consume_limit(b) > 0;
   if (consumes && b.times_sampled_.empty())
     b.times_sampled_.assign(static_cast<std::size_t>(b.capacity_), 0);

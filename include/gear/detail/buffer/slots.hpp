@@ -121,11 +121,10 @@ template <class Core>
 void erase_keys(Core& b, std::span<const key> keys, cuda::stream_ref stream) {
   const auto held = b.lock();
   b.check_usable();
-  settle_landing(b, landing_force{landing_force::kind::keys, {}, keys}, stream);
   std::vector<std::uint64_t> tickets;
   tickets.reserve(keys.size());
   for (const key& k : keys) {
-    b.check_key(k);
+    b.check_key(k);  // a landing insert's key passes: it is published below
     tickets.push_back(k.ticket);
   }
   std::sort(tickets.begin(), tickets.end());
@@ -133,6 +132,7 @@ void erase_keys(Core& b, std::span<const key> keys, cuda::stream_ref stream) {
   GEAR_REQUIRE(
       twice == tickets.end(), errc::stale_key,
       "key (ticket " + std::to_string(twice == tickets.end() ? 0 : *twice) + ") is named twice");
+  settle_landing(b, landing_force{landing_force::kind::keys, {}, keys}, stream);
   remove_tickets(b, tickets, stream);
 }
 
