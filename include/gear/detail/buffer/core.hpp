@@ -67,6 +67,12 @@ class buffer_core {
   static constexpr std::array<memory_kind, num_columns> placement =
       Storage::template placement<num_columns>();
   static constexpr bool on_device = executes_on_device(placement);
+  /// Every column in device memory: host inserts may land (landing.hpp).
+  static constexpr bool all_in_device_memory = [] {
+    for (const memory_kind m : placement)
+      if (host_accessible(m)) return false;
+    return true;
+  }();
   using space = std::conditional_t<on_device, exec::device, exec::host>;
   using state_type = typename Selection::template state<space>;
   using selection_type = Selection;
@@ -127,6 +133,11 @@ class buffer_core {
     bool landed = false;                         // the copy has finished (seen by an event query)
     bool scattering = false;  // scattered on publisher_; the lease's event follows the scatter
     bool scattered = false;   // that scatter has finished (seen by an event query)
+
+    /// True when `ticket` is one of this insert's.
+    [[nodiscard]] bool names(std::uint64_t ticket) const noexcept {
+      return ticket >= first_ticket && ticket - first_ticket < lengths.size();
+    }
   };
   std::vector<landing_insert> landing_;
   std::vector<slot_record> landing_records_;  // the reservations' pending records, not yet applied
@@ -171,7 +182,7 @@ class buffer_core {
   [[nodiscard]] bool is_landing(std::uint64_t ticket) const noexcept {
     if (!ring_.is_pending(ticket)) return false;
     for (const auto& l : landing_)
-      if (ticket >= l.first_ticket && ticket - l.first_ticket < l.lengths.size()) return true;
+      if (l.names(ticket)) return true;
     return false;
   }
 

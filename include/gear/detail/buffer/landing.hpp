@@ -63,8 +63,7 @@ struct landing_force {
         return l.stream == stream;
       case kind::keys:
         for (const key& k : keys)
-          if (k.ticket >= l.first_ticket && k.ticket - l.first_ticket < l.lengths.size())
-            return true;
+          if (l.names(k.ticket)) return true;
         return false;
       default:
         return false;
@@ -76,12 +75,10 @@ struct landing_force {
 /// buffer is GPU-resident for every column and not used from `stream` alone.
 template <class Core>
 bool lands(const Core& b, cudaStream_t stream) noexcept {
-  if constexpr (!Core::on_device) {
+  if constexpr (!Core::on_device || !Core::all_in_device_memory) {
     (void)b, (void)stream;
     return false;
   } else {
-    for (const memory_kind m : Core::placement)
-      if (host_accessible(m)) return false;
     return !b.order_.only_lane(stream);
   }
 }
@@ -142,8 +139,7 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
       if (b.ring_.ticket(b.ring_.slot_of(ticket)) != ticket) return false;
       for (std::size_t i = 0; i < n; ++i) {
         const auto& l = b.landing_[i];
-        if (commit[i] && ticket >= l.first_ticket && ticket - l.first_ticket < l.lengths.size())
-          return !b.ring_.is_pending(ticket);
+        if (commit[i] && l.names(ticket)) return !b.ring_.is_pending(ticket);
       }
       return true;
     };
