@@ -459,7 +459,10 @@ TEST_CASE("landing: erase and host-span priority updates publish the keys they n
 // Review finding E4: a launch check reads the thread's last error, so a failed launch of the
 // caller's that nobody checked was reported by the buffer's next launch, after the buffer had
 // changed, leaving it unusable. The buffer now refuses to start, changing nothing, and stays usable.
-TEST_CASE("an unchecked failed launch of the caller's is reported before the buffer changes") {
+// The failed launch is real, so compute-sanitizer reports it as it should: its runs leave this
+// test out (-tce='*planted*', see the README).
+TEST_CASE("planted: an unchecked failed launch of the caller's is reported before the buffer "
+          "changes") {
   stream_holder s;
   vbuffer<gear::storage::device> buf{gear::capacity{4}, gear::max_length{2}};
   const gear::key k0 = insert_values(buf, {1, 2}, s);
