@@ -4,9 +4,10 @@
 // in this run: the learner against its own solo rate, the actors together against a pinned
 // host-to-device cudaMemcpy, and single-threaded sample_async at 256 B steps against itself
 // before the buffer was ever used from a second stream (what thread safety costs one stream).
-// Two references without a buffer say what the copy method alone allows: 8 threads copying
-// their pageable trajectories through pinned memory (as a landing insert does), and straight
-// from pageable memory (the driver stages it).
+// References without a buffer say what the copy method alone allows: 8 threads copying their
+// pageable trajectories through pinned memory (a CPU copy, as a landing insert does, then a copy
+// to the GPU), straight from pageable memory (the driver stages it), and the first again while
+// the learner samples (what the copies alone cost the learner, and it them).
 //
 //   gear_contention [seconds per phase, default 2]       exits 77 without a GPU
 
@@ -18,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -56,8 +58,10 @@ double h2d_limit() {
 /// What 8 threads move from their own pageable trajectories into device memory, each on its own
 /// stream, with no buffer, GB/s over `seconds`: with `staged`, the way a landing insert does it
 /// (a CPU copy into pinned memory, then cudaMemcpyAsync from there; 4 buffers per thread in
-/// turn), else one cudaMemcpyAsync from the pageable memory (the driver stages it).
-double copy_reference(bool staged, double seconds, std::size_t bytes) {
+/// turn), else one cudaMemcpyAsync from the pageable memory (the driver stages it). With a
+/// callable `side`, runs it meanwhile (for as long as it takes) instead of sleeping `seconds`.
+template <class Side = int>
+double copy_reference(bool staged, double seconds, std::size_t bytes, Side side = 0) {
   std::atomic<bool> stop{false};
   std::atomic<std::int64_t> copies{0};
   auto worker = [&] {
@@ -89,7 +93,10 @@ double copy_reference(bool staged, double seconds, std::size_t bytes) {
   const auto t = clock_type::now();
   std::vector<std::thread> pool;
   for (int a = 0; a < 8; ++a) pool.emplace_back(worker);
-  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  if constexpr (std::is_invocable_v<Side>)
+    side();
+  else
+    std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
   stop = true;
   for (auto& th : pool) th.join();
   return double(copies.load()) * double(bytes) / seconds_since(t) / 1e9;
@@ -204,6 +211,10 @@ int main(int argc, char** argv) {
   const std::size_t traj_bytes = std::size_t{steps} * step_bytes;
   const double copy_staged = copy_reference(true, phase, traj_bytes);
   const double copy_driver = copy_reference(false, phase, traj_bytes);
+  double learner_copy = 0;
+  const double copy_with_learner = copy_reference(true, phase, traj_bytes, [&] {
+    learner_copy = learn(buf, learner_stream.s, phase, steps);
+  });
 
   std::printf("%-58s %12s %14s %8s %8s\n", "operation", "figure", "reference", "ratio", "target");
   std::printf("%-58s %9.0f /s %11.0f /s %7.1f%% %8s\n",
@@ -217,6 +228,10 @@ int main(int argc, char** argv) {
               copy_staged, limit, 100 * copy_staged / limit, "");
   std::printf("%-58s %6.1f GB/s %8.1f GB/s %7.1f%% %8s\n", "8 threads: H2D from pageable, driver-staged (no buffer)",
               copy_driver, limit, 100 * copy_driver / limit, "");
+  std::printf("%-58s %9.1f /s %11.1f /s %7.1f%% %8s\n", "learner, 8 threads copying as above (no buffer)",
+              learner_copy, solo, 100 * learner_copy / solo, "");
+  std::printf("%-58s %6.1f GB/s %8.1f GB/s %7.1f%% %8s\n", "8 threads copying as above, with the learner",
+              copy_with_learner, limit, 100 * copy_with_learner / limit, "");
   std::printf("%-58s %6.1f GB/s %8.1f GB/s %7.1f%% %8s\n", "8 actors inserting 28 KiB steps, alone",
               actors_alone, limit, 100 * actors_alone / limit, "");
   return 0;

@@ -365,7 +365,7 @@ TEST_CASE("landing: inserts that evict slots a queued gather may read wait for i
   hold(learner, 200);
   buf.sample_async(queued, gear::window{.length = 4}, g, learner);  // runs after the spin
   // The actor evicts both slots; a third stream's sample finds nothing committed and so publishes
-  // every landing insert, its scatter waiting for the queued gather (the inserts' read marks).
+  // every landing insert, its copy waiting for the queued gather (the inserts' read marks).
   const gear::key kz = insert_values(buf, {30, 31, 32, 33}, actor);
   const gear::key kw = insert_values(buf, {40, 41, 42, 43}, actor);
   GEAR_CUDA_TRY(cudaStreamSynchronize(actor.s));
@@ -387,12 +387,12 @@ TEST_CASE("landing: inserts that evict slots a queued gather may read wait for i
   }
 }
 
-// A landing insert is scattered by one settle and committed by a later one. A reservation that
-// takes its slot over in between must not be overwritten by that scatter arriving late (held
-// here behind a gather that may still read the slot's earlier occupant). Without the reservation
-// waiting for the buffer's scatters, the two writes race once the gather ends: the test then
-// fails when the scatter lands last, not every run.
-TEST_CASE("landing: a scatter in flight never overwrites the slot's next reservation") {
+// A landing insert is copied to its slot by one settle and committed by a later one. A
+// reservation that takes its slot over in between must not be overwritten by that copy arriving
+// late (held here behind a gather that may still read the slot's earlier occupant). Without the
+// reservation waiting for the buffer's copies, the two writes race once the gather ends: the test
+// then fails when the copy lands last, not every run.
+TEST_CASE("landing: a copy in flight never overwrites the slot's next reservation") {
   stream_holder learner, actor, third, writer_stream;
   vbuffer<gear::storage::device> buf{gear::capacity{2}, gear::max_length{2}};
   (void)insert_values(buf, {0, 1}, learner);  // ticket 0, slot 0
@@ -404,8 +404,8 @@ TEST_CASE("landing: a scatter in flight never overwrites the slot's next reserva
   buf.sample_async(batch, gear::window{.length = 2}, g, learner);  // a gather held 300 ms
   (void)insert_values(buf, {20, 21}, actor);  // ticket 2, slot 0: lands
   GEAR_CUDA_TRY(cudaStreamSynchronize(actor.s));
-  // Two settles on a third stream: the first applies the eviction, the second (inserts paused)
-  // starts the scatter, which waits for the held gather; neither commits it.
+  // Two settles on a third stream: the first applies the eviction and starts the copy, which
+  // waits for the held gather; neither commits it.
   auto other = buf.make_batch(gear::batch_size{8}, gear::window_length{2});
   buf.sample_async(other, gear::window{.length = 2}, g, third);
   buf.sample_async(other, gear::window{.length = 2}, g, third);
@@ -582,7 +582,7 @@ std::pair<int, int> inject_every_fault(Op&& op) {
 }  // namespace
 
 // The publish of a landing insert (a settle, made by a sample on the insert's own stream: it
-// scatters and commits at once) under every injected fault: a failure before anything changed leaves the insert landing (stored, its key
+// copies and commits at once) under every injected fault: a failure before anything changed leaves the insert landing (stored, its key
 // live) and the next sample publishes it; a failure after makes the buffer unusable, never wrong.
 TEST_CASE("landing: every failing call of a publish leaves the insert landing, or the buffer "
           "unusable") {

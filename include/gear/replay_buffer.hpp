@@ -55,17 +55,17 @@
 //   once.
 //
 //   Host inserts that land: once a buffer whose columns are all in device memory has been used
-//   from a second stream, an insert of host data only copies it to the device on its own stream
-//   (the copy engine, into staging) and reserves its slots. Later calls (a sample, or any call
-//   but another such insert) publish it: one scatters the inserts that have landed, on the
-//   buffer's own stream, after the samples that may still read the evicted slots; a later one,
-//   once that scatter has finished, commits them with one journal apply on its own stream
-//   (detail/buffer/landing.hpp).
+//   from a second stream, an insert of host data only copies it into pinned staging (with the
+//   CPU, during the call) and reserves its slots: it makes no CUDA call. Later calls (a sample, or
+//   any call but another such insert) publish it: one copies the inserts waiting into their
+//   slots with the copy engines, on the buffer's own stream, after the samples that may still
+//   read the evicted slots; a later one, once that copy has finished, commits them with one
+//   journal apply on its own stream (detail/buffer/landing.hpp).
 //   Actors inserting so never wait for a learner's samples, and a learner sampling on another
-//   stream never waits for bytes still crossing PCIe or being scattered: its sample sees the
-//   inserts an earlier call had scattered into their slots (typically those that had landed
-//   two samples before), every insert of its own stream, and, rather than find too few
-//   trajectories to sample from, all of them. Any call that names a landing insert's keys (erase, host-span priority updates)
+//   stream never waits for bytes still crossing PCIe: its sample sees the inserts an earlier
+//   call had copied into their slots (typically those that had landed two samples before), every
+//   insert of its own stream, and, rather than find too few trajectories to sample from, all of
+//   them. Any call that names a landing insert's keys (erase, host-span priority updates)
 //   publishes it first; host queries count it as stored. Priority updates from device memory see
 //   a still-landing key as stale.
 //   selection_state() is not synchronised: change its settings while no other thread uses the

@@ -121,18 +121,16 @@ class buffer_core {
   mutable std::mutex mutex_;
 
   /// A host insert on its way (landing.hpp): its tickets are reserved (pending) in the ring; its
-  /// bytes travel in `lease` (pinned, then its device part, copied on `stream`; the lease's mark
-  /// says when they have arrived).
+  /// bytes wait in `lease` (pinned, each column packed) until a settle copies them to the slots.
   struct landing_insert {
     staging_pool::lease lease;
-    cudaStream_t stream{};
+    cudaStream_t stream{};  // the caller's: a sample there must see the insert
     std::uint64_t first_ticket = 0;
     std::int64_t steps = 0;  // all trajectories' steps: the staging's column stride
     std::vector<std::int64_t> lengths;
     std::vector<stream_order::read_mark> reads;  // the reads that may see what it evicted
-    bool landed = false;                         // the copy has finished (seen by an event query)
-    bool scattering = false;  // scattered on publisher_; the lease's event follows the scatter
-    bool scattered = false;   // that scatter has finished (seen by an event query)
+    std::uint64_t batch = 0;  // its copy batch on publisher_ (copy_batches_ then); 0: none yet
+    bool copied = false;      // that batch has finished (seen by an event query)
 
     /// True when `ticket` is one of this insert's.
     [[nodiscard]] bool names(std::uint64_t ticket) const noexcept {
@@ -144,24 +142,26 @@ class buffer_core {
   std::vector<std::pair<std::uint64_t, std::int64_t>> landing_evictions_;  // (first, count) for
                                                                            // the evict hook
   std::vector<std::int64_t> scratch_rows_;                                 // of publishing, reused
-  cudaStream_t publisher_{};  // scatters landing inserts; publishes while no sample is in flight
-  event scattered_;           // recorded on publisher_ after its latest scatter
+  cudaStream_t publisher_{};  // copies landing inserts to their slots; publishes while no sample
+                              // is in flight
+  event copied_;              // recorded on publisher_ after its latest copy batch
+  std::uint64_t copy_batches_ = 0;  // copy batches enqueued on publisher_ so far
 
   ~buffer_core() {
     if (publisher_ == nullptr) return;
-    (void)cudaStreamSynchronize(publisher_);  // its scatters read staging freed with the buffer
+    (void)cudaStreamSynchronize(publisher_);  // its copies read staging freed with the buffer
     (void)cudaStreamDestroy(publisher_);
   }
   buffer_core(const buffer_core&) = delete;
   buffer_core& operator=(const buffer_core&) = delete;
 
-  /// Makes `stream` wait for every landing scatter enqueued so far: a write of slot bytes on
-  /// another stream (a reservation a kernel then fills, a scatter of the caller's) must not be
-  /// overwritten by a scatter of an insert whose slot it took over. Throws errc::cuda_error.
-  void wait_for_scatters(cuda::stream_ref stream) const {
+  /// Makes `stream` wait for every landing copy enqueued so far: a write of slot bytes on another
+  /// stream (a reservation a kernel then fills, a scatter of the caller's) must not be overwritten
+  /// by the copy of an insert whose slot it took over. Throws errc::cuda_error.
+  void wait_for_landing_copies(cuda::stream_ref stream) const {
     if constexpr (on_device)
-      if (publisher_ != nullptr && scattered_.get() != nullptr && stream.get() != publisher_)
-        GEAR_CUDA_TRY(cudaStreamWaitEvent(stream.get(), scattered_.get(), 0));
+      if (publisher_ != nullptr && copied_.get() != nullptr && stream.get() != publisher_)
+        GEAR_CUDA_TRY(cudaStreamWaitEvent(stream.get(), copied_.get(), 0));
   }
 
   /// The buffer's own stream (made on first use). Throws errc::cuda_error.

@@ -13,8 +13,8 @@
 //
 // Host memory (pageable or pinned) is read during the call; device memory by the scatter, in
 // stream order. Host data for a storage whose columns are all in device memory, on a buffer used
-// from more than one stream, lands instead (landing.hpp): copied on the caller's stream, published
-// by a later call.
+// from more than one stream, lands instead (landing.hpp): held in pinned staging, copied to its
+// slots and published by later calls, on the buffer's own stream.
 
 #include <array>
 #include <cstddef>
@@ -158,7 +158,7 @@ void insert_trajectories(Core& b, const trajectories<Spec>& in, std::span<key> k
       b.check_usable();
       settle_landing(b, landing_force{}, stream);
       b.order_before(stream, Core::write);
-      b.wait_for_scatters(stream);
+      b.wait_for_landing_copies(stream);
       if (cpu_bytes > 0) b.synchronize(stream);
     } catch (...) {
       b.staging_.give_back(lease);

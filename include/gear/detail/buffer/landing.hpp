@@ -2,51 +2,54 @@
 // Landing: host trajectories bound for a GPU buffer's device memory, used by several streams.
 //
 // Such an insert copies its trajectories into pinned staging with the CPU (during the call, as
-// every host insert does), enqueues their copy into the staging's device part on the caller's
-// stream, reserves their slots (the evicted occupants leave the host view at once) and returns.
-// Nothing it enqueues touches a slot or the mirror, so it waits for no other stream and no other
-// stream waits for it. Its bytes are *published* later, by calls that settle, in two steps:
-//   scatter  from the device staging into the slots, on the buffer's own stream (publisher_),
-//            after the reads enqueued before the insert evicted the slots' occupants (each insert
-//            keeps those read marks), not after the reads enqueued since: it overlaps a learner's
-//            gathers;
-//   commit   once a later settle sees that scatter finished (an event query): one journal apply,
-//            on the settling call's stream, brings the commit records to the mirror, with the
-//            reservations' eviction records (applied at every settle).
-// So a learner's sample never waits for a scatter or a copy of an insert it did not ask to see:
-// only for one small journal apply. The apply is a write in stream_order's sense: it follows
-// every read and write other streams enqueued before it, and later reads on other streams follow
-// it. A write of slot bytes on another stream (a reservation, a direct insert) waits for the
-// scatters in flight (buffer_core::wait_for_scatters), since it may take over a slot one of them
-// is about to fill.
+// every host insert does), reserves their slots (the evicted occupants leave the host view at
+// once) and returns: it makes no CUDA call, so it waits for no stream and no stream waits for it.
+// Its bytes are *published* later, by calls that settle, in two steps:
+//   copy    from the pinned staging straight into the slots, by the copy engines, on the buffer's
+//           own stream (publisher_), after the reads enqueued before the insert evicted the
+//           slots' occupants (each insert keeps those read marks), not after the reads enqueued
+//           since: it overlaps a learner's gathers and takes none of their multiprocessors;
+//   commit  once a later settle sees that copy finished (an event query): one journal apply, on
+//           the settling call's stream, brings the commit records to the mirror, with the
+//           reservations' eviction records (applied at every settle).
+// So a learner's sample never waits for the bytes of an insert it did not ask to see: only for
+// one small journal apply. The apply is a write in stream_order's sense: it follows every read
+// and write other streams enqueued before it, and later reads on other streams follow it. A
+// write of slot bytes on another stream (a reservation, a direct insert) waits for the copies in
+// flight (buffer_core::wait_for_landing_copies), since it may take over a slot one of them is about
+// to fill.
 //
-// When: every call but a landing insert settles first (settle_landing), on its own stream; a
-// landing insert settles on the buffer's own stream, and only while no sample is in flight
-// (actors inserting alone) or past max_landing inserts in flight. A settle
-//   - commits the inserts whose scatter has finished;
-//   - scatters the inserts whose copies have finished (an event query, no wait);
-//   - scatters and commits the inserts the call must see whatever their progress (its stream
-//     then waits for their copy and scatter): a sample's own stream's, those a call names by
-//     key, or all of them.
+// When: every call but a landing insert settles first (settle_landing), on its own stream. A
+// landing insert settles on the buffer's own stream only while no sample is in flight (actors
+// inserting alone), once alone_batch inserts wait for their copy, or past max_landing inserts in
+// flight. A settle
+//   - commits the inserts whose copy has finished;
+//   - starts the copy of every insert not yet copying, in one batch (no wait);
+//   - copies and commits the inserts the call must see, whatever their progress (its stream then
+//     waits for their copy): a sample's own stream's, those a call names by key, or all of them.
 // The evicted occupants' records go with every settle, so a call never sees a slot the host view
-// has already given away. So a sample on another stream sees a host insert once its bytes are
-// in its slots, and never waits for bytes still crossing PCIe; a sample on the insert's own
-// stream, or any call naming its keys, sees it as stream order says. Host queries (size,
-// contains) count landing inserts as stored.
+// has already given away. So a sample on another stream sees a host insert once a settle has
+// copied it, and never waits for bytes still crossing PCIe; a sample on the insert's own stream,
+// or any call naming its keys, sees it as stream order says. Host queries (size, contains) count
+// landing inserts as stored.
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cuda/stream_ref>
 #include <gear/detail/buffer/core.hpp>
 #include <gear/detail/buffer/insert_steps.hpp>
-#include <gear/detail/scatter.hpp>
 #include <optional>
 #include <span>
+#include <vector>
 
 namespace gear::detail {
 
 /// Landing inserts in flight before an insert first publishes them all (bounds the staging).
 inline constexpr std::size_t max_landing = 256;
+/// Landing inserts waiting for their copy before an insert starts it, while no sample is in
+/// flight: one settle's query, copy batch and journal apply serve that many inserts.
+inline constexpr std::size_t alone_batch = 16;
 
 /// Which landing inserts a settle publishes whatever their progress.
 struct landing_force {
@@ -83,51 +86,104 @@ bool lands(const Core& b, cudaStream_t stream) noexcept {
   }
 }
 
-/// Publishes what `force` names and every landing insert whose copy has finished, and applies the
-/// pending records of every landing reservation (see the top of this file). Expects the mutex
-/// held. Throws (errc::out_of_memory, errc::cuda_error) before changing anything; a failure while
-/// enqueueing makes the buffer unusable.
+/// Removes the landing inserts `leaves(i)` names (committed, or all of whose tickets newer
+/// reservations took over); their staging is reused once its event (after the copy, for one
+/// copied) has passed.
+template <class Core, class Leaves>
+void drop_landing(Core& b, Leaves leaves) noexcept {
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < b.landing_.size(); ++i) {
+    if (leaves(i)) {
+      b.staging_.give_back(b.landing_[i].lease);
+      continue;
+    }
+    if (kept != i) b.landing_[kept] = std::move(b.landing_[i]);  // not onto itself
+    ++kept;
+  }
+  b.landing_.resize(kept);
+}
+
+/// Host-to-device copies, in one batch where the runtime has it: `dst[i]` <- `src[i]`,
+/// `bytes[i]` each, on `stream`. Throws errc::cuda_error.
+inline void copy_to_device(std::span<void* const> dst, std::span<const void* const> src,
+                           std::span<const std::size_t> bytes, cudaStream_t stream) {
+#if defined(CUDART_VERSION) && CUDART_VERSION >= 12080
+  cudaMemcpyAttributes order{};
+  order.srcAccessOrder = cudaMemcpySrcAccessOrderStream;  // the source is read in stream order
+  order.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+  std::size_t first = 0;
+  for (std::size_t at = 0; at < dst.size(); at += 1024) {
+    const std::size_t n = std::min<std::size_t>(1024, dst.size() - at);
+    GEAR_CUDA_TRY(cudaMemcpyBatchAsync(
+        const_cast<void**>(dst.data() + at), const_cast<const void**>(src.data() + at),
+        const_cast<std::size_t*>(bytes.data() + at), n, &order, &first, 1, stream));
+  }
+#else
+  for (std::size_t i = 0; i < dst.size(); ++i)
+    GEAR_CUDA_TRY(cudaMemcpyAsync(dst[i], src[i], bytes[i], cudaMemcpyHostToDevice, stream));
+#endif
+}
+
+/// Publishes what `force` names and every landing insert whose copy has finished, starts the copy
+/// of every other one, and applies the pending records of every landing reservation (see the top
+/// of this file). Expects the mutex held. Throws (errc::out_of_memory, errc::cuda_error) before
+/// changing anything; a failure while enqueueing makes the buffer unusable.
 template <class Core>
 void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream) {
   if constexpr (Core::on_device) {
 #if defined(GEAR_DEVICE_BACKEND)
     if (b.landing_.empty() && b.landing_records_.empty() && b.ring_.pending_index_changes() == 0)
       return;
-    // Where each insert is: its copy finished (landed); its scatter enqueued on the buffer's own
-    // stream, after which its lease's event was recorded again (scattering); that scatter
-    // finished (scattered). A stream's copies finish in its order: past its first one still in
-    // flight, none is asked.
-    std::vector<cudaStream_t> in_flight;
+    // Which copies have finished. Copies run in order on one stream, and the events of one
+    // batch's inserts are recorded together: one query answers for a whole batch, and a finished
+    // one for every earlier batch.
+    std::uint64_t finished_upto = 0, unfinished_from = ~std::uint64_t{0};
     for (auto& l : b.landing_) {
-      if (l.scattering) {
-        if (!l.scattered) l.scattered = b.staging_.reached(l.lease);
-      } else if (!l.landed &&
-                 std::find(in_flight.begin(), in_flight.end(), l.stream) == in_flight.end()) {
-        l.landed = b.staging_.reached(l.lease);
-        if (!l.landed) in_flight.push_back(l.stream);
+      if (l.batch == 0 || l.copied) continue;
+      if (l.batch <= finished_upto) {
+        l.copied = true;
+      } else if (unfinished_from > l.batch) {
+        l.copied = b.staging_.reached(l.lease);
+        (l.copied ? finished_upto : unfinished_from) = l.batch;
       }
     }
-    // What goes now. Commit: every insert whose scatter has finished, and those the call must see
-    // (whose scatter it then waits for). Scatter: those, and every landed one (a scatter runs on
-    // the buffer's stream: it costs the calling stream nothing). An insert whose tickets newer
-    // reservations all took over is dropped.
+    // What goes now. Commit: every insert whose copy has finished, and those the call must see
+    // (whose copy it then waits for). Copy: every insert not copying yet (on the buffer's stream:
+    // it costs the calling stream nothing). An insert whose tickets newer reservations all took
+    // over is dropped.
+    using spec = typename Core::spec_type;
     const std::size_t n = b.landing_.size();
-    std::vector<char> commit(n), scatter(n), alive(n);
+    std::vector<char> commit(n), copy(n), alive(n);
+    std::int64_t commits = 0;
+    std::vector<void*> dst;
+    std::vector<const void*> src;
+    std::vector<std::size_t> bytes;
     for (std::size_t i = 0; i < n; ++i) {
       const auto& l = b.landing_[i];
       for (std::size_t t = 0; t < l.lengths.size() && !alive[i]; ++t)
         alive[i] = b.ring_.is_pending(l.first_ticket + t);
-      commit[i] = alive[i] && (l.scattered || force(l));
-      scatter[i] = alive[i] && !l.scattering && (commit[i] || l.landed);
-    }
-    std::int64_t rows = 0, commits = 0;
-    for (std::size_t i = 0; i < n; ++i)
-      for (std::size_t t = 0; t < b.landing_[i].lengths.size(); ++t) {
-        const bool pending = b.ring_.is_pending(b.landing_[i].first_ticket + t);
-        rows += scatter[i] && pending;
+      commit[i] = alive[i] && (l.copied || force(l));
+      copy[i] = alive[i] && l.batch == 0;
+      std::int64_t at = 0;  // the trajectory's first step in the staging
+      for (std::size_t t = 0; t < l.lengths.size(); ++t) {
+        const std::uint64_t ticket = l.first_ticket + t;
+        const bool pending = b.ring_.is_pending(ticket);
         commits += commit[i] && pending;
+        std::int64_t column_at = 0;  // column c's staging: the columns before it, each aligned
+        for (std::size_t c = 0; c < Core::num_columns; ++c) {
+          const std::int64_t step = spec::step_bytes[c];
+          if (copy[i] && pending) {
+            dst.push_back(b.regions_.kernel[c].base +
+                          b.ring_.slot_of(ticket) * b.regions_.kernel[c].slot_stride);
+            src.push_back(l.lease.host + column_at + at * step);
+            bytes.push_back(static_cast<std::size_t>(l.lengths[t] * step));
+          }
+          column_at += align_up(l.steps * step, segment_alignment);
+        }
+        at += l.lengths[t];
       }
-    if (rows == 0 && commits == 0 && b.landing_records_.empty() &&
+    }
+    if (dst.empty() && commits == 0 && b.landing_records_.empty() &&
         b.ring_.pending_index_changes() == 0 &&
         std::find(alive.begin(), alive.end(), char{0}) == alive.end())
       return;
@@ -145,31 +201,22 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
     };
     std::int64_t records = commits;
     for (const slot_record& r : b.landing_records_) records += applies(r);
-    // Two leases: the scatter's rows (read on the buffer's stream) and the journal's records (read
-    // on `stream`), each given back after the stream that reads it.
+    // The journal's records, read on `stream`, given back after it.
     const staging_pool::lease lease = b.staging_.acquire(b.journal_bytes(records), 0);
-    std::optional<staging_pool::lease> rows_lease;
-    try {
-      if (rows > 0)
-        rows_lease = b.staging_.acquire(static_cast<std::size_t>(rows) * sizeof(scatter_row), 0);
-    } catch (...) {
-      b.staging_.give_back(lease);
-      throw;
-    }
-    // The scatter runs on the buffer's own stream after the copies it reads, the writes of the
-    // slots' earlier occupants and the reads enqueued before the inserts evicted them (not every
-    // read since: it overlaps the gathers enqueued after). The journal, on `stream`, commits only
-    // what has been scattered already, or what the call must see (then it waits for its scatter):
-    // a sample does not wait for the scatters it starts.
+    // The copies run on the buffer's own stream after the writes of the slots' earlier occupants
+    // and the reads enqueued before the inserts evicted them (not every read since: they overlap
+    // the gathers enqueued after). The journal, on `stream`, commits only what has been copied
+    // already, or what the call must see (then it waits for its copy): a sample does not wait for
+    // the copies it starts.
     try {
       b.scratch_rows_.reserve(static_cast<std::size_t>(commits));
-      if (rows > 0) {
+      if (!dst.empty()) {
         const cuda::stream_ref p = b.publisher();
-        if (b.scattered_.get() == nullptr) b.scattered_ = event::make();
+        if (b.copied_.get() == nullptr) b.copied_ = event::make();
         b.order_.join(p.get());
         std::vector<stream_order::read_mark> reads;
         for (std::size_t i = 0; i < n; ++i)
-          if (scatter[i])
+          if (copy[i])
             for (const auto& m : b.landing_[i].reads) {
               auto same = std::find_if(reads.begin(), reads.end(),
                                        [&](const auto& r) { return r.lane == m.lane; });
@@ -180,18 +227,14 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
             }
         b.order_.wait_reads(p.get(), reads);
         b.order_.wait_last_write(p.get());
-        for (std::size_t i = 0; i < n; ++i)
-          if (scatter[i] && !b.landing_[i].landed)
-            GEAR_CUDA_TRY(cudaStreamWaitEvent(p.get(), b.staging_.marked(b.landing_[i].lease), 0));
       }
       b.order_before(stream, Core::write);
-      for (std::size_t i = 0; i < n; ++i)  // scattered earlier, not seen to have finished
-        if (commit[i] && b.landing_[i].scattering && !b.landing_[i].scattered)
+      for (std::size_t i = 0; i < n; ++i)  // copied earlier, not seen to have finished
+        if (commit[i] && b.landing_[i].batch != 0 && !b.landing_[i].copied)
           GEAR_CUDA_TRY(
               cudaStreamWaitEvent(stream.get(), b.staging_.marked(b.landing_[i].lease), 0));
     } catch (...) {
       b.staging_.give_back(lease);
-      if (rows_lease) b.staging_.give_back(*rows_lease);
       throw;
     }
 
@@ -201,42 +244,24 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
         if (applies(r)) *record++ = r;
       for (const auto& [first, count] : b.landing_evictions_)
         run_evict_hook(b, first, count, stream);
-      // The scatter, on the buffer's own stream; each scattered insert's event follows it.
-      bool waits_for_scatter = false;
-      if (rows > 0) {
-        const cuda::stream_ref p{b.publisher_};
-        auto* row = reinterpret_cast<scatter_row*>(rows_lease->host);
-        for (std::size_t i = 0; i < n; ++i) {
-          if (!scatter[i]) continue;
-          const auto& l = b.landing_[i];
-          std::int64_t at = 0;
-          for (std::size_t t = 0; t < l.lengths.size(); ++t) {
-            const std::uint64_t ticket = l.first_ticket + t;
-            if (b.ring_.is_pending(ticket))
-              *row++ = {b.ring_.slot_of(ticket), at, l.lengths[t], ticket, l.lease.device, l.steps};
-            at += l.lengths[t];
-          }
-        }
-        scatter_args args;
-        args.count = rows;
-        args.rows = reinterpret_cast<const scatter_row*>(rows_lease->mapped);
-        for (std::size_t c = 0; c < Core::num_columns; ++c)
-          args.columns[args.num_columns++] = {nullptr, b.regions_.kernel[c].base,
-                                              b.regions_.kernel[c].slot_stride,
-                                              b.regions_.kernel[c].step_bytes};
-        scatter_in_groups(args, reinterpret_cast<const scatter_row*>(rows_lease->host), p);
-        b.staging_.release_after(*rows_lease, p.get());
-        GEAR_CUDA_TRY(cudaEventRecord(b.scattered_.get(), p.get()));
+      // The copies, on the buffer's own stream; each copied insert's event follows them.
+      bool waits_for_copy = false;
+      if (!dst.empty()) {
+        const cudaStream_t p = b.publisher_;
+        copy_to_device(dst, src, bytes, p);
+        GEAR_CUDA_TRY(cudaEventRecord(b.copied_.get(), p));
+        ++b.copy_batches_;
         for (std::size_t i = 0; i < n; ++i)
-          if (scatter[i]) {
-            GEAR_CUDA_TRY(cudaEventRecord(b.staging_.marked(b.landing_[i].lease), p.get()));
-            b.landing_[i].scattering = true;
-            waits_for_scatter = waits_for_scatter || commit[i];
+          if (copy[i]) {
+            auto& l = b.landing_[i];
+            GEAR_CUDA_TRY(cudaEventRecord(b.staging_.marked(l.lease), p));
+            b.staging_.note_marked(l.lease);
+            l.batch = b.copy_batches_;
+            waits_for_copy = waits_for_copy || commit[i];
           }
       }
-      // Only what the call must see waits for the scatter just started.
-      if (waits_for_scatter)
-        GEAR_CUDA_TRY(cudaStreamWaitEvent(stream.get(), b.scattered_.get(), 0));
+      // Only what the call must see waits for the copies just started.
+      if (waits_for_copy) GEAR_CUDA_TRY(cudaStreamWaitEvent(stream.get(), b.copied_.get(), 0));
       // The commit: the ring, then one journal apply of its records with the evictions'.
       std::vector<std::int64_t>& committed = b.scratch_rows_;  // tickets, for the commit hook
       committed.clear();
@@ -261,18 +286,7 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
         i = end;
       }
       b.order_after(stream, Core::write);
-      // Committed and dropped inserts leave; their staging is reused once its event (after the
-      // scatter, or the copy for one never scattered) has passed.
-      std::size_t kept = 0;
-      for (std::size_t i = 0; i < n; ++i) {
-        if (commit[i] || !alive[i]) {
-          b.staging_.give_back(b.landing_[i].lease);
-          continue;
-        }
-        if (kept != i) b.landing_[kept] = std::move(b.landing_[i]);  // not onto itself
-        ++kept;
-      }
-      b.landing_.resize(kept);
+      drop_landing(b, [&](std::size_t i) { return commit[i] || !alive[i]; });
       b.landing_records_.clear();
       b.landing_evictions_.clear();
     });
@@ -286,46 +300,33 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
 }
 
 /// The landing insert (see the top of this file), after check_insert, with the mutex `held`.
-/// `staged_at[c]` / `staged_bytes`: the packed layout of every column, as staged_column_offset
-/// computes it.
+/// `staged_at[c]` / `staged_bytes`: the packed layout of every column (each aligned to
+/// segment_alignment, as settle_landing reads it).
 template <class Core, class Spec, std::size_t N>
 void land_trajectories(Core& b, std::unique_lock<std::mutex>& held, const trajectories<Spec>& in,
                        std::span<key> keys_out, cuda::stream_ref stream, std::int64_t steps,
                        const std::array<std::int64_t, N>& staged_at, std::int64_t staged_bytes) {
   const auto count = static_cast<std::int64_t>(in.lengths.size());
-  // Inserts publish only while no sample is in flight (with actors alone, say): on the buffer's
-  // own stream, so that no actor's stream waits for another's copies. With a sample in flight
-  // the learner's next call publishes, on its stream. Past max_landing, everything goes.
-  if (b.landing_.size() >= max_landing)
+  // Inserts publish only while no sample is in flight (with actors alone, say), on the buffer's
+  // own stream, once alone_batch wait for their copy. With a sample in flight the learner's next
+  // call publishes, on its stream. Past max_landing, everything goes.
+  if (b.landing_.size() >= max_landing) {
     settle_landing(b, landing_force{landing_force::kind::all}, b.publisher());
-  else if (!b.order_.reads_pending())
-    settle_landing(b, landing_force{}, b.publisher());
-  const auto bytes = static_cast<std::size_t>(staged_bytes);
-  const staging_pool::lease lease = b.staging_.acquire(bytes, bytes);
-  const cudaEvent_t landed = b.staging_.marked(lease);  // the lease's own: stable while leased
+  } else if (!b.order_.reads_pending()) {
+    const auto waiting = std::count_if(b.landing_.begin(), b.landing_.end(),
+                                       [](const auto& l) { return l.batch == 0; });
+    if (static_cast<std::size_t>(waiting) + 1 >= alone_batch)
+      settle_landing(b, landing_force{}, b.publisher());
+  }
+  // The lease is this call's alone: leasing it (the staging pool has its own mutex) and the CPU
+  // copy into it need no buffer mutex.
   held.unlock();
-  // The lease is this call's alone: the CPU copy into it and its copy to the device, on the
-  // caller's stream, need no mutex.
+  const staging_pool::lease lease = b.staging_.acquire(static_cast<std::size_t>(staged_bytes), 0);
   const std::int64_t total[] = {steps};  // packed as given: one piece per column
   copy_host_columns(
       in, total, staged_bytes, [](std::size_t) { return true; },
       [&](std::size_t c, std::size_t) { return lease.host + staged_at[c]; });
-  bool enqueued = false;
-  try {
-    GEAR_CUDA_TRY(
-        cudaMemcpyAsync(lease.device, lease.host, bytes, cudaMemcpyHostToDevice, stream.get()));
-    enqueued = true;
-    GEAR_CUDA_TRY(cudaEventRecord(landed, stream.get()));
-  } catch (...) {
-    held.lock();
-    if (enqueued)
-      b.staging_.give_back_unsafe(lease);  // the copy may still run
-    else
-      b.staging_.give_back(lease);
-    throw;
-  }
   held.lock();
-  b.staging_.note_marked(lease);  // the event recorded above follows the copy
   // Everything that can fail, before the ring changes.
   typename Core::landing_insert l;
   try {

@@ -31,7 +31,7 @@ reservation reserve_slots(Core& b, std::int64_t count, cuda::stream_ref stream) 
   reservation r{};
   b.order_write(lease, stream);
   try {
-    b.wait_for_scatters(stream);  // the caller's kernel writes the slots after this
+    b.wait_for_landing_copies(stream);  // the caller's kernel writes the slots after this
   } catch (...) {
     b.give_back(lease);
     throw;

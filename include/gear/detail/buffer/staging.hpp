@@ -11,8 +11,11 @@
 //
 // Cost: entries handed back wait in a queue; an acquire asks at most `probe` at its head whether
 // their work has finished (a finished one becomes idle, an unfinished one goes to the back), then
-// takes the smallest idle entry large enough, so a call makes a bounded number of driver queries
-// however many entries are in flight.
+// takes the smallest idle entry large enough (asking `probe_more` before it makes a new one), so a
+// call makes a bounded number of driver queries however many entries are in flight.
+//
+// Threads: the pool has a mutex of its own, so that a landing insert (landing.hpp) can lease its
+// staging without holding the buffer's; every member takes it. A lease belongs to its holder.
 
 #include <algorithm>
 #include <cstddef>
@@ -20,6 +23,7 @@
 #include <gear/detail/cuda.hpp>
 #include <gear/detail/memory.hpp>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 namespace gear::detail {
@@ -28,8 +32,10 @@ class staging_pool {
  public:
   /// Entries in flight before acquire waits for the oldest.
   static constexpr std::size_t max_entries = 512;
-  /// Entries in flight an acquire asks about, oldest first.
-  static constexpr std::size_t probe = 8;
+  /// Entries in flight an acquire asks about, oldest first: `probe` first, and `probe_more`
+  /// before it makes a new entry (driver queries are what many threads calling at once share).
+  static constexpr std::size_t probe = 2;
+  static constexpr std::size_t probe_more = 8;
 
   /// One call's staging: `host` (CPU address) and `mapped` (its GPU address) of the pinned part,
   /// `device` of the device part (null if none was asked for).
@@ -43,8 +49,13 @@ class staging_pool {
   /// Leases at least `pinned_bytes` of mapped pinned memory and `device_bytes` of device memory.
   /// Throws errc::out_of_memory or errc::cuda_error, leasing nothing.
   lease acquire(std::size_t pinned_bytes, std::size_t device_bytes) {
-    collect();
+    const std::lock_guard held(mutex_);
+    collect(probe);
     entry* pick = take_idle(pinned_bytes, device_bytes);
+    if (pick == nullptr) {
+      collect(probe_more);
+      pick = take_idle(pinned_bytes, device_bytes);
+    }
     if (pick == nullptr && entries_.size() >= max_entries) {
       // Every entry is leased (open writers and landing inserts hold theirs across calls), in
       // flight or too small: wait for the oldest in flight, then take an idle one; with none,
@@ -87,6 +98,7 @@ class staging_pool {
   /// that work has finished. Throws errc::cuda_error if the event cannot be recorded (the entry
   /// then waits for the whole device before reuse).
   void release_after(const lease& l, cudaStream_t stream) {
+    const std::lock_guard held(mutex_);
     entry& e = *entries_[l.entry];
     e.leased = false;
     e.marked = false;
@@ -99,6 +111,7 @@ class staging_pool {
   /// Ends a lease whose memory nothing read (the call failed before enqueueing), or whose
   /// readers were all marked (note_marked) before it was given back.
   void give_back(const lease& l) noexcept {
+    const std::lock_guard held(mutex_);
     entry& e = *entries_[l.entry];
     if (!e.leased) return;  // given back already: a second time must not list it twice
     e.leased = false;
@@ -112,6 +125,7 @@ class staging_pool {
   /// Ends a lease whose memory work enqueued on some stream may still use, with no event to say
   /// when it is done: the entry is reused only after a device-wide wait.
   void give_back_unsafe(const lease& l) noexcept {
+    const std::lock_guard held(mutex_);
     entry& e = *entries_[l.entry];
     if (!e.leased) {  // given back already (and listed): only make its reuse wait for the device
       e.unsafe = true;
@@ -125,15 +139,20 @@ class staging_pool {
 
   /// Says that the caller recorded, on some stream, the lease's event (marked()) after the work
   /// so far that uses the lease (a landing insert's copy); the lease stays held.
-  void note_marked(const lease& l) noexcept { entries_[l.entry]->marked = true; }
+  void note_marked(const lease& l) noexcept {
+    const std::lock_guard held(mutex_);
+    entries_[l.entry]->marked = true;
+  }
   /// True once the work note_marked() names has finished (or nothing was marked). Throws
   /// errc::cuda_error.
   [[nodiscard]] bool reached(const lease& l) {
+    const std::lock_guard held(mutex_);
     entry& e = *entries_[l.entry];
     return !e.marked || finished(e);
   }
   /// The lease's event: for the holder to record (then note_marked) and for streams to wait on.
   [[nodiscard]] cudaEvent_t marked(const lease& l) const noexcept {
+    const std::lock_guard held(mutex_);
     return entries_[l.entry]->done.get();
   }
 
@@ -163,11 +182,11 @@ class staging_pool {
     return true;
   }
 
-  /// Asks the `probe` oldest entries in flight whether their work has finished: the finished
+  /// Asks the `count` oldest entries in flight whether their work has finished: the finished
   /// ones become idle, the others go to the back, so that an entry on a slow stream does not
   /// hide finished ones behind it.
-  void collect() {
-    for (std::size_t asked = 0; asked < probe && asked < in_flight_.size(); ++asked) {
+  void collect(std::size_t count) {
+    for (std::size_t asked = 0; asked < count && asked < in_flight_.size(); ++asked) {
       const std::size_t e = in_flight_.front();
       const bool done = finished(*entries_[e]);  // may throw: the lists are unchanged then
       in_flight_.erase(in_flight_.begin());
@@ -211,6 +230,7 @@ class staging_pool {
     if (device.size() != 0) e.device = std::move(device);
   }
 
+  mutable std::mutex mutex_;
   std::vector<std::unique_ptr<entry>> entries_;
   std::vector<std::size_t> idle_;       // entries free to lease now
   std::vector<std::size_t> in_flight_;  // entries handed back, in release order
