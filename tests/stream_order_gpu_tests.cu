@@ -215,6 +215,28 @@ TEST_CASE("row 7: two streams inserting from device memory: every slot holds wha
   CHECK(from_a <= 33568);
 }
 
+// A call that handed its lease on (release_after) and then fails gives it back again on its way
+// out; since another thread may lease staging without the buffer's mutex (a landing insert), the
+// entry may be someone else's by then: the stale give_back must leave it alone.
+TEST_CASE("a stale give_back never ends another holder's lease of the same staging") {
+  stream_holder s;
+  gear::detail::staging_pool pool;
+  const auto a = pool.acquire(4096, 0);
+  pool.release_after(a, s.s);
+  GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
+  const auto b = pool.acquire(4096, 0);  // the same entry, recycled
+  REQUIRE(b.entry == a.entry);
+  pool.give_back(a);  // stale: a no-op
+  pool.give_back_unsafe(a);
+  const auto c = pool.acquire(4096, 0);
+  CHECK(c.entry != b.entry);  // b is still leased
+  pool.give_back(b);
+  pool.give_back(c);
+  const auto d = pool.acquire(4096, 0);
+  CHECK((d.entry == b.entry || d.entry == c.entry));
+  pool.give_back(d);
+}
+
 TEST_CASE("more open writers than staging entries: each keeps its own steps") {
   stream_holder s;
   vbuffer<gear::storage::device> buf{gear::capacity{64}, gear::max_length{2}};

@@ -31,8 +31,8 @@
 //   reaches work enqueued earlier. A sample enqueued after commit_async(X) and before an insert
 //   that evicts X returns X; a sample enqueued before erase_async(X) can return X.
 //
-//   A trajectory becomes visible to sampling only after all of its bytes are stored: an insert's
-//   commit records are applied after its scatter, in stream order.
+//   A trajectory becomes visible to sampling only after all of its bytes are stored: its commit
+//   records are applied after its scatter (a landing insert's copy, below), in stream order.
 //
 //   Memory a call reads: host memory (any kind: pageable or pinned; insert data, writer steps,
 //   priorities) is copied during the call and may be reused when it returns. Device memory (an

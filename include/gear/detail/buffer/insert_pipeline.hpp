@@ -14,7 +14,7 @@
 // Host memory (pageable or pinned) is read during the call; device memory by the scatter, in
 // stream order. Host data for a storage whose columns are all in device memory, on a buffer used
 // from more than one stream, lands instead (landing.hpp): held in pinned staging, copied to its
-// slots and published by later calls, on the buffer's own stream.
+// slots on the buffer's own stream and committed on the stream of a later call.
 
 #include <array>
 #include <cstddef>

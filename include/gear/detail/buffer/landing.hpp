@@ -3,12 +3,13 @@
 //
 // Such an insert copies its trajectories into pinned staging with the CPU (during the call, as
 // every host insert does), reserves their slots (the evicted occupants leave the host view at
-// once) and returns: it makes no CUDA call, so it waits for no stream and no stream waits for it.
-// Its bytes are *published* later, by calls that settle, in two steps:
+// once) and returns: unless it settles (below), it makes no CUDA call, so it waits for no stream
+// and no stream waits for it. Its bytes are *published* later, by calls that settle, in two steps:
 //   copy    from the pinned staging straight into the slots, by the copy engines, on the buffer's
 //           own stream (publisher_), after the reads enqueued before the insert evicted the
-//           slots' occupants (each insert keeps those read marks), not after the reads enqueued
-//           since: it overlaps a learner's gathers and takes none of their multiprocessors;
+//           slots' occupants (each insert keeps those read marks); settled by another call, not
+//           after the reads enqueued since: it overlaps a learner's gathers and takes none of
+//           their multiprocessors (a settle on publisher_ itself follows every read);
 //   commit  once a later settle sees that copy finished (an event query): one journal apply, on
 //           the settling call's stream, brings the commit records to the mirror, with the
 //           reservations' eviction records (applied at every settle).
@@ -45,7 +46,8 @@
 
 namespace gear::detail {
 
-/// Landing inserts in flight before an insert first publishes them all (bounds the staging).
+/// Landing inserts in flight before an insert first publishes them all (bounds the staging, up to
+/// one more per thread: each checks before it lets go of the mutex to copy).
 inline constexpr std::size_t max_landing = 256;
 /// Landing inserts waiting for their copy before an insert starts it, while no sample is in
 /// flight: one settle's query, copy batch and journal apply serve that many inserts.
@@ -107,7 +109,7 @@ void drop_landing(Core& b, Leaves leaves) noexcept {
 /// `bytes[i]` each, on `stream`. Throws errc::cuda_error.
 inline void copy_to_device(std::span<void* const> dst, std::span<const void* const> src,
                            std::span<const std::size_t> bytes, cudaStream_t stream) {
-#if defined(CUDART_VERSION) && CUDART_VERSION >= 12080
+#if defined(CUDART_VERSION) && CUDART_VERSION >= 13000  // 12.8 and 12.9 spell it otherwise
   cudaMemcpyAttributes order{};
   order.srcAccessOrder = cudaMemcpySrcAccessOrderStream;  // the source is read in stream order
   order.flags = cudaMemcpyFlagPreferOverlapWithCompute;

@@ -41,6 +41,8 @@ class staging_pool {
   /// `device` of the device part (null if none was asked for).
   struct lease {
     std::size_t entry = 0;
+    std::uint64_t generation = 0;  // the entry's lease count when leased: a stale copy of this
+                                   // lease (handed on already) cannot end a later one
     std::byte* host = nullptr;
     std::byte* mapped = nullptr;
     std::byte* device = nullptr;
@@ -91,7 +93,9 @@ class staging_pool {
       throw;
     }
     pick->leased = true;
-    return {pick->index, pick->pinned.data(), pick->pinned.device_data(), pick->device.data()};
+    ++pick->generation;
+    return {pick->index, pick->generation, pick->pinned.data(), pick->pinned.device_data(),
+            pick->device.data()};
   }
 
   /// Ends a lease whose memory is read by work enqueued on `stream`: the entry is reused once
@@ -109,11 +113,12 @@ class staging_pool {
   }
 
   /// Ends a lease whose memory nothing read (the call failed before enqueueing), or whose
-  /// readers were all marked (note_marked) before it was given back.
+  /// readers were all marked (note_marked) before it was given back. A no-op for a lease handed
+  /// back already, even if another thread has leased the entry since.
   void give_back(const lease& l) noexcept {
     const std::lock_guard held(mutex_);
     entry& e = *entries_[l.entry];
-    if (!e.leased) return;  // given back already: a second time must not list it twice
+    if (!e.leased || e.generation != l.generation) return;  // not this lease's to end any more
     e.leased = false;
     if (e.marked)
       in_flight_.push_back(e.index);
@@ -127,6 +132,7 @@ class staging_pool {
   void give_back_unsafe(const lease& l) noexcept {
     const std::lock_guard held(mutex_);
     entry& e = *entries_[l.entry];
+    if (e.generation != l.generation) return;  // leased again since: its work was waited for
     if (!e.leased) {  // given back already (and listed): only make its reuse wait for the device
       e.unsafe = true;
       return;
@@ -161,9 +167,10 @@ class staging_pool {
     allocation pinned, device;
     event done;
     bool leased = false;
-    bool marked = false;    // leased, its event recorded by the holder (note_marked)
-    bool unsafe = false;    // the event could not be recorded: reuse after a device-wide wait
-    std::size_t index = 0;  // its place in entries_
+    bool marked = false;  // leased, its event recorded by the holder (note_marked)
+    bool unsafe = false;  // the event could not be recorded: reuse after a device-wide wait
+    std::uint64_t generation = 0;  // leases so far
+    std::size_t index = 0;         // its place in entries_
   };
 
   /// True when the entry's last recorded work has finished. Throws errc::cuda_error.
