@@ -35,7 +35,10 @@ enum class errc {
   no_device,             ///< GPU storage asked for on a machine without a usable GPU
   out_of_memory,         ///< an allocation failed
   cuda_error,            ///< a CUDA runtime call or kernel launch failed
-  transport_error,       ///< a remote shard failed or vanished
+  transport_error,       ///< a local transport call (libfabric, a socket) failed
+  peer_mismatch,         ///< a peer that does not fit: another spec, policy, provider or version
+  peer_lost,             ///< a peer died, or did not answer by the deadline (the message names it)
+  timeout,               ///< a local wait (credits, a flush) passed its deadline
 };
 
 /// A short, stable name for each code ("stale_key", ...).
@@ -85,6 +88,12 @@ constexpr std::string_view to_string(errc code) noexcept {
       return "cuda_error";
     case errc::transport_error:
       return "transport_error";
+    case errc::peer_mismatch:
+      return "peer_mismatch";
+    case errc::peer_lost:
+      return "peer_lost";
+    case errc::timeout:
+      return "timeout";
   }
   return "unknown";
 }

@@ -1,0 +1,92 @@
+#pragma once
+// Bytes on the wire: fixed-width little-endian integers and IEEE-754 floats, written into a growing
+// buffer and read back from a span that is never read past its end. Every message of the remote
+// transport (messages.hpp) is built from these, so a parser cannot index outside what it was
+// given, whatever the peer sent: a read past the end fails, and the parser refuses the message.
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+namespace gear::detail::remote {
+
+static_assert(std::endian::native == std::endian::little,
+              "gear's wire format is little-endian, as every platform gear builds for");
+
+/// Appends fields to a message.
+class wire_writer {
+ public:
+  wire_writer() { bytes_.reserve(256); }  // control messages are small: few reallocations
+
+  template <class T>
+  requires std::is_arithmetic_v<T>
+  void put(T value) {
+    std::byte raw[sizeof(T)];
+    std::memcpy(raw, &value, sizeof(T));
+    bytes_.insert(bytes_.end(), raw, raw + sizeof(T));
+  }
+  /// A string as a u16 length and its bytes (the caller bounds its length).
+  void put_string(std::string_view s) {
+    put(static_cast<std::uint16_t>(s.size()));
+    put_bytes(std::as_bytes(std::span(s.data(), s.size())));
+  }
+  void put_bytes(std::span<const std::byte> b) { bytes_.insert(bytes_.end(), b.begin(), b.end()); }
+  /// Overwrites a u32 written earlier at `at` (a length known only at the end).
+  void patch_u32(std::size_t at, std::uint32_t value) {
+    std::memcpy(bytes_.data() + at, &value, sizeof(value));
+  }
+
+  [[nodiscard]] std::size_t size() const noexcept { return bytes_.size(); }
+  [[nodiscard]] std::vector<std::byte> take() && noexcept { return std::move(bytes_); }
+  [[nodiscard]] std::span<const std::byte> bytes() const noexcept { return bytes_; }
+
+ private:
+  std::vector<std::byte> bytes_;
+};
+
+/// Reads fields from a received message; a read past the end returns false and leaves `ok()`
+/// false for good (so a parser may read a run of fields and check once).
+class wire_reader {
+ public:
+  explicit wire_reader(std::span<const std::byte> bytes) noexcept : bytes_(bytes) {}
+
+  template <class T>
+  requires std::is_arithmetic_v<T>
+  bool get(T& value) noexcept {
+    if (!ok_ || bytes_.size() - at_ < sizeof(T)) return ok_ = false;
+    std::memcpy(&value, bytes_.data() + at_, sizeof(T));
+    at_ += sizeof(T);
+    return true;
+  }
+  /// A string written by put_string, of at most `max` bytes.
+  bool get_string(std::string& s, std::size_t max) {
+    std::uint16_t n = 0;
+    if (!get(n) || n > max || bytes_.size() - at_ < n) return ok_ = false;
+    s.assign(reinterpret_cast<const char*>(bytes_.data() + at_), n);
+    at_ += n;
+    return true;
+  }
+  /// The next `n` bytes, without copying them.
+  bool get_bytes(std::span<const std::byte>& out, std::size_t n) noexcept {
+    if (!ok_ || bytes_.size() - at_ < n) return ok_ = false;
+    out = bytes_.subspan(at_, n);
+    at_ += n;
+    return true;
+  }
+
+  [[nodiscard]] bool ok() const noexcept { return ok_; }
+  [[nodiscard]] std::size_t remaining() const noexcept { return bytes_.size() - at_; }
+
+ private:
+  std::span<const std::byte> bytes_;
+  std::size_t at_ = 0;
+  bool ok_ = true;
+};
+
+}  // namespace gear::detail::remote

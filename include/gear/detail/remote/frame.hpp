@@ -1,0 +1,162 @@
+#pragma once
+// Framing of the remote transport's messages, and how a refused message is told and counted.
+//
+// Every control message (messages.hpp) and the address blob (blob.hpp) is a frame: a 16-byte
+// header {magic "GEAR", wire version, type, body bytes, reserved 0} and its body. A parser takes
+// the bytes a peer sent, which may be anything: it checks the header against what it holds, reads
+// every field through wire_reader (never past the end), checks every field's range, and refuses
+// the message, naming the reason and the field, rather than use a value it has not checked. The
+// receiver counts refusals by reason and goes on serving.
+
+#include <array>
+#include <cstdint>
+#include <gear/detail/remote/bytes.hpp>
+#include <gear/detail/remote/fingerprint.hpp>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace gear::detail::remote {
+
+inline constexpr std::uint32_t frame_magic = 0x52414547;  // "GEAR" in little-endian bytes
+inline constexpr std::size_t frame_header_bytes = 16;
+/// The largest control message a peer may send unless the handshake agrees on another.
+inline constexpr std::uint32_t default_max_message = 64 * 1024;
+
+enum class message_type : std::uint16_t {
+  blob = 1,
+  hello,
+  welcome,
+  status_request,
+  status,
+  sample_request,
+  update,
+  ack,
+};
+
+/// Why a message was refused.
+enum class refusal : std::uint8_t {
+  none,
+  truncated,     ///< fewer bytes than the header or a field says
+  oversized,     ///< longer than the agreed maximum message
+  bad_magic,     ///< not a gear frame
+  bad_version,   ///< another wire version
+  wrong_type,    ///< a frame of another type than expected
+  trailing,      ///< bytes left after the last field
+  out_of_range,  ///< a field outside its range (the message says which)
+  mismatch,      ///< a fingerprint, incarnation, peer or sequence that is not this side's
+};
+inline constexpr std::size_t refusal_kinds = 9;
+
+constexpr std::string_view to_string(refusal r) noexcept {
+  constexpr std::array<std::string_view, refusal_kinds> names{
+      "none",       "truncated", "oversized",    "bad_magic", "bad_version",
+      "wrong_type", "trailing",  "out_of_range", "mismatch"};
+  const auto i = static_cast<std::size_t>(r);
+  return i < names.size() ? names[i] : "unknown";
+}
+
+/// Refused messages, by reason: the counters a shard reports in its stats.
+struct refusal_counts {
+  std::array<std::uint64_t, refusal_kinds> by_reason{};
+  void add(refusal r) noexcept {
+    if (r != refusal::none) ++by_reason[static_cast<std::size_t>(r)];
+  }
+  [[nodiscard]] std::uint64_t operator[](refusal r) const noexcept {
+    return by_reason[static_cast<std::size_t>(r)];
+  }
+  [[nodiscard]] std::uint64_t total() const noexcept {
+    std::uint64_t n = 0;
+    for (const std::uint64_t c : by_reason) n += c;
+    return n;
+  }
+};
+
+/// A parsed message, or why it was refused (`why`, and `what` names the field).
+template <class T>
+struct decoded {
+  T value{};
+  refusal why = refusal::none;
+  std::string what;
+  explicit operator bool() const noexcept { return why == refusal::none; }
+};
+
+template <class T>
+decoded<T> refuse(refusal why, std::string what) {
+  decoded<T> d;
+  d.why = why;
+  d.what = std::move(what);
+  return d;
+}
+
+/// Reads every field in order; false once one is missing (the parser then refuses: truncated).
+template <class... T>
+bool read_all(wire_reader& r, T&... fields) {
+  return (r.get(fields) && ...);
+}
+
+/// Starts a frame of `type`; finish_frame() writes its body length.
+inline wire_writer start_frame(message_type type) {
+  wire_writer w;
+  w.put(frame_magic);
+  w.put(wire_version);
+  w.put(static_cast<std::uint16_t>(type));
+  w.put(std::uint32_t{0});  // body bytes, patched
+  w.put(std::uint32_t{0});  // reserved
+  return w;
+}
+inline std::vector<std::byte> finish_frame(wire_writer&& w) {
+  w.patch_u32(8, static_cast<std::uint32_t>(w.size() - frame_header_bytes));
+  return std::move(w).take();
+}
+
+/// The type a frame says it is, if its header holds together (magic, version, lengths); for a
+/// receiver that dispatches on it. Refuses as parse_frame does.
+inline decoded<message_type> frame_type(std::span<const std::byte> bytes,
+                                        std::uint32_t max_message) {
+  if (bytes.size() < frame_header_bytes)
+    return refuse<message_type>(refusal::truncated, "frame header");
+  if (bytes.size() > max_message)
+    return refuse<message_type>(
+        refusal::oversized,
+        std::to_string(bytes.size()) + " bytes, the maximum is " + std::to_string(max_message));
+  wire_reader r(bytes);
+  std::uint32_t magic = 0, body = 0, reserved = 0;
+  std::uint16_t version = 0, type = 0;
+  (void)(r.get(magic) && r.get(version) && r.get(type) && r.get(body) && r.get(reserved));
+  if (magic != frame_magic) return refuse<message_type>(refusal::bad_magic, "magic");
+  if (version != wire_version)
+    return refuse<message_type>(refusal::bad_version, "wire version " + std::to_string(version) +
+                                                          ", this side speaks " +
+                                                          std::to_string(wire_version));
+  if (body > r.remaining()) return refuse<message_type>(refusal::truncated, "frame body");
+  if (body < r.remaining()) return refuse<message_type>(refusal::trailing, "frame body");
+  if (reserved != 0) return refuse<message_type>(refusal::out_of_range, "reserved");
+  decoded<message_type> d;
+  d.value = static_cast<message_type>(type);
+  return d;
+}
+
+/// Parses a frame that must be of `type`: the header, then `read_body(reader, value, what)`,
+/// which reads and range-checks every field and returns the refusal (or none), then checks that
+/// no byte is left.
+template <class T, class ReadBody>
+decoded<T> parse_frame(std::span<const std::byte> bytes, message_type type,
+                       std::uint32_t max_message, ReadBody&& read_body) {
+  const decoded<message_type> header = frame_type(bytes, max_message);
+  if (!header) return refuse<T>(header.why, header.what);
+  if (header.value != type)
+    return refuse<T>(refusal::wrong_type,
+                     "type " + std::to_string(static_cast<unsigned>(header.value)) + ", expected " +
+                         std::to_string(static_cast<unsigned>(type)));
+  wire_reader r(bytes.subspan(frame_header_bytes));
+  decoded<T> d;
+  d.why = read_body(r, d.value, d.what);
+  if (d.why != refusal::none) return d;
+  if (!r.ok()) return refuse<T>(refusal::truncated, d.what.empty() ? "a field" : d.what);
+  if (r.remaining() != 0) return refuse<T>(refusal::trailing, "after the last field");
+  return d;
+}
+
+}  // namespace gear::detail::remote
