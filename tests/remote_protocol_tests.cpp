@@ -14,6 +14,7 @@
 #include <functional>
 #include <gear/detail/remote/blob.hpp>
 #include <gear/detail/remote/entry.hpp>
+#include <gear/detail/remote/fingerprint.hpp>
 #include <gear/detail/remote/messages.hpp>
 #include <gear/detail/remote/split.hpp>
 #include <gear/gear.hpp>

@@ -19,6 +19,10 @@ namespace gear::detail::remote {
 static_assert(std::endian::native == std::endian::little,
               "gear's wire format is little-endian, as every platform gear builds for");
 
+/// Version of the wire format (frame.hpp, messages.hpp, entry.hpp) and of the packed layouts it
+/// carries; part of every fingerprint (fingerprint.hpp).
+inline constexpr std::uint16_t wire_version = 1;
+
 /// Appends fields to a message.
 class wire_writer {
  public:

@@ -86,9 +86,10 @@ inline void pack_entry(entry_header h, std::span<const std::span<const std::byte
   out.assign(static_cast<std::size_t>(l.blocks * block_bytes), std::byte{0});
   std::memcpy(out.data(), &h, sizeof(h));
   for (std::size_t c = 0; c < columns.size() && c < step_bytes.size(); ++c)
-    std::memcpy(out.data() + entry_header_bytes + l.column_at[c], columns[c].data(),
-                std::min<std::size_t>(columns[c].size(),
-                                      static_cast<std::size_t>(h.length * step_bytes[c])));
+    if (!columns[c].empty())
+      std::memcpy(out.data() + entry_header_bytes + l.column_at[c], columns[c].data(),
+                  std::min<std::size_t>(columns[c].size(),
+                                        static_cast<std::size_t>(h.length * step_bytes[c])));
   std::memcpy(out.data() + entry_header_bytes + l.payload_bytes, &h.sequence, sizeof(h.sequence));
 }
 

@@ -6,6 +6,7 @@
 // peer is refused before anything moves.
 
 #include <cstdint>
+#include <gear/detail/remote/bytes.hpp>
 #include <gear/layout.hpp>
 #include <gear/select/prioritized.hpp>
 #include <gear/select/queue.hpp>
@@ -16,9 +17,6 @@
 #include <type_traits>
 
 namespace gear::detail::remote {
-
-/// Version of the wire format (messages.hpp) and of the packed layouts it carries.
-inline constexpr std::uint16_t wire_version = 1;
 
 /// FNV-1a, 64-bit: stable across compilers and runs.
 struct fnv1a {

@@ -11,7 +11,6 @@
 #include <array>
 #include <cstdint>
 #include <gear/detail/remote/bytes.hpp>
-#include <gear/detail/remote/fingerprint.hpp>
 #include <span>
 #include <string>
 #include <string_view>
