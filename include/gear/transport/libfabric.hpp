@@ -1,0 +1,309 @@
+#pragma once
+// gear::transport::libfabric: the only header of gear that includes libfabric (<rdma/*.h>); link
+// gear::libfabric to use it. It holds the fabric endpoint the remote transport is built on: one
+// RDM endpoint with its completion queue and address vector, memory registration that obeys what
+// the provider asks (mr_mode), one-sided writes that publish with remote CQ data, and two-sided
+// control messages into a multi-receive buffer. The protocol over it (what is written where, and
+// how the receiver checks it) is fabric-free, in detail/remote/.
+//
+// Providers by configuration string, with no code change: "tcp;ofi_rxm" (the default; any IP
+// network), "shm" (processes on one host), "verbs;ofi_rxm", "efa" on clusters. What libfabric
+// 1.17 does not enforce (see the README's transport section): on shm with CMA, one-sided
+// accesses are not checked against the memory key, so gear checks every address and length
+// against the region granted before it posts; on tcp one refused access kills the pair.
+//
+// Threads: an endpoint is used by one thread at a time (FI_THREAD_DOMAIN); progress is manual:
+// completions, and the first contact with a peer, advance only while someone calls poll().
+// Processes that use libfabric and fork must fork before their first fi_* call.
+
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <gear/error.hpp>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#if FI_MAJOR_VERSION < 1 || (FI_MAJOR_VERSION == 1 && FI_MINOR_VERSION < 17)
+#error "gear::transport::libfabric needs libfabric 1.17 or newer"
+#endif
+
+namespace gear::transport {
+
+/// How to reach the fabric.
+struct libfabric_config {
+  std::string provider = "tcp;ofi_rxm";  ///< libfabric provider name, as fi_info -p takes it
+  std::string node = "127.0.0.1";        ///< the interface address (IP providers; not shm)
+};
+
+namespace fabric {
+
+/// Throws errc::transport_error for a failed fi_* call, naming the call, the provider's message
+/// and what it was doing.
+[[noreturn]] inline void fail(const char* call, long rc, const std::string& context) {
+  throw error(errc::transport_error,
+              std::string(call) + " failed: " + fi_strerror(static_cast<int>(rc < 0 ? -rc : rc)) +
+                  " (" + context + ")");
+}
+
+/// A registered memory region: what a peer needs to write into it (remote_address, key), and
+/// what a local post from it passes (desc).
+struct region {
+  std::byte* base = nullptr;
+  std::size_t bytes = 0;
+  std::uint64_t key = 0;
+  std::uint64_t remote_address = 0;  ///< where a peer's offset 0 is: base (FI_MR_VIRT_ADDR) or 0
+  void* desc = nullptr;
+  fid_mr* mr = nullptr;
+};
+
+/// One completion, as poll() hands it on.
+struct completion {
+  enum class kind { sent, written, received, remote_write, failed } what = kind::failed;
+  void* context = nullptr;             ///< the post's context (not for remote writes)
+  std::uint64_t data = 0;              ///< remote CQ data of a remote write
+  std::span<const std::byte> message;  ///< a received message, inside the receive buffer
+  bool buffer_released = false;        ///< the multi-receive buffer is full: post it again
+  int error = 0;                       ///< for kind::failed: the fi_errno code
+  std::string detail;                  ///< for kind::failed: the provider's message
+};
+
+class endpoint {
+ public:
+  /// Opens an RDM endpoint on `config.provider`. Throws errc::transport_error naming the
+  /// provider when it is not there or refuses the hints.
+  explicit endpoint(const libfabric_config& config) : provider_(config.provider) {
+    fi_info* hints = fi_allocinfo();
+    if (hints == nullptr) fail("fi_allocinfo", -FI_ENOMEM, provider_);
+    hints->ep_attr->type = FI_EP_RDM;
+    hints->caps = FI_MSG | FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
+    hints->mode = FI_CONTEXT | FI_CONTEXT2;
+    hints->domain_attr->mr_mode =
+        FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+    hints->domain_attr->threading = FI_THREAD_DOMAIN;
+    hints->domain_attr->cq_data_size = 4;
+    hints->fabric_attr->prov_name = strdup(config.provider.c_str());
+    const bool ip = config.provider.rfind("shm", 0) != 0;
+    const int rc = fi_getinfo(FI_VERSION(1, 17), ip ? config.node.c_str() : nullptr, nullptr,
+                              ip ? FI_SOURCE : 0, hints, &info_);
+    fi_freeinfo(hints);
+    if (rc != 0) fail("fi_getinfo", rc, "provider '" + provider_ + "'");
+    try {
+      open();
+    } catch (...) {
+      close();
+      throw;
+    }
+  }
+  ~endpoint() { close(); }
+  endpoint(const endpoint&) = delete;
+  endpoint& operator=(const endpoint&) = delete;
+
+  [[nodiscard]] const std::string& provider() const noexcept { return provider_; }
+  [[nodiscard]] std::uint32_t address_format() const noexcept { return info_->addr_format; }
+  [[nodiscard]] std::uint64_t mr_mode() const noexcept { return info_->domain_attr->mr_mode; }
+  /// Bytes a writedata may carry as remote CQ data (4 on verbs, 8 on tcp and shm).
+  [[nodiscard]] std::size_t cq_data_size() const noexcept {
+    return info_->domain_attr->cq_data_size;
+  }
+  /// This endpoint's address (fi_getname), for the address blob.
+  [[nodiscard]] const std::vector<std::uint8_t>& name() const noexcept { return name_; }
+
+  /// Adds a peer's address (its name()); returns its handle for posts.
+  fi_addr_t insert_peer(std::span<const std::uint8_t> address) {
+    fi_addr_t peer = FI_ADDR_UNSPEC;
+    const int n = fi_av_insert(av_, address.data(), 1, &peer, 0, nullptr);
+    if (n != 1) fail("fi_av_insert", n < 0 ? n : -FI_EINVAL, "a peer address");
+    return peer;
+  }
+
+  /// Registers [base, base + bytes) for `access` (FI_REMOTE_WRITE for a region peers write, the
+  /// local bits for one this side posts from: both may be given). Throws errc::transport_error.
+  region register_memory(void* base, std::size_t bytes, std::uint64_t access) {
+    region r;
+    r.base = static_cast<std::byte*>(base);
+    r.bytes = bytes;
+    const std::uint64_t mode = mr_mode();
+    std::mt19937_64 keys{std::random_device{}()};
+    for (int attempt = 0;; ++attempt) {
+      const std::uint64_t wanted = (mode & FI_MR_PROV_KEY) != 0 ? 0 : keys();
+      const int rc = fi_mr_reg(domain_, base, bytes, access, 0, wanted, 0, &r.mr, nullptr);
+      if (rc == -FI_ENOKEY && attempt < 8) continue;  // a key in use: draw another
+      if (rc != 0) fail("fi_mr_reg", rc, std::to_string(bytes) + " bytes on " + provider_);
+      break;
+    }
+    if ((mode & FI_MR_ENDPOINT) != 0) {
+      int rc = fi_mr_bind(r.mr, &ep_->fid, 0);
+      if (rc == 0) rc = fi_mr_enable(r.mr);
+      if (rc != 0) {
+        (void)fi_close(&r.mr->fid);
+        fail("fi_mr_bind", rc, provider_);
+      }
+    }
+    r.key = fi_mr_key(r.mr);
+    r.desc = fi_mr_desc(r.mr);
+    r.remote_address = (mode & FI_MR_VIRT_ADDR) != 0 ? reinterpret_cast<std::uint64_t>(base) : 0;
+    regions_.push_back(r.mr);
+    return r;
+  }
+  /// Ends a registration (peers' later accesses to it fail, on providers that check); those not
+  /// ended close with the endpoint.
+  void deregister(region& r) noexcept {
+    if (r.mr != nullptr) {
+      std::erase(regions_, r.mr);
+      (void)fi_close(&r.mr->fid);
+    }
+    r = region{};
+  }
+
+  /// Writes `bytes` from `local` at `offset` to the peer's `remote_address` (its region's
+  /// remote_address plus an offset the caller has checked against the region granted), with
+  /// remote CQ data `data`. False when the provider asks to try again (-FI_EAGAIN): poll, retry.
+  bool try_writedata(const region& local, std::size_t offset, std::size_t bytes, fi_addr_t peer,
+                     std::uint64_t remote_address, std::uint64_t key, std::uint64_t data,
+                     void* context) {
+    const ssize_t rc = fi_writedata(ep_, local.base + offset, bytes, local.desc, data, peer,
+                                    remote_address, key, context);
+    if (rc == -FI_EAGAIN) return false;
+    if (rc != 0) fail("fi_writedata", rc, std::to_string(bytes) + " bytes on " + provider_);
+    return true;
+  }
+  /// Sends `bytes` from `local` at `offset` as one control message. False on -FI_EAGAIN.
+  bool try_send(const region& local, std::size_t offset, std::size_t bytes, fi_addr_t peer,
+                void* context) {
+    const ssize_t rc = fi_send(ep_, local.base + offset, bytes, local.desc, peer, context);
+    if (rc == -FI_EAGAIN) return false;
+    if (rc != 0) fail("fi_send", rc, std::to_string(bytes) + " bytes on " + provider_);
+    return true;
+  }
+  /// Posts `buffer` to receive control messages back to back, each at most `max_message` bytes
+  /// (a larger one is refused by the provider: FI_ETRUNC). Post it again when a completion says
+  /// buffer_released. False on -FI_EAGAIN.
+  bool try_receive(const region& buffer, std::size_t max_message, void* context) {
+    if (buffer.bytes < 2 * max_message)
+      throw error(errc::invalid_argument, "a receive buffer holds at least two messages");
+    std::size_t min_free = max_message;
+    int rc =
+        fi_setopt(&ep_->fid, FI_OPT_ENDPOINT, FI_OPT_MIN_MULTI_RECV, &min_free, sizeof(min_free));
+    if (rc != 0) fail("fi_setopt(FI_OPT_MIN_MULTI_RECV)", rc, provider_);
+    iovec iov{buffer.base, buffer.bytes};
+    void* desc = buffer.desc;
+    fi_msg msg{&iov, &desc, 1, FI_ADDR_UNSPEC, context, 0};
+    const ssize_t posted = fi_recvmsg(ep_, &msg, FI_MULTI_RECV);
+    if (posted == -FI_EAGAIN) return false;
+    if (posted != 0) fail("fi_recvmsg", posted, provider_);
+    return true;
+  }
+
+  /// Reads up to 16 completions and hands each to `on(const completion&)`; returns how many. This
+  /// is what makes progress (manual progress): call it while waiting for anything.
+  template <class F>
+  std::size_t poll(F&& on) {
+    fi_cq_data_entry entries[16];
+    const ssize_t n = fi_cq_read(cq_, entries, 16);
+    if (n == -FI_EAGAIN) return 0;
+    if (n == -FI_EAVAIL) {
+      fi_cq_err_entry err{};
+      const ssize_t got = fi_cq_readerr(cq_, &err, 0);
+      if (got < 0) fail("fi_cq_readerr", got, provider_);
+      completion c;
+      c.what = completion::kind::failed;
+      c.context = err.op_context;
+      c.error = err.err;
+      const char* text = fi_cq_strerror(cq_, err.prov_errno, err.err_data, nullptr, 0);
+      c.detail =
+          std::string(fi_strerror(err.err)) + (text != nullptr ? std::string(": ") + text : "");
+      on(c);
+      return 1;
+    }
+    if (n < 0) fail("fi_cq_read", n, provider_);
+    for (ssize_t i = 0; i < n; ++i) {
+      const fi_cq_data_entry& e = entries[i];
+      completion c;
+      c.context = e.op_context;
+      c.data = e.data;
+      if ((e.flags & FI_REMOTE_CQ_DATA) != 0 && (e.flags & FI_REMOTE_WRITE) != 0) {
+        c.what = completion::kind::remote_write;  // the bytes are in place (the remote len
+        c.context = nullptr;                      // may be 0: never read it)
+      } else if ((e.flags & FI_RECV) != 0) {
+        c.what = completion::kind::received;
+        c.buffer_released = (e.flags & FI_MULTI_RECV) != 0;
+        if (e.len > 0) c.message = {static_cast<const std::byte*>(e.buf), e.len};
+      } else if ((e.flags & FI_SEND) != 0) {
+        c.what = completion::kind::sent;
+      } else {
+        c.what = completion::kind::written;
+      }
+      on(c);
+    }
+    return static_cast<std::size_t>(n);
+  }
+
+ private:
+  void open() {
+    int rc = fi_fabric(info_->fabric_attr, &fabric_, nullptr);
+    if (rc != 0) fail("fi_fabric", rc, provider_);
+    rc = fi_domain(fabric_, info_, &domain_, nullptr);
+    if (rc != 0) fail("fi_domain", rc, provider_);
+    fi_cq_attr cq_attr{};
+    cq_attr.format = FI_CQ_FORMAT_DATA;
+    cq_attr.wait_obj = FI_WAIT_NONE;
+    cq_attr.size = 1024;
+    rc = fi_cq_open(domain_, &cq_attr, &cq_, nullptr);
+    if (rc != 0) fail("fi_cq_open", rc, provider_);
+    fi_av_attr av_attr{};
+    av_attr.type = FI_AV_TABLE;
+    rc = fi_av_open(domain_, &av_attr, &av_, nullptr);
+    if (rc != 0) fail("fi_av_open", rc, provider_);
+    rc = fi_endpoint(domain_, info_, &ep_, nullptr);
+    if (rc != 0) fail("fi_endpoint", rc, provider_);
+    rc = fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV);
+    if (rc == 0) rc = fi_ep_bind(ep_, &av_->fid, 0);
+    if (rc != 0) fail("fi_ep_bind", rc, provider_);
+    rc = fi_enable(ep_);
+    if (rc != 0) fail("fi_enable", rc, provider_);
+    std::size_t length = 0;
+    rc = fi_getname(&ep_->fid, nullptr, &length);
+    if (rc != -FI_ETOOSMALL && rc != 0) fail("fi_getname", rc, provider_);
+    name_.resize(length);
+    rc = fi_getname(&ep_->fid, name_.data(), &length);
+    if (rc != 0) fail("fi_getname", rc, provider_);
+    name_.resize(length);
+  }
+
+  /// Closes what is open, endpoint first (so a shm endpoint removes its /dev/shm file).
+  void close() noexcept {
+    for (fid_mr* mr : regions_) (void)fi_close(&mr->fid);
+    regions_.clear();
+    if (ep_ != nullptr) (void)fi_close(&ep_->fid);
+    if (av_ != nullptr) (void)fi_close(&av_->fid);
+    if (cq_ != nullptr) (void)fi_close(&cq_->fid);
+    if (domain_ != nullptr) (void)fi_close(&domain_->fid);
+    if (fabric_ != nullptr) (void)fi_close(&fabric_->fid);
+    if (info_ != nullptr) fi_freeinfo(info_);
+    ep_ = nullptr, av_ = nullptr, cq_ = nullptr, domain_ = nullptr, fabric_ = nullptr;
+    info_ = nullptr;
+  }
+
+  std::string provider_;
+  fi_info* info_ = nullptr;
+  fid_fabric* fabric_ = nullptr;
+  fid_domain* domain_ = nullptr;
+  fid_cq* cq_ = nullptr;
+  fid_av* av_ = nullptr;
+  fid_ep* ep_ = nullptr;
+  std::vector<std::uint8_t> name_;
+  std::vector<fid_mr*> regions_;  // registered and not yet deregistered
+};
+
+}  // namespace fabric
+}  // namespace gear::transport
