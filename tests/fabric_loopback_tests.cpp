@@ -30,9 +30,11 @@
 #include <thread>
 #include <vector>
 
+#include "process_common.hpp"
+
 namespace remote = gear::detail::remote;
 namespace fabric = gear::transport::fabric;
-using clock_type = std::chrono::steady_clock;
+using namespace process_test;
 
 namespace {
 
@@ -47,26 +49,6 @@ std::byte pattern(int i, std::size_t c, std::size_t j) {
   return std::byte(static_cast<unsigned>(i * 37 + c * 11 + j) & 0xff);
 }
 std::int64_t length_of(int i) { return 1 + (i * 7) % max_length; }
-
-// ---- out-of-band bootstrap: length-prefixed frames on a socket ---------------------------------
-
-bool send_frame(int fd, const std::vector<std::byte>& bytes) {
-  const auto n = static_cast<std::uint32_t>(bytes.size());
-  return write(fd, &n, 4) == 4 &&
-         write(fd, bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size());
-}
-std::vector<std::byte> receive_frame(int fd) {
-  std::uint32_t n = 0;
-  if (read(fd, &n, 4) != 4 || n > (1u << 20)) return {};
-  std::vector<std::byte> bytes(n);
-  std::size_t got = 0;
-  while (got < n) {
-    const ssize_t r = read(fd, bytes.data() + got, n - got);
-    if (r <= 0) return {};
-    got += static_cast<std::size_t>(r);
-  }
-  return bytes;
-}
 
 remote::address_blob blob_of(const fabric::endpoint& ep, std::uint32_t shard) {
   remote::address_blob b;
@@ -259,52 +241,6 @@ int run_actor(int fd, const gear::transport::libfabric_config& config) {
   const char byte = 1;
   if (write(fd, &byte, 1) != 1) return 29;
   return reported == entries - 1 && refused == 1 ? 0 : 30;
-}
-
-/// Runs `role` in a child process with its own deadline; returns its pid.
-template <class Role>
-pid_t spawn(Role role, int fd, int other_fd, bool disable_cma) {
-  const pid_t pid = fork();
-  if (pid != 0) return pid;
-  close(other_fd);
-  alarm(60);  // a last resort: the parent kills at its own deadline first
-  if (disable_cma) setenv("FI_SHM_DISABLE_CMA", "1", 1);
-  setenv("FI_LOG_LEVEL", "warn", 0);
-  int rc = 1;
-  try {
-    rc = role(fd);
-  } catch (const gear::error& e) {
-    std::fprintf(stderr, "child %d: %s\n", getpid(), e.what());
-    rc = std::strstr(e.what(), "fi_getinfo") != nullptr ? 77 : 2;
-  }
-  _exit(rc);
-}
-
-/// Waits for `pid` until `until`; kills it past that. Its exit code, or -signal.
-int reap(pid_t pid, clock_type::time_point until) {
-  int status = 0;
-  while (waitpid(pid, &status, WNOHANG) == 0) {
-    if (clock_type::now() > until) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      return -SIGKILL;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
-}
-
-/// Files a shm endpoint of `pid` left in /dev/shm (removed, and counted).
-int shm_leftovers(pid_t pid) {
-  int n = 0;
-  const std::string prefix = std::to_string(pid) + ":";
-  std::error_code ec;
-  for (const auto& f : std::filesystem::directory_iterator("/dev/shm", ec))
-    if (f.path().filename().string().rfind(prefix, 0) == 0) {
-      std::filesystem::remove(f.path(), ec);
-      ++n;
-    }
-  return n;
 }
 
 void loopback(const char* provider, bool disable_cma) {

@@ -48,6 +48,7 @@ remote::hello some_hello() {
   h.hostname = "node-a";
   for (std::size_t i = 0; i < h.token_proof.size(); ++i) h.token_proof[i] = std::uint8_t(i * 7);
   h.ring_blocks = 64;
+  h.address = {127, 0, 0, 1, 0x30, 0x39};
   return h;
 }
 remote::welcome some_welcome() {
@@ -103,7 +104,7 @@ bool same(const remote::hello& a, const remote::hello& b) {
   return a.role == b.role && a.spec_fingerprint == b.spec_fingerprint &&
          a.selection_fingerprint == b.selection_fingerprint && a.pid == b.pid &&
          a.hostname == b.hostname && a.token_proof == b.token_proof &&
-         a.ring_blocks == b.ring_blocks && a.max_message == b.max_message;
+         a.ring_blocks == b.ring_blocks && a.max_message == b.max_message && a.address == b.address;
 }
 
 /// Every parser, each with its limits, as a function of the bytes: (accepted, refusal).
@@ -202,7 +203,7 @@ TEST_CASE("every truncation, every trailing byte and every bad header is refused
     CHECK(p.parse(with(p.valid, 0, std::uint32_t{0x12345678})).second == refusal::bad_magic);
     CHECK(p.parse(with(p.valid, 4, std::uint16_t{remote::wire_version + 1})).second ==
           refusal::bad_version);
-    CHECK(p.parse(with(p.valid, 12, std::uint32_t{1})).second == refusal::out_of_range);
+    CHECK(p.parse(with(p.valid, 12, std::uint32_t{5})).first);  // the sender: the caller's check
     counts.add(refusal::trailing);
     CHECK(counts.total() == p.valid.size() + 1);
   }
@@ -228,6 +229,9 @@ TEST_CASE("every field out of range is refused, naming the field") {
   h = some_hello();
   h.ring_blocks = l.max_ring_blocks + 1;
   check(remote::parse_hello(remote::encode(h), l), "ring_blocks");
+  h = some_hello();
+  h.address.clear();
+  check(remote::parse_hello(remote::encode(h), l), "address length");
   auto w = some_welcome();
   w.incarnation = 0;
   check(remote::parse_welcome(remote::encode(w), l), "incarnation");
@@ -309,6 +313,24 @@ TEST_CASE("random corruption never crashes a parser; what is accepted re-encodes
     ++checked;
   }
   CHECK(checked > 100);
+}
+
+TEST_CASE("remote CQ data and frame senders round-trip") {
+  for (const auto kind : {remote::write_kind::insert_entry, remote::write_kind::sample_reply})
+    for (const std::uint32_t peer : {0u, 1u, 4095u})
+      for (const std::uint32_t index : {0u, 7u, 65535u}) {
+        const auto d = remote::cq_data::decode(remote::cq_data{kind, peer, index}.encode());
+        CHECK(d.kind == kind);
+        CHECK(d.peer == peer);
+        CHECK(d.index == index);
+        CHECK(remote::cq_data{kind, peer, index}.encode() < (std::uint64_t{1} << 32));
+      }
+  auto bytes = remote::encode(some_status());
+  remote::stamp_sender(bytes, 42);
+  const auto info = remote::frame_type(bytes, remote::default_max_message);
+  REQUIRE(info);
+  CHECK(info.value.sender == 42);
+  CHECK(info.value.type == remote::message_type::status);
 }
 
 TEST_CASE("a peer that does not fit is refused, naming both sides") {

@@ -36,6 +36,7 @@ std::vector<std::byte> valid(unsigned kind) {
       remote::hello h;
       h.hostname = "node";
       h.ring_blocks = 8;
+      h.address = {1, 2, 3};
       return remote::encode(h);
     }
     case 1: {

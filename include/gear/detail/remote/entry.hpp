@@ -74,29 +74,41 @@ inline entry_layout layout_entry(std::span<const std::int64_t> step_bytes, std::
   return l;
 }
 
-/// Writes an entry for `h` (its blocks and payload_bytes set here from the layout) with the
-/// columns' packed steps into `out` (resized to whole blocks): what an actor writes to its ring.
-inline void pack_entry(entry_header h, std::span<const std::span<const std::byte>> columns,
-                       std::span<const std::int64_t> step_bytes, std::int64_t block_bytes,
-                       std::vector<std::byte>& out) {
-  const entry_layout l = layout_entry(step_bytes, h.length, block_bytes);
+/// Writes the entry for `h` (its columns, blocks and payload_bytes set here from the layout) into
+/// `out`, which holds its whole blocks: the header, column c's `h.length` steps from
+/// `columns[c]` (packed, step_bytes[c] bytes a step), the footer. What an actor writes to its ring.
+inline void pack_entry_into(entry_header h, std::span<const std::byte* const> columns,
+                            std::span<const std::int64_t> step_bytes, const entry_layout& l,
+                            std::span<std::byte> out) {
   h.columns = static_cast<std::uint16_t>(step_bytes.size());
   h.blocks = static_cast<std::uint32_t>(l.blocks);
   h.payload_bytes = static_cast<std::uint64_t>(l.payload_bytes);
-  out.assign(static_cast<std::size_t>(l.blocks * block_bytes), std::byte{0});
   std::memcpy(out.data(), &h, sizeof(h));
   for (std::size_t c = 0; c < columns.size() && c < step_bytes.size(); ++c)
-    if (!columns[c].empty())
-      std::memcpy(out.data() + entry_header_bytes + l.column_at[c], columns[c].data(),
-                  std::min<std::size_t>(columns[c].size(),
-                                        static_cast<std::size_t>(h.length * step_bytes[c])));
+    if (columns[c] != nullptr && h.length * step_bytes[c] > 0)
+      std::memcpy(out.data() + entry_header_bytes + l.column_at[c], columns[c],
+                  static_cast<std::size_t>(h.length * step_bytes[c]));
   std::memcpy(out.data() + entry_header_bytes + l.payload_bytes, &h.sequence, sizeof(h.sequence));
+}
+
+/// pack_entry_into a new buffer of whole blocks (zeroed): for tests and tools.
+inline void pack_entry(const entry_header& h, std::span<const std::span<const std::byte>> columns,
+                       std::span<const std::int64_t> step_bytes, std::int64_t block_bytes,
+                       std::vector<std::byte>& out) {
+  const entry_layout l = layout_entry(step_bytes, h.length, block_bytes);
+  out.assign(static_cast<std::size_t>(l.blocks * block_bytes), std::byte{0});
+  std::vector<const std::byte*> from;
+  for (std::size_t c = 0; c < columns.size(); ++c)
+    from.push_back(columns[c].size() >= static_cast<std::size_t>(h.length * step_bytes[c])
+                       ? columns[c].data()
+                       : nullptr);
+  pack_entry_into(h, from, step_bytes, l, out);
 }
 
 /// What the shard expects of the entry a completion names.
 struct entry_expectation {
   std::uint32_t actor = 0;
-  std::uint64_t sequence = 0;     ///< the actor's next
+  std::uint64_t sequence = 0;     ///< the oldest the shard still expects (older: a replay)
   std::uint32_t first_block = 0;  ///< from the completion's CQ data
   std::uint32_t ring_blocks = 0;
   std::int64_t block_bytes = 0;
@@ -126,10 +138,10 @@ inline decoded<entry_header> check_entry(std::span<const std::byte> ring,
   if (h.magic != entry_magic) return refuse<entry_header>(refusal::bad_magic, "entry magic");
   if (h.version != wire_version) return refuse<entry_header>(refusal::bad_version, "entry version");
   if (h.actor != expect.actor) return refuse<entry_header>(refusal::mismatch, "actor");
-  if (h.sequence != expect.sequence)
-    return refuse<entry_header>(
-        refusal::mismatch,
-        "sequence " + std::to_string(h.sequence) + ", expected " + std::to_string(expect.sequence));
+  if (h.sequence < expect.sequence)
+    return refuse<entry_header>(refusal::mismatch,
+                                "sequence " + std::to_string(h.sequence) + ", expected " +
+                                    std::to_string(expect.sequence) + " or later");
   if (h.first_block != expect.first_block)
     return refuse<entry_header>(refusal::mismatch, "first block");
   if (h.columns != expect.step_bytes.size())

@@ -2,7 +2,9 @@
 // Framing of the remote transport's messages, and how a refused message is told and counted.
 //
 // Every control message (messages.hpp) and the address blob (blob.hpp) is a frame: a 16-byte
-// header {magic "GEAR", wire version, type, body bytes, reserved 0} and its body. A parser takes
+// header {magic "GEAR", wire version, type, body bytes, sender} and its body. `sender` is the
+// index the receiver gave the sender at the handshake (0 before it): the receiver checks it
+// against the peers it knows before acting on the message. A parser takes
 // the bytes a peer sent, which may be anything: it checks the header against what it holds, reads
 // every field through wire_reader (never past the end), checks every field's range, and refuses
 // the message, naming the reason and the field, rather than use a value it has not checked. The
@@ -10,6 +12,7 @@
 
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <gear/detail/remote/bytes.hpp>
 #include <span>
 #include <string>
@@ -89,51 +92,77 @@ decoded<T> refuse(refusal why, std::string what) {
   return d;
 }
 
+/// Remote CQ data of a one-sided write (32 bits: every provider carries at least 4 bytes):
+/// [kind 4 | peer 12 | block or request 16].
+enum class write_kind : std::uint32_t { insert_entry = 1, sample_reply = 2 };
+struct cq_data {
+  write_kind kind{};
+  std::uint32_t peer = 0;   ///< the writer's index at the receiver (< 4096)
+  std::uint32_t index = 0;  ///< the first block (insert entries) or the request (< 65536)
+  [[nodiscard]] constexpr std::uint64_t encode() const noexcept {
+    return (static_cast<std::uint64_t>(kind) << 28) | (std::uint64_t{peer & 0xfff} << 16) |
+           (index & 0xffff);
+  }
+  static constexpr cq_data decode(std::uint64_t v) noexcept {
+    return {static_cast<write_kind>((v >> 28) & 0xf), static_cast<std::uint32_t>((v >> 16) & 0xfff),
+            static_cast<std::uint32_t>(v & 0xffff)};
+  }
+};
+inline constexpr std::uint32_t max_peers = 4096, max_cq_index = 65536;
+
 /// Reads every field in order; false once one is missing (the parser then refuses: truncated).
 template <class... T>
 bool read_all(wire_reader& r, T&... fields) {
   return (r.get(fields) && ...);
 }
 
-/// Starts a frame of `type`; finish_frame() writes its body length.
-inline wire_writer start_frame(message_type type) {
+/// Starts a frame of `type` from `sender`; finish_frame() writes its body length.
+inline wire_writer start_frame(message_type type, std::uint32_t sender = 0) {
   wire_writer w;
   w.put(frame_magic);
   w.put(wire_version);
   w.put(static_cast<std::uint16_t>(type));
   w.put(std::uint32_t{0});  // body bytes, patched
-  w.put(std::uint32_t{0});  // reserved
+  w.put(sender);
   return w;
+}
+/// Sets the sender of an encoded frame.
+inline void stamp_sender(std::span<std::byte> frame, std::uint32_t sender) noexcept {
+  if (frame.size() >= frame_header_bytes) std::memcpy(frame.data() + 12, &sender, 4);
 }
 inline std::vector<std::byte> finish_frame(wire_writer&& w) {
   w.patch_u32(8, static_cast<std::uint32_t>(w.size() - frame_header_bytes));
   return std::move(w).take();
 }
 
-/// The type a frame says it is, if its header holds together (magic, version, lengths); for a
-/// receiver that dispatches on it. Refuses as parse_frame does.
-inline decoded<message_type> frame_type(std::span<const std::byte> bytes,
-                                        std::uint32_t max_message) {
+/// What a frame's header says: its type and sender.
+struct frame_info {
+  message_type type{};
+  std::uint32_t sender = 0;
+};
+
+/// The type and sender a frame says, if its header holds together (magic, version, lengths); for
+/// a receiver that dispatches on it. Refuses as parse_frame does.
+inline decoded<frame_info> frame_type(std::span<const std::byte> bytes, std::uint32_t max_message) {
   if (bytes.size() < frame_header_bytes)
-    return refuse<message_type>(refusal::truncated, "frame header");
+    return refuse<frame_info>(refusal::truncated, "frame header");
   if (bytes.size() > max_message)
-    return refuse<message_type>(
+    return refuse<frame_info>(
         refusal::oversized,
         std::to_string(bytes.size()) + " bytes, the maximum is " + std::to_string(max_message));
   wire_reader r(bytes);
-  std::uint32_t magic = 0, body = 0, reserved = 0;
+  std::uint32_t magic = 0, body = 0, sender = 0;
   std::uint16_t version = 0, type = 0;
-  (void)(r.get(magic) && r.get(version) && r.get(type) && r.get(body) && r.get(reserved));
-  if (magic != frame_magic) return refuse<message_type>(refusal::bad_magic, "magic");
+  (void)(r.get(magic) && r.get(version) && r.get(type) && r.get(body) && r.get(sender));
+  if (magic != frame_magic) return refuse<frame_info>(refusal::bad_magic, "magic");
   if (version != wire_version)
-    return refuse<message_type>(refusal::bad_version, "wire version " + std::to_string(version) +
-                                                          ", this side speaks " +
-                                                          std::to_string(wire_version));
-  if (body > r.remaining()) return refuse<message_type>(refusal::truncated, "frame body");
-  if (body < r.remaining()) return refuse<message_type>(refusal::trailing, "frame body");
-  if (reserved != 0) return refuse<message_type>(refusal::out_of_range, "reserved");
-  decoded<message_type> d;
-  d.value = static_cast<message_type>(type);
+    return refuse<frame_info>(refusal::bad_version, "wire version " + std::to_string(version) +
+                                                        ", this side speaks " +
+                                                        std::to_string(wire_version));
+  if (body > r.remaining()) return refuse<frame_info>(refusal::truncated, "frame body");
+  if (body < r.remaining()) return refuse<frame_info>(refusal::trailing, "frame body");
+  decoded<frame_info> d;
+  d.value = {static_cast<message_type>(type), sender};
   return d;
 }
 
@@ -143,12 +172,12 @@ inline decoded<message_type> frame_type(std::span<const std::byte> bytes,
 template <class T, class ReadBody>
 decoded<T> parse_frame(std::span<const std::byte> bytes, message_type type,
                        std::uint32_t max_message, ReadBody&& read_body) {
-  const decoded<message_type> header = frame_type(bytes, max_message);
+  const decoded<frame_info> header = frame_type(bytes, max_message);
   if (!header) return refuse<T>(header.why, header.what);
-  if (header.value != type)
+  if (header.value.type != type)
     return refuse<T>(refusal::wrong_type,
-                     "type " + std::to_string(static_cast<unsigned>(header.value)) + ", expected " +
-                         std::to_string(static_cast<unsigned>(type)));
+                     "type " + std::to_string(static_cast<unsigned>(header.value.type)) +
+                         ", expected " + std::to_string(static_cast<unsigned>(type)));
   wire_reader r(bytes.subspan(frame_header_bytes));
   decoded<T> d;
   d.why = read_body(r, d.value, d.what);

@@ -40,6 +40,7 @@ enum class peer_role : std::uint8_t { actor = 1, learner = 2, shard = 3 };
 inline constexpr std::size_t token_proof_bytes = 32;
 inline constexpr std::size_t max_hostname = 255;
 inline constexpr std::size_t max_mr_key = 64;
+inline constexpr std::size_t max_hello_address = 512;
 
 struct hello {
   peer_role role = peer_role::actor;
@@ -50,6 +51,7 @@ struct hello {
   std::array<std::uint8_t, token_proof_bytes> token_proof{};
   std::uint32_t ring_blocks = 0;  ///< staging blocks an actor asks for (0 for a learner)
   std::uint32_t max_message = default_max_message;
+  std::vector<std::uint8_t> address;  ///< the client's fabric address, to answer it
 };
 
 inline std::vector<std::byte> encode(const hello& m) {
@@ -62,6 +64,8 @@ inline std::vector<std::byte> encode(const hello& m) {
   for (const std::uint8_t b : m.token_proof) w.put(b);
   w.put(m.ring_blocks);
   w.put(m.max_message);
+  w.put(static_cast<std::uint16_t>(m.address.size()));
+  for (const std::uint8_t b : m.address) w.put(b);
   return finish_frame(std::move(w));
 }
 
@@ -75,7 +79,13 @@ inline decoded<hello> parse_hello(std::span<const std::byte> bytes, const messag
           return what = "hello fields", refusal::none;
         for (std::uint8_t& b : m.token_proof)
           if (!r.get(b)) return refusal::none;
-        if (!read_all(r, m.ring_blocks, m.max_message)) return refusal::none;
+        std::uint16_t address_bytes = 0;
+        if (!read_all(r, m.ring_blocks, m.max_message, address_bytes)) return refusal::none;
+        if (address_bytes == 0 || address_bytes > max_hello_address)
+          return what = "address length", refusal::out_of_range;
+        m.address.resize(address_bytes);
+        for (std::uint8_t& b : m.address)
+          if (!r.get(b)) return refusal::none;
         m.role = static_cast<peer_role>(role);
         if (role < 1 || role > 3) return what = "role", refusal::out_of_range;
         if (m.ring_blocks > lim.max_ring_blocks) return what = "ring_blocks", refusal::out_of_range;

@@ -1,0 +1,382 @@
+#pragma once
+// gear::transport::shard_server: serves one local replay buffer to remote actors over a fabric
+// endpoint (transport/libfabric.hpp). The buffer stays the caller's: it may sample, update and
+// insert locally at the same time (the buffer is thread-safe).
+//
+// A progress thread owns the endpoint. It answers a client's hello with a welcome that grants an
+// actor its own staging ring (a registered region only that actor may write); it checks each
+// insert entry an actor writes there and publishes with remote CQ data (detail/remote/entry.hpp:
+// the layout computed here, never taken from the sender), inserts it into the buffer and
+// acknowledges it with its key (which frees the entry's blocks: the actor's credits); it answers
+// status requests. Whatever a peer sends that does not hold up is refused and counted by reason
+// (stats()), and the server serves on. An entry the buffer itself refuses is acknowledged with no
+// ticket, so that the actor learns of it and its blocks are freed.
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <gear/detail/remote/blob.hpp>
+#include <gear/detail/remote/entry.hpp>
+#include <gear/detail/remote/fingerprint.hpp>
+#include <gear/detail/remote/messages.hpp>
+#include <gear/insert.hpp>
+#include <gear/transport/libfabric.hpp>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace gear::transport {
+
+namespace fabric {
+
+/// Page-aligned, zeroed host memory for registration.
+class host_region {
+ public:
+  explicit host_region(std::size_t bytes) : bytes_(bytes) {
+    void* p = nullptr;
+    if (bytes == 0 || posix_memalign(&p, 4096, bytes) != 0)
+      throw error(errc::out_of_memory,
+                  "registered host memory of " + std::to_string(bytes) + " bytes");
+    std::memset(p, 0, bytes);
+    data_.reset(static_cast<std::byte*>(p));
+  }
+  [[nodiscard]] std::byte* data() const noexcept { return data_.get(); }
+  [[nodiscard]] std::size_t size() const noexcept { return bytes_; }
+
+ private:
+  struct release {
+    void operator()(std::byte* p) const noexcept { std::free(p); }
+  };
+  std::unique_ptr<std::byte, release> data_;
+  std::size_t bytes_;
+};
+
+/// Control messages to send: registered slots of max_message bytes, each busy until its send
+/// completes.
+class outbox {
+ public:
+  outbox(endpoint& ep, std::size_t slots, std::size_t max_message)
+      : memory_(slots * max_message), max_message_(max_message), busy_(slots) {
+    region_ = ep.register_memory(memory_.data(), memory_.size(), FI_SEND);
+  }
+  /// Sends `message` to `peer`, progressing with `poll` while no slot is free or the provider
+  /// asks to retry; false past `until` (the message is dropped).
+  template <class Poll>
+  bool send(endpoint& ep, std::span<const std::byte> message, fi_addr_t peer,
+            std::chrono::steady_clock::time_point until, Poll&& poll) {
+    if (message.size() > max_message_) return false;
+    for (;;) {
+      for (std::size_t s = 0; s < busy_.size(); ++s) {
+        if (busy_[s]) continue;
+        std::memcpy(memory_.data() + s * max_message_, message.data(), message.size());
+        if (ep.try_send(region_, s * max_message_, message.size(), peer, &busy_[s])) {
+          busy_[s] = 1;
+          return true;
+        }
+        break;  // the provider is busy: progress first
+      }
+      if (std::chrono::steady_clock::now() > until) return false;
+      poll();
+    }
+  }
+  /// Frees the slot a send completion names; false if the context is not one of this outbox's.
+  bool completed(const void* context) noexcept {
+    for (auto& b : busy_)
+      if (&b == context) return b = 0, true;
+    return false;
+  }
+
+ private:
+  host_region memory_;
+  std::size_t max_message_;
+  std::vector<char> busy_;
+  region region_{};
+};
+
+}  // namespace fabric
+
+template <class Buffer>
+class shard_server {
+ public:
+  using spec = typename Buffer::spec_type;
+
+  struct options {
+    libfabric_config fabric;
+    std::uint32_t shard = 0;
+    std::uint32_t max_ring_blocks = 256;    ///< per actor: it asks, up to this
+    std::uint32_t block_bytes = 64 * 1024;  ///< a power of two in [4 KiB, 16 MiB]
+    std::uint32_t max_peers = 64;
+    std::chrono::milliseconds send_deadline{5000};  ///< per control message
+  };
+  struct counters {
+    std::uint64_t inserted = 0, refused_inserts = 0, peers = 0;
+    detail::remote::refusal_counts refused;  ///< messages and entries, by reason
+  };
+
+  /// Opens the endpoint and starts serving. Throws errc::transport_error (no provider, ...).
+  shard_server(Buffer& buffer, options o)
+      : buffer_(buffer),
+        options_(std::move(o)),
+        inbox_(1 << 20),
+        ep_(std::make_unique<fabric::endpoint>(options_.fabric)),
+        outbox_(*ep_, 64, detail::remote::default_max_message) {
+    std::random_device seed;
+    do incarnation_ = seed();
+    while (incarnation_ == 0);
+    inbox_region_ = ep_->register_memory(inbox_.data(), inbox_.size(), FI_RECV);
+    if (!ep_->try_receive(inbox_region_, detail::remote::default_max_message, &inbox_))
+      throw error(errc::transport_error, "could not post the control receive buffer");
+    detail::remote::address_blob b;
+    b.provider = ep_->provider();
+    b.address_format = ep_->address_format();
+    b.address = ep_->name();
+    b.shard = options_.shard;
+    b.incarnation = incarnation_;
+    b.pid = static_cast<std::uint32_t>(getpid());
+    char host[256] = {};
+    (void)gethostname(host, sizeof(host) - 1);
+    b.hostname = host;
+    b.capacity = buffer.capacity();
+    b.max_length = buffer.max_length();
+    b.spec_fingerprint = detail::remote::spec_fingerprint<spec>();
+    b.selection_fingerprint =
+        detail::remote::selection_fingerprint<typename Buffer::selection_type>();
+    blob_ = b;
+    address_ = detail::remote::encode(b);
+    thread_ = std::thread([this] { run(); });
+  }
+  ~shard_server() {
+    stop();
+    ep_.reset();  // closes every registration before the memory under them is freed
+#if defined(GEAR_DEVICE_BACKEND)
+    if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+#endif
+  }
+  shard_server(const shard_server&) = delete;
+  shard_server& operator=(const shard_server&) = delete;
+
+  /// The address blob to hand to actors and learners (any channel).
+  [[nodiscard]] const std::vector<std::byte>& address() const noexcept { return address_; }
+  [[nodiscard]] std::uint32_t incarnation() const noexcept { return incarnation_; }
+  [[nodiscard]] counters stats() const {
+    const std::lock_guard held(stats_mutex_);
+    return stats_;
+  }
+  /// Stops serving (the progress thread ends within a poll).
+  void stop() {
+    stopping_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  struct peer {
+    fi_addr_t address = FI_ADDR_UNSPEC;
+    detail::remote::peer_role role{};
+    std::unique_ptr<fabric::host_region> ring;
+    fabric::region ring_region{};
+    std::uint32_t ring_blocks = 0;
+    std::uint64_t next_sequence = 0;  // every sequence below it was accepted
+    std::set<std::uint64_t> ahead;    // accepted ones above it
+  };
+
+  void run() {
+    while (!stopping_) {
+      try {
+        if (poll() == 0) std::this_thread::yield();
+      } catch (const error&) {
+        count(detail::remote::refusal::out_of_range);  // a failed completion: counted, serve on
+      }
+    }
+  }
+
+  std::size_t poll() {
+    return ep_->poll([this](const fabric::completion& c) {
+      using kind = fabric::completion::kind;
+      if (c.what == kind::received) {
+        on_message(c.message);
+        if (c.buffer_released)
+          (void)ep_->try_receive(inbox_region_, detail::remote::default_max_message, &inbox_);
+      } else if (c.what == kind::remote_write) {
+        on_entry(detail::remote::cq_data::decode(c.data));
+      } else if (c.what == kind::sent) {
+        (void)outbox_.completed(c.context);
+      } else if (c.what == kind::failed) {
+        (void)outbox_.completed(c.context);
+        count(detail::remote::refusal::out_of_range);
+      }
+    });
+  }
+
+  void count(detail::remote::refusal r) {
+    const std::lock_guard held(stats_mutex_);
+    stats_.refused.add(r);
+  }
+  void send(std::span<const std::byte> message, fi_addr_t to) {
+    const auto until = std::chrono::steady_clock::now() + options_.send_deadline;
+    if (!outbox_.send(*ep_, message, to, until, [this] { (void)poll(); }))
+      count(detail::remote::refusal::oversized);  // could not be sent in time: dropped
+  }
+  [[nodiscard]] detail::remote::message_limits limits() const {
+    detail::remote::message_limits l;
+    l.capacity = buffer_.capacity();
+    l.max_length = buffer_.max_length();
+    l.max_ring_blocks = options_.max_ring_blocks;
+    return l;
+  }
+
+  void on_message(std::span<const std::byte> message) {
+    namespace remote = detail::remote;
+    const auto info = remote::frame_type(message, remote::default_max_message);
+    if (!info) return count(info.why);
+    if (info.value.type == remote::message_type::hello) return on_hello(message);
+    const std::uint32_t sender = info.value.sender;
+    if (sender == 0 || sender > peers_.size()) return count(remote::refusal::mismatch);
+    const peer& from = peers_[sender - 1];
+    switch (info.value.type) {
+      case remote::message_type::status_request: {
+        const auto r = remote::parse_status_request(message, limits());
+        if (!r) return count(r.why);
+        remote::status s;
+        s.incarnation = incarnation_;
+        s.size = buffer_.size();
+        s.mass = static_cast<double>(s.size);
+        const counters now = stats();
+        s.inserted = now.inserted;
+        s.refused = now.refused.total() + now.refused_inserts;
+        auto bytes = remote::encode(s);
+        remote::stamp_sender(bytes, 0);
+        return send(bytes, from.address);
+      }
+      default:
+        return count(remote::refusal::wrong_type);
+    }
+  }
+
+  void on_hello(std::span<const std::byte> message) {
+    namespace remote = detail::remote;
+    const auto h = remote::parse_hello(message, limits());
+    if (!h) return count(h.why);
+    if (h.value.spec_fingerprint != blob_.spec_fingerprint ||
+        (h.value.role != remote::peer_role::actor &&
+         h.value.selection_fingerprint != blob_.selection_fingerprint) ||
+        peers_.size() >= options_.max_peers || peers_.size() + 1 >= remote::max_peers)
+      return count(remote::refusal::mismatch);
+    peer p;
+    p.address = ep_->insert_peer(h.value.address);
+    p.role = h.value.role;
+    remote::welcome w;
+    w.peer_index = static_cast<std::uint32_t>(peers_.size() + 1);
+    w.incarnation = incarnation_;
+    w.block_bytes = options_.block_bytes;
+    if (p.role == remote::peer_role::actor && h.value.ring_blocks > 0) {
+      p.ring_blocks =
+          std::min({h.value.ring_blocks, options_.max_ring_blocks, remote::max_cq_index});
+      p.ring =
+          std::make_unique<fabric::host_region>(std::size_t{p.ring_blocks} * options_.block_bytes);
+      p.ring_region = ep_->register_memory(p.ring->data(), p.ring->size(), FI_REMOTE_WRITE);
+      w.ring_address = p.ring_region.remote_address;
+      w.ring_key.resize(sizeof(p.ring_region.key));
+      std::memcpy(w.ring_key.data(), &p.ring_region.key, sizeof(p.ring_region.key));
+      w.ring_blocks = p.ring_blocks;
+    }
+    const fi_addr_t to = p.address;
+    peers_.push_back(std::move(p));
+    {
+      const std::lock_guard held(stats_mutex_);
+      ++stats_.peers;
+    }
+    send(remote::encode(w), to);
+  }
+
+  void on_entry(const detail::remote::cq_data& d) {
+    namespace remote = detail::remote;
+    if (d.kind != remote::write_kind::insert_entry || d.peer == 0 || d.peer > peers_.size())
+      return count(remote::refusal::mismatch);
+    peer& from = peers_[d.peer - 1];
+    if (!from.ring) return count(remote::refusal::mismatch);
+    const std::span<const std::byte> ring(from.ring->data(), from.ring->size());
+    const remote::entry_expectation expect{
+        d.peer,           from.next_sequence,   d.index,
+        from.ring_blocks, options_.block_bytes, buffer_.max_length(),
+        spec::step_bytes};
+    const auto e = remote::check_entry(ring, expect);
+    if (!e) return count(e.why);
+    const std::uint64_t sequence = e.value.sequence;
+    if (from.ahead.count(sequence) != 0 || from.ahead.size() >= from.ring_blocks)
+      return count(remote::refusal::mismatch);  // a duplicate, or a window past the ring
+    // Into the buffer, from the ring: the columns at the layout computed here.
+    const auto layout =
+        remote::layout_entry(spec::step_bytes, e.value.length, options_.block_bytes);
+    const std::byte* at =
+        ring.data() + std::size_t{d.index} * options_.block_bytes + remote::entry_header_bytes;
+    const std::int64_t lengths[] = {e.value.length};
+    trajectories<spec> in{lengths, {}, memory_kind::host};
+    [&]<std::size_t... C>(std::index_sequence<C...>) {
+      ((in.columns[C] = column_of<C>(at + layout.column_at[C])), ...);
+    }
+    (std::make_index_sequence<spec::num_columns>{});
+    key stored{};
+    try {
+      if constexpr (Buffer::on_device) {
+#if defined(GEAR_DEVICE_BACKEND)
+        buffer_.insert(in, std::span<key>(&stored, 1), cuda::stream_ref{this->stream()});
+#endif
+      } else {
+        buffer_.insert(in, std::span<key>(&stored, 1));
+      }
+      stored.shard = options_.shard;  // the local buffer's key, as remote peers name it
+      stored.incarnation = incarnation_;
+      const std::lock_guard held(stats_mutex_);
+      ++stats_.inserted;
+    } catch (const error&) {
+      stored = key{no_ticket, options_.shard, incarnation_};
+      const std::lock_guard held(stats_mutex_);
+      ++stats_.refused_inserts;
+    }
+    from.ahead.insert(sequence);
+    while (from.ahead.count(from.next_sequence) != 0) from.ahead.erase(from.next_sequence++);
+    send(remote::encode(remote::ack{d.index, e.value.blocks, sequence, stored}), from.address);
+  }
+
+  template <std::size_t C>
+  static column_input column_of(const std::byte* data) {
+    using col = typename spec::template column_t<C>;
+    column_input in{data, col::type, static_cast<int>(col::rank), {}};
+    for (std::size_t i = 0; i < col::rank; ++i) in.shape[i] = col::shape[i];
+    return in;
+  }
+
+#if defined(GEAR_DEVICE_BACKEND)
+  cudaStream_t stream() {
+    if (stream_ == nullptr)
+      GEAR_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    return stream_;
+  }
+  cudaStream_t stream_{};
+#endif
+
+  Buffer& buffer_;
+  options options_;
+  fabric::host_region inbox_;
+  std::vector<peer> peers_;  // the progress thread's alone (rings outlive the endpoint)
+  std::unique_ptr<fabric::endpoint> ep_;
+  fabric::region inbox_region_{};
+  fabric::outbox outbox_;
+  std::uint32_t incarnation_ = 0;
+  detail::remote::address_blob blob_;
+  std::vector<std::byte> address_;
+  mutable std::mutex stats_mutex_;
+  counters stats_;
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+};
+
+}  // namespace gear::transport

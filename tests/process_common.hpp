@@ -1,0 +1,90 @@
+#pragma once
+// Shared by the multi-process transport tests: length-prefixed frames on a socket (the
+// out-of-band channel), children with deadlines, and the cleanup checks (no process, no /dev/shm
+// file of theirs left).
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <gear/error.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace process_test {
+
+using clock_type = std::chrono::steady_clock;
+
+inline bool send_frame(int fd, std::span<const std::byte> bytes) {
+  const auto n = static_cast<std::uint32_t>(bytes.size());
+  return write(fd, &n, 4) == 4 &&
+         write(fd, bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size());
+}
+inline std::vector<std::byte> receive_frame(int fd) {
+  std::uint32_t n = 0;
+  if (read(fd, &n, 4) != 4 || n > (1u << 20)) return {};
+  std::vector<std::byte> bytes(n);
+  std::size_t got = 0;
+  while (got < n) {
+    const ssize_t r = read(fd, bytes.data() + got, n - got);
+    if (r <= 0) return {};
+    got += static_cast<std::size_t>(r);
+  }
+  return bytes;
+}
+
+/// Runs `role(fd)` in a child process (which closes `other_fd`); its exit code is what role
+/// returns, 77 when the provider is not there, 2 for any other gear::error. Returns its pid.
+template <class Role>
+pid_t spawn(Role role, int fd, int other_fd, bool disable_cma) {
+  const pid_t pid = fork();
+  if (pid != 0) return pid;
+  if (other_fd >= 0) close(other_fd);
+  alarm(90);  // a last resort: the parent kills at its own deadline first
+  if (disable_cma) setenv("FI_SHM_DISABLE_CMA", "1", 1);
+  setenv("FI_LOG_LEVEL", "warn", 0);
+  int rc = 1;
+  try {
+    rc = role(fd);
+  } catch (const gear::error& e) {
+    std::fprintf(stderr, "child %d: %s\n", getpid(), e.what());
+    rc = std::strstr(e.what(), "fi_getinfo") != nullptr ? 77 : 2;
+  }
+  _exit(rc);
+}
+
+/// Waits for `pid` until `until`, killing it past that. Its exit code, or -signal.
+inline int reap(pid_t pid, clock_type::time_point until) {
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (clock_type::now() > until) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return -SIGKILL;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+}
+
+/// Files a shm endpoint of `pid` left in /dev/shm (removed, and counted).
+inline int shm_leftovers(pid_t pid) {
+  int n = 0;
+  const std::string prefix = std::to_string(pid) + ":";
+  std::error_code ec;
+  for (const auto& f : std::filesystem::directory_iterator("/dev/shm", ec))
+    if (f.path().filename().string().rfind(prefix, 0) == 0) {
+      std::filesystem::remove(f.path(), ec);
+      ++n;
+    }
+  return n;
+}
+
+}  // namespace process_test
