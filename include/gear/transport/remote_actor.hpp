@@ -24,7 +24,7 @@
 #include <gear/detail/remote/messages.hpp>
 #include <gear/insert.hpp>
 #include <gear/key.hpp>
-#include <gear/transport/shard_server.hpp>
+#include <gear/transport/remote_client.hpp>
 #include <memory>
 #include <optional>
 #include <span>
@@ -35,7 +35,7 @@
 namespace gear::transport {
 
 template <class Spec>
-class remote_actor {
+class remote_actor : public remote_client {
  public:
   struct options {
     libfabric_config fabric;
@@ -46,43 +46,22 @@ class remote_actor {
   /// Connects to every shard whose address blob is given. Throws errc::peer_mismatch (another
   /// spec or provider), errc::peer_lost (no welcome by the deadline), errc::transport_error.
   remote_actor(std::span<const std::vector<std::byte>> shard_blobs, options o)
-      : options_(std::move(o)),
-        inbox_(1 << 20),
-        ep_(std::make_unique<fabric::endpoint>(options_.fabric)),
-        outbox_(*ep_, 16, detail::remote::default_max_message) {
-    namespace remote = detail::remote;
-    inbox_region_ = ep_->register_memory(inbox_.data(), inbox_.size(), FI_RECV);
-    if (!ep_->try_receive(inbox_region_, remote::default_max_message, &inbox_))
-      throw error(errc::transport_error, "could not post the control receive buffer");
-    remote::address_blob mine;
-    mine.provider = ep_->provider();
-    mine.address_format = ep_->address_format();
-    mine.pid = static_cast<std::uint32_t>(getpid());
-    mine.hostname = "this actor";
-    mine.spec_fingerprint = remote::spec_fingerprint<Spec>();
-    for (const auto& bytes : shard_blobs) {
-      const auto b = remote::parse_blob(bytes);
-      GEAR_REQUIRE(b, errc::invalid_argument,
-                   "a shard address blob is refused (" + std::string(remote::to_string(b.why)) +
-                       ": " + b.what + ")");
-      mine.selection_fingerprint = b.value.selection_fingerprint;  // an actor selects nothing
-      remote::check_peer(mine, b.value);
-      shard s;
-      s.blob = b.value;
-      s.address = ep_->insert_peer(b.value.address);
-      shards_.push_back(std::move(s));
-    }
-    GEAR_REQUIRE(!shards_.empty(), errc::invalid_argument, "an actor needs at least one shard");
-    for (std::size_t i = 0; i < shards_.size(); ++i) greet(i);
-    const auto until = clock::now() + options_.deadline;
-    for (std::size_t i = 0; i < shards_.size(); ++i)
-      wait_until([&] { return shards_[i].peer_index != 0; }, until, i, "a welcome");
+      : remote_client(shard_blobs, o.fabric, o.deadline, detail::remote::spec_fingerprint<Spec>(),
+                      std::nullopt),
+        options_(std::move(o)),
+        shards_(links_.size()) {
+    greet([&](std::size_t s) {
+      detail::remote::hello h;
+      h.role = detail::remote::peer_role::actor;
+      h.spec_fingerprint = detail::remote::spec_fingerprint<Spec>();
+      h.selection_fingerprint = links_[s].blob.selection_fingerprint;
+      h.hostname = "actor";
+      h.ring_blocks = options_.ring_blocks;
+      return h;
+    });
   }
-  ~remote_actor() { ep_.reset(); }
-  remote_actor(const remote_actor&) = delete;
-  remote_actor& operator=(const remote_actor&) = delete;
 
-  [[nodiscard]] std::size_t shards() const noexcept { return shards_.size(); }
+  ~remote_actor() { close(); }
 
   /// Inserts the trajectories (host memory, packed as for replay_buffer::insert), each to the
   /// next shard in turn, and writes their keys (which name the shard) once all are stored.
@@ -102,15 +81,16 @@ class remote_actor {
     for (std::size_t t = 0; t < count; ++t) {
       const std::int64_t length = in.lengths[t];
       const shard& to = shards_[(next_shard_ + t) % shards_.size()];
+      const auto& blob = links_[(next_shard_ + t) % links_.size()].blob;
       GEAR_REQUIRE(length >= 1, errc::empty_trajectory,
                    "trajectory " + std::to_string(t) + " has length " + std::to_string(length));
-      GEAR_REQUIRE(length <= to.blob.max_length &&
+      GEAR_REQUIRE(length <= blob.max_length &&
                        remote::layout_entry(Spec::step_bytes, length, to.block_bytes).blocks <=
                            to.ring_blocks,
                    errc::trajectory_too_long,
                    "trajectory " + std::to_string(t) + " has " + std::to_string(length) +
-                       " steps; shard " + std::to_string(to.blob.shard) + " takes up to " +
-                       std::to_string(to.blob.max_length));
+                       " steps; shard " + std::to_string(blob.shard) + " takes up to " +
+                       std::to_string(blob.max_length));
     }
     std::size_t first_pending = pending_.size();
     for (std::size_t t = 0; t < count; ++t) {
@@ -131,10 +111,13 @@ class remote_actor {
       for (std::size_t c = 0; c < Spec::num_columns; ++c) at[c] += length * Spec::step_bytes[c];
       // The remote address: inside the ring the shard granted (checked by take_blocks).
       const remote::cq_data data{remote::write_kind::insert_entry, to.peer_index, first};
-      while (!ep_->try_writedata(
-          to.staging_region, offset, static_cast<std::size_t>(layout.total_bytes), to.address,
-          to.ring_address + offset, to.ring_key, data.encode(), &write_context_))
-        progress(until, s, "ring space");
+      while (!ep_->try_writedata(to.staging_region, offset,
+                                 static_cast<std::size_t>(layout.total_bytes), links_[s].address,
+                                 to.ring_address + offset, to.ring_key, data.encode(),
+                                 &write_context_)) {
+        if (clock::now() > until) lost(s, "ring space");
+        if (poll() == 0) std::this_thread::yield();
+      }
       pending_.push_back(
           {s, h.sequence, first, static_cast<std::uint32_t>(layout.blocks), t, false, {}});
     }
@@ -150,29 +133,15 @@ class remote_actor {
     pending_.resize(first_pending);
     for (const auto& e : mine)
       GEAR_REQUIRE(e.stored.ticket != no_ticket, errc::invalid_argument,
-                   "shard " + std::to_string(shards_[e.shard].blob.shard) + " refused trajectory " +
+                   "shard " + std::to_string(links_[e.shard].blob.shard) + " refused trajectory " +
                        std::to_string(e.index) + " of the insert");
-  }
-
-  /// Asks shard `s` for its status and waits for it (bounded by the deadline).
-  detail::remote::status status(std::size_t s) {
-    namespace remote = detail::remote;
-    auto bytes = remote::encode_status_request();
-    remote::stamp_sender(bytes, shards_[s].peer_index);
-    const auto until = clock::now() + options_.deadline;
-    shards_[s].last_status.reset();
-    send(bytes, s, until);
-    wait_until([&] { return shards_[s].last_status.has_value(); }, until, s, "a status");
-    return *shards_[s].last_status;
   }
 
  private:
   using clock = std::chrono::steady_clock;
 
-  struct shard {
-    detail::remote::address_blob blob;
-    fi_addr_t address = FI_ADDR_UNSPEC;
-    std::uint32_t peer_index = 0;  // 0 until welcomed
+  struct shard {  // links_[s]'s ring, once welcomed
+    std::uint32_t peer_index = 0;
     std::uint64_t ring_address = 0, ring_key = 0;
     std::uint32_t ring_blocks = 0, block_bytes = 0;
     std::unique_ptr<fabric::host_region> staging;  // mirrors the shard's ring, block for block
@@ -180,7 +149,6 @@ class remote_actor {
     std::vector<char> busy;  // per block: holds an entry not yet acknowledged
     std::uint32_t head = 0;
     std::uint64_t next_sequence = 0;
-    std::optional<detail::remote::status> last_status;
   };
   struct pending {
     std::size_t shard;
@@ -191,114 +159,36 @@ class remote_actor {
     key stored;
   };
 
-  void greet(std::size_t s) {
+  void on_welcome(std::size_t s, const detail::remote::welcome& w) override {
+    GEAR_REQUIRE(
+        w.ring_key.size() == sizeof(std::uint64_t) && w.ring_blocks > 0, errc::peer_mismatch,
+        "shard " + std::to_string(links_[s].blob.shard) + " granted no usable staging ring");
+    shard& to = shards_[s];
+    to.peer_index = w.peer_index;
+    to.ring_address = w.ring_address;
+    std::memcpy(&to.ring_key, w.ring_key.data(), sizeof(to.ring_key));
+    to.ring_blocks = w.ring_blocks;
+    to.block_bytes = w.block_bytes;
+    to.staging = std::make_unique<fabric::host_region>(std::size_t{w.ring_blocks} * w.block_bytes);
+    to.staging_region = ep_->register_memory(to.staging->data(), to.staging->size(), FI_WRITE);
+    to.busy.assign(w.ring_blocks, 0);
+  }
+
+  void on_message(std::span<const std::byte> message, detail::remote::message_type type) override {
     namespace remote = detail::remote;
-    remote::hello h;
-    h.role = remote::peer_role::actor;
-    h.spec_fingerprint = remote::spec_fingerprint<Spec>();
-    h.selection_fingerprint = shards_[s].blob.selection_fingerprint;
-    h.pid = static_cast<std::uint32_t>(getpid());
-    h.hostname = "actor";
-    h.ring_blocks = options_.ring_blocks;
-    h.address = ep_->name();
-    send(remote::encode(h), s, clock::now() + options_.deadline);
-  }
-
-  void send(std::span<const std::byte> message, std::size_t s, clock::time_point until) {
-    if (!outbox_.send(*ep_, message, shards_[s].address, until, [&] { poll(); }))
-      lost(s, "sending a control message");
-  }
-
-  [[noreturn]] void lost(std::size_t s, const std::string& waiting_for) const {
-    const auto& b = shards_[s].blob;
-    throw error(errc::peer_lost, "shard " + std::to_string(b.shard) + " (pid " +
-                                     std::to_string(b.pid) + " on '" + b.hostname + "', " +
-                                     b.provider + ") gave no " + waiting_for + " within " +
-                                     std::to_string(options_.deadline.count()) + " ms");
-  }
-
-  template <class Done>
-  void wait_until(Done done, clock::time_point until, std::size_t s, const char* what) {
-    while (!done()) progress(until, s, what);
-  }
-  void progress(clock::time_point until, std::size_t s, const char* what) {
-    if (clock::now() > until) lost(s, what);
-    if (poll() == 0) std::this_thread::yield();
-  }
-
-  std::size_t poll() {
-    namespace remote = detail::remote;
-    return ep_->poll([&](const fabric::completion& c) {
-      using kind = fabric::completion::kind;
-      if (c.what == kind::failed) {
-        (void)outbox_.completed(c.context);
-        throw error(errc::transport_error, "a transfer failed: " + c.detail);
-      }
-      if (c.what == kind::sent) (void)outbox_.completed(c.context);
-      if (c.what != kind::received) return;
-      on_message(c.message);
-      if (c.buffer_released)
-        (void)ep_->try_receive(inbox_region_, remote::default_max_message, &inbox_);
-    });
-  }
-
-  void on_message(std::span<const std::byte> message) {
-    namespace remote = detail::remote;
-    const auto info = remote::frame_type(message, remote::default_max_message);
-    if (!info) return;
-    remote::message_limits l;
-    l.max_ring_blocks = remote::max_cq_index;
-    switch (info.value.type) {
-      case remote::message_type::welcome: {
-        const auto w = remote::parse_welcome(message, l);
-        if (!w) return;
-        for (auto& s : shards_)  // the shard whose incarnation it names and that has none yet
-          if (s.peer_index == 0 && s.blob.incarnation == w.value.incarnation) {
-            accept(s, w.value);
-            return;
-          }
-        return;
-      }
-      case remote::message_type::ack: {
-        for (auto& p : pending_) {
-          if (p.acked) continue;
-          const auto a = remote::parse_ack(message, l, shards_[p.shard].ring_blocks);
-          if (!a || a.value.sequence != p.sequence || a.value.first_block != p.first_block ||
-              a.value.stored.incarnation != shards_[p.shard].blob.incarnation)
-            continue;
-          p.acked = true;
-          p.stored = a.value.stored;
-          auto& busy = shards_[p.shard].busy;
-          for (std::uint32_t b = p.first_block; b < p.first_block + p.blocks; ++b) busy[b] = 0;
-          return;
-        }
-        return;
-      }
-      case remote::message_type::status: {
-        l.capacity = std::int64_t{1} << 62;
-        const auto st = remote::parse_status(message, l);
-        if (!st) return;
-        for (auto& s : shards_)
-          if (s.blob.incarnation == st.value.incarnation) s.last_status = st.value;
-        return;
-      }
-      default:
-        return;
+    if (type != remote::message_type::ack) return;
+    for (auto& p : pending_) {
+      if (p.acked) continue;
+      const auto a = remote::parse_ack(message, {}, shards_[p.shard].ring_blocks);
+      if (!a || a.value.sequence != p.sequence || a.value.first_block != p.first_block ||
+          a.value.stored.incarnation != links_[p.shard].blob.incarnation)
+        continue;
+      p.acked = true;
+      p.stored = a.value.stored;
+      auto& busy = shards_[p.shard].busy;
+      for (std::uint32_t b = p.first_block; b < p.first_block + p.blocks; ++b) busy[b] = 0;
+      return;
     }
-  }
-
-  void accept(shard& s, const detail::remote::welcome& w) {
-    GEAR_REQUIRE(w.ring_key.size() == sizeof(std::uint64_t) && w.ring_blocks > 0,
-                 errc::peer_mismatch,
-                 "shard " + std::to_string(s.blob.shard) + " granted no usable staging ring");
-    s.peer_index = w.peer_index;
-    s.ring_address = w.ring_address;
-    std::memcpy(&s.ring_key, w.ring_key.data(), sizeof(s.ring_key));
-    s.ring_blocks = w.ring_blocks;
-    s.block_bytes = w.block_bytes;
-    s.staging = std::make_unique<fabric::host_region>(std::size_t{w.ring_blocks} * w.block_bytes);
-    s.staging_region = ep_->register_memory(s.staging->data(), s.staging->size(), FI_WRITE);
-    s.busy.assign(w.ring_blocks, 0);
   }
 
   /// The first of `n` consecutive free blocks of shard s's ring, taken in ring order; waits for
@@ -315,19 +205,16 @@ class remote_actor {
         return first;
       }
       if (clock::now() > until)
-        throw error(errc::timeout, "no staging space at shard " + std::to_string(to.blob.shard) +
-                                       " within " + std::to_string(options_.deadline.count()) +
+        throw error(errc::timeout, "no staging space at shard " +
+                                       std::to_string(links_[s].blob.shard) + " within " +
+                                       std::to_string(options_.deadline.count()) +
                                        " ms: it acknowledges no entry");
       if (poll() == 0) std::this_thread::yield();
     }
   }
 
   options options_;
-  fabric::host_region inbox_;
-  std::vector<shard> shards_;  // their staging outlives the endpoint
-  std::unique_ptr<fabric::endpoint> ep_;
-  fabric::region inbox_region_{};
-  fabric::outbox outbox_;
+  std::vector<shard> shards_;  // their staging outlives the endpoint (reset by remote_client)
   std::vector<pending> pending_;
   std::size_t next_shard_ = 0;
   int write_context_ = 0;

@@ -18,12 +18,15 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <gear/detail/remote/blob.hpp>
 #include <gear/detail/remote/entry.hpp>
 #include <gear/detail/remote/fingerprint.hpp>
 #include <gear/detail/remote/messages.hpp>
 #include <gear/insert.hpp>
+#include <gear/transport/fabric_memory.hpp>
 #include <gear/transport/libfabric.hpp>
+#include <gear/transport/shard_sampling.hpp>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -35,73 +38,8 @@
 
 namespace gear::transport {
 
-namespace fabric {
-
-/// Page-aligned, zeroed host memory for registration.
-class host_region {
- public:
-  explicit host_region(std::size_t bytes) : bytes_(bytes) {
-    void* p = nullptr;
-    if (bytes == 0 || posix_memalign(&p, 4096, bytes) != 0)
-      throw error(errc::out_of_memory,
-                  "registered host memory of " + std::to_string(bytes) + " bytes");
-    std::memset(p, 0, bytes);
-    data_.reset(static_cast<std::byte*>(p));
-  }
-  [[nodiscard]] std::byte* data() const noexcept { return data_.get(); }
-  [[nodiscard]] std::size_t size() const noexcept { return bytes_; }
-
- private:
-  struct release {
-    void operator()(std::byte* p) const noexcept { std::free(p); }
-  };
-  std::unique_ptr<std::byte, release> data_;
-  std::size_t bytes_;
-};
-
-/// Control messages to send: registered slots of max_message bytes, each busy until its send
-/// completes.
-class outbox {
- public:
-  outbox(endpoint& ep, std::size_t slots, std::size_t max_message)
-      : memory_(slots * max_message), max_message_(max_message), busy_(slots) {
-    region_ = ep.register_memory(memory_.data(), memory_.size(), FI_SEND);
-  }
-  /// Sends `message` to `peer`, progressing with `poll` while no slot is free or the provider
-  /// asks to retry; false past `until` (the message is dropped).
-  template <class Poll>
-  bool send(endpoint& ep, std::span<const std::byte> message, fi_addr_t peer,
-            std::chrono::steady_clock::time_point until, Poll&& poll) {
-    if (message.size() > max_message_) return false;
-    for (;;) {
-      for (std::size_t s = 0; s < busy_.size(); ++s) {
-        if (busy_[s]) continue;
-        std::memcpy(memory_.data() + s * max_message_, message.data(), message.size());
-        if (ep.try_send(region_, s * max_message_, message.size(), peer, &busy_[s])) {
-          busy_[s] = 1;
-          return true;
-        }
-        break;  // the provider is busy: progress first
-      }
-      if (std::chrono::steady_clock::now() > until) return false;
-      poll();
-    }
-  }
-  /// Frees the slot a send completion names; false if the context is not one of this outbox's.
-  bool completed(const void* context) noexcept {
-    for (auto& b : busy_)
-      if (&b == context) return b = 0, true;
-    return false;
-  }
-
- private:
-  host_region memory_;
-  std::size_t max_message_;
-  std::vector<char> busy_;
-  region region_{};
-};
-
-}  // namespace fabric
+/// The largest slice a learner may grant a shard (its replies' size bound).
+inline constexpr std::uint64_t max_slice_bytes = std::uint64_t{1} << 32;
 
 template <class Buffer>
 class shard_server {
@@ -185,14 +123,34 @@ class shard_server {
     std::uint32_t ring_blocks = 0;
     std::uint64_t next_sequence = 0;  // every sequence below it was accepted
     std::set<std::uint64_t> ahead;    // accepted ones above it
+    // A learner's slice for sample replies, and the registered memory a reply is packed in
+    // (busy until its write completes).
+    std::uint64_t slice_address = 0, slice_key = 0, slice_bytes = 0;
+    std::unique_ptr<fabric::host_region> reply;
+    fabric::region reply_region{};
+    char reply_busy = 0;
+  };
+  /// A completion to act on: a control message (copied out of the receive buffer) or an entry.
+  struct work {
+    std::vector<std::byte> message;
+    std::uint64_t entry = 0;
   };
 
   void run() {
     while (!stopping_) {
       try {
-        if (poll() == 0) std::this_thread::yield();
+        const std::size_t n = poll();
+        while (!work_.empty()) {  // acted on outside the poll: handlers send, and sends poll
+          const work w = std::move(work_.front());
+          work_.pop_front();
+          if (w.message.empty())
+            on_entry(detail::remote::cq_data::decode(w.entry));
+          else
+            on_message(w.message);
+        }
+        if (n == 0) std::this_thread::yield();
       } catch (const error&) {
-        count(detail::remote::refusal::out_of_range);  // a failed completion: counted, serve on
+        count(detail::remote::refusal::out_of_range);  // a failed transfer: counted, serve on
       }
     }
   }
@@ -201,16 +159,16 @@ class shard_server {
     return ep_->poll([this](const fabric::completion& c) {
       using kind = fabric::completion::kind;
       if (c.what == kind::received) {
-        on_message(c.message);
+        if (!c.message.empty()) work_.push_back({{c.message.begin(), c.message.end()}, 0});
         if (c.buffer_released)
           (void)ep_->try_receive(inbox_region_, detail::remote::default_max_message, &inbox_);
       } else if (c.what == kind::remote_write) {
-        on_entry(detail::remote::cq_data::decode(c.data));
-      } else if (c.what == kind::sent) {
-        (void)outbox_.completed(c.context);
-      } else if (c.what == kind::failed) {
-        (void)outbox_.completed(c.context);
-        count(detail::remote::refusal::out_of_range);
+        work_.push_back({{}, c.data});
+      } else if (c.what == kind::sent || c.what == kind::written || c.what == kind::failed) {
+        if (!outbox_.completed(c.context))
+          for (auto& p : peers_)
+            if (&p.reply_busy == c.context) p.reply_busy = 0;
+        if (c.what == kind::failed) count(detail::remote::refusal::out_of_range);
       }
     });
   }
@@ -255,6 +213,21 @@ class shard_server {
         remote::stamp_sender(bytes, 0);
         return send(bytes, from.address);
       }
+      case remote::message_type::sample_request: {
+        auto l = limits();
+        const auto r = remote::parse_sample_request(message, l);
+        if (!r) return count(r.why);
+        const auto layout =
+            remote::layout_reply(spec::step_bytes, r.value.rows, r.value.win.length);
+        if (!from.reply || r.value.incarnation != incarnation_ ||
+            r.value.request >= remote::max_cq_index)
+          return count(remote::refusal::mismatch);
+        if (r.value.reply_bytes != static_cast<std::uint64_t>(layout.total_bytes) ||
+            r.value.reply_offset > from.slice_bytes ||
+            from.slice_bytes - r.value.reply_offset < r.value.reply_bytes)
+          return count(remote::refusal::out_of_range);
+        return reply(peers_[sender - 1], r.value, layout);
+      }
       default:
         return count(remote::refusal::wrong_type);
     }
@@ -276,6 +249,14 @@ class shard_server {
     w.peer_index = static_cast<std::uint32_t>(peers_.size() + 1);
     w.incarnation = incarnation_;
     w.block_bytes = options_.block_bytes;
+    if (p.role == remote::peer_role::learner && h.value.slice_key.size() == sizeof(std::uint64_t) &&
+        h.value.slice_bytes > 0 && h.value.slice_bytes <= max_slice_bytes) {
+      p.slice_address = h.value.slice_address;
+      std::memcpy(&p.slice_key, h.value.slice_key.data(), sizeof(p.slice_key));
+      p.slice_bytes = h.value.slice_bytes;
+      p.reply = std::make_unique<fabric::host_region>(p.slice_bytes);
+      p.reply_region = ep_->register_memory(p.reply->data(), p.reply->size(), FI_WRITE);
+    }
     if (p.role == remote::peer_role::actor && h.value.ring_blocks > 0) {
       p.ring_blocks =
           std::min({h.value.ring_blocks, options_.max_ring_blocks, remote::max_cq_index});
@@ -346,6 +327,29 @@ class shard_server {
     send(remote::encode(remote::ack{d.index, e.value.blocks, sequence, stored}), from.address);
   }
 
+  /// Selects and gathers the request's rows from the buffer, packs them as a reply and writes it
+  /// into the learner's slice (shard_sampling.hpp). A buffer that cannot sample (empty, say)
+  /// answers with a header of no rows, which the learner reports.
+  void reply(peer& to, const detail::remote::sample_request& r,
+             const detail::remote::reply_layout& layout) {
+    namespace remote = detail::remote;
+    const auto until = std::chrono::steady_clock::now() + options_.send_deadline;
+    while (to.reply_busy != 0) {  // the last reply's write still reads the staging
+      if (std::chrono::steady_clock::now() > until) return count(remote::refusal::oversized);
+      if (poll() == 0) std::this_thread::yield();
+    }
+    const std::span<std::byte> out(to.reply->data(), static_cast<std::size_t>(layout.total_bytes));
+    pack_sample_reply(buffer_, r, layout, incarnation_, options_.shard, out);
+    const remote::cq_data data{remote::write_kind::sample_reply, options_.shard, r.request};
+    while (!ep_->try_writedata(to.reply_region, 0, out.size(), to.address,
+                               to.slice_address + r.reply_offset, to.slice_key, data.encode(),
+                               &to.reply_busy)) {
+      if (std::chrono::steady_clock::now() > until) return count(remote::refusal::oversized);
+      (void)poll();
+    }
+    to.reply_busy = 1;
+  }
+
   template <std::size_t C>
   static column_input column_of(const std::byte* data) {
     using col = typename spec::template column_t<C>;
@@ -373,6 +377,7 @@ class shard_server {
   std::uint32_t incarnation_ = 0;
   detail::remote::address_blob blob_;
   std::vector<std::byte> address_;
+  std::deque<work> work_;  // the progress thread's alone
   mutable std::mutex stats_mutex_;
   counters stats_;
   std::atomic<bool> stopping_{false};

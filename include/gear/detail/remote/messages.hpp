@@ -52,6 +52,11 @@ struct hello {
   std::uint32_t ring_blocks = 0;  ///< staging blocks an actor asks for (0 for a learner)
   std::uint32_t max_message = default_max_message;
   std::vector<std::uint8_t> address;  ///< the client's fabric address, to answer it
+  // A learner's slice for this shard's sample replies (none for an actor): where it starts as
+  // the provider addresses it, its memory key and its size.
+  std::uint64_t slice_address = 0;
+  std::vector<std::uint8_t> slice_key;
+  std::uint64_t slice_bytes = 0;
 };
 
 inline std::vector<std::byte> encode(const hello& m) {
@@ -66,6 +71,10 @@ inline std::vector<std::byte> encode(const hello& m) {
   w.put(m.max_message);
   w.put(static_cast<std::uint16_t>(m.address.size()));
   for (const std::uint8_t b : m.address) w.put(b);
+  w.put(m.slice_address);
+  w.put(static_cast<std::uint16_t>(m.slice_key.size()));
+  for (const std::uint8_t b : m.slice_key) w.put(b);
+  w.put(m.slice_bytes);
   return finish_frame(std::move(w));
 }
 
@@ -86,6 +95,13 @@ inline decoded<hello> parse_hello(std::span<const std::byte> bytes, const messag
         m.address.resize(address_bytes);
         for (std::uint8_t& b : m.address)
           if (!r.get(b)) return refusal::none;
+        std::uint16_t key_bytes = 0;
+        if (!read_all(r, m.slice_address, key_bytes)) return refusal::none;
+        if (key_bytes > max_mr_key) return what = "slice key length", refusal::out_of_range;
+        m.slice_key.resize(key_bytes);
+        for (std::uint8_t& b : m.slice_key)
+          if (!r.get(b)) return refusal::none;
+        if (!r.get(m.slice_bytes)) return refusal::none;
         m.role = static_cast<peer_role>(role);
         if (role < 1 || role > 3) return what = "role", refusal::out_of_range;
         if (m.ring_blocks > lim.max_ring_blocks) return what = "ring_blocks", refusal::out_of_range;

@@ -1,0 +1,185 @@
+#pragma once
+// What remote actors and learners (remote_actor.hpp, remote_learner.hpp) share: a fabric
+// endpoint, its control-message inbox and outbox, one link per shard (its address blob, its
+// welcome, its last status), the handshake, deadlines, and progress driven by the caller's thread.
+// A shard that does not answer by the deadline is reported as errc::peer_lost, named by its id,
+// pid, host and provider.
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <gear/detail/remote/blob.hpp>
+#include <gear/detail/remote/messages.hpp>
+#include <gear/transport/fabric_memory.hpp>
+#include <gear/transport/libfabric.hpp>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace gear::transport {
+
+class remote_client {
+ public:
+  using clock = std::chrono::steady_clock;
+
+  struct shard_link {
+    detail::remote::address_blob blob;
+    fi_addr_t address = FI_ADDR_UNSPEC;
+    std::optional<detail::remote::welcome> welcome;  // once greeted
+    std::optional<detail::remote::status> last_status;
+  };
+
+  remote_client(const remote_client&) = delete;
+  remote_client& operator=(const remote_client&) = delete;
+
+  [[nodiscard]] std::size_t shards() const noexcept { return links_.size(); }
+  [[nodiscard]] const detail::remote::address_blob& shard(std::size_t s) const {
+    return links_.at(s).blob;
+  }
+
+  /// Asks shard `s` for its status and waits for it (bounded by the deadline).
+  detail::remote::status status(std::size_t s) {
+    auto bytes = detail::remote::encode_status_request();
+    detail::remote::stamp_sender(bytes, links_.at(s).welcome->peer_index);
+    const auto until = clock::now() + deadline_;
+    links_[s].last_status.reset();
+    send(bytes, s, until);
+    wait_until([&] { return links_[s].last_status.has_value(); }, until, s, "a status");
+    return *links_[s].last_status;
+  }
+
+ protected:
+  /// Opens the endpoint and checks every blob against `spec_fingerprint` and the provider (and,
+  /// unless `any_selection`, the selection fingerprint). Throws errc::peer_mismatch, ...
+  remote_client(std::span<const std::vector<std::byte>> blobs, const libfabric_config& fabric,
+                std::chrono::milliseconds deadline, std::uint64_t spec_fingerprint,
+                std::optional<std::uint64_t> selection_fingerprint)
+      : deadline_(deadline),
+        inbox_(1 << 20),
+        ep_(std::make_unique<fabric::endpoint>(fabric)),
+        outbox_(*ep_, 16, detail::remote::default_max_message) {
+    namespace remote = detail::remote;
+    inbox_region_ = ep_->register_memory(inbox_.data(), inbox_.size(), FI_RECV);
+    if (!ep_->try_receive(inbox_region_, remote::default_max_message, &inbox_))
+      throw error(errc::transport_error, "could not post the control receive buffer");
+    remote::address_blob mine;
+    mine.provider = ep_->provider();
+    mine.address_format = ep_->address_format();
+    mine.pid = static_cast<std::uint32_t>(getpid());
+    mine.hostname = "this client";
+    mine.spec_fingerprint = spec_fingerprint;
+    for (const auto& bytes : blobs) {
+      const auto b = remote::parse_blob(bytes);
+      GEAR_REQUIRE(b, errc::invalid_argument,
+                   "a shard address blob is refused (" + std::string(remote::to_string(b.why)) +
+                       ": " + b.what + ")");
+      mine.selection_fingerprint = selection_fingerprint.value_or(b.value.selection_fingerprint);
+      remote::check_peer(mine, b.value);
+      links_.push_back({b.value, ep_->insert_peer(b.value.address), {}, {}});
+    }
+    GEAR_REQUIRE(!links_.empty(), errc::invalid_argument, "a client needs at least one shard");
+  }
+  ~remote_client() { close(); }
+  /// Closes the endpoint (and every registration) first: a derived class calls it in its
+  /// destructor, before the memory it registered is freed.
+  void close() noexcept { ep_.reset(); }
+
+  /// Greets every shard with the hello `make(s)` returns and waits for every welcome.
+  void greet(const std::function<detail::remote::hello(std::size_t)>& make) {
+    const auto until = clock::now() + deadline_;
+    for (std::size_t s = 0; s < links_.size(); ++s) {
+      detail::remote::hello h = make(s);
+      h.pid = static_cast<std::uint32_t>(getpid());
+      h.address = ep_->name();
+      send(detail::remote::encode(h), s, until);
+    }
+    for (std::size_t s = 0; s < links_.size(); ++s)
+      wait_until([&] { return links_[s].welcome.has_value(); }, until, s, "a welcome");
+  }
+
+  void send(std::span<const std::byte> message, std::size_t s, clock::time_point until) {
+    if (!outbox_.send(*ep_, message, links_[s].address, until, [&] { (void)poll(); }))
+      lost(s, "sending a control message");
+  }
+
+  [[noreturn]] void lost(std::size_t s, const std::string& waiting_for) const {
+    const auto& b = links_[s].blob;
+    throw error(errc::peer_lost, "shard " + std::to_string(b.shard) + " (pid " +
+                                     std::to_string(b.pid) + " on '" + b.hostname + "', " +
+                                     b.provider + ") gave no " + waiting_for + " within " +
+                                     std::to_string(deadline_.count()) + " ms");
+  }
+
+  template <class Done>
+  void wait_until(Done done, clock::time_point until, std::size_t s, const char* what) {
+    while (!done()) {
+      if (clock::now() > until) lost(s, what);
+      if (poll() == 0) std::this_thread::yield();
+    }
+  }
+
+  /// Makes progress: control messages go to on_message (welcomes and statuses are handled
+  /// here), remote writes to on_remote_write. A failed transfer throws errc::transport_error.
+  std::size_t poll() {
+    namespace remote = detail::remote;
+    return ep_->poll([&](const fabric::completion& c) {
+      using kind = fabric::completion::kind;
+      if (c.what == kind::failed) {
+        (void)outbox_.completed(c.context);
+        throw error(errc::transport_error, "a transfer failed: " + c.detail);
+      }
+      if (c.what == kind::sent) (void)outbox_.completed(c.context);
+      if (c.what == kind::remote_write) on_remote_write(remote::cq_data::decode(c.data));
+      if (c.what != kind::received) return;
+      handle(c.message);
+      if (c.buffer_released)
+        (void)ep_->try_receive(inbox_region_, remote::default_max_message, &inbox_);
+    });
+  }
+
+  virtual void on_message(std::span<const std::byte>, detail::remote::message_type) {}
+  virtual void on_remote_write(const detail::remote::cq_data&) {}
+  virtual void on_welcome(std::size_t, const detail::remote::welcome&) {}
+
+  std::chrono::milliseconds deadline_;
+  fabric::host_region inbox_;
+  std::vector<shard_link> links_;  // their memory outlives the endpoint
+  std::unique_ptr<fabric::endpoint> ep_;
+  fabric::region inbox_region_{};
+  fabric::outbox outbox_;
+
+ private:
+  void handle(std::span<const std::byte> message) {
+    namespace remote = detail::remote;
+    const auto info = remote::frame_type(message, remote::default_max_message);
+    if (!info) return;
+    remote::message_limits l;
+    l.max_ring_blocks = remote::max_cq_index;
+    l.capacity = std::int64_t{1} << 62;
+    if (info.value.type == remote::message_type::welcome) {
+      const auto w = remote::parse_welcome(message, l);
+      if (!w) return;
+      for (std::size_t s = 0; s < links_.size(); ++s)  // the shard of that incarnation
+        if (!links_[s].welcome && links_[s].blob.incarnation == w.value.incarnation) {
+          on_welcome(s, w.value);
+          links_[s].welcome = w.value;
+          return;
+        }
+    } else if (info.value.type == remote::message_type::status) {
+      const auto st = remote::parse_status(message, l);
+      if (!st) return;
+      for (auto& link : links_)
+        if (link.blob.incarnation == st.value.incarnation) link.last_status = st.value;
+    } else {
+      on_message(message, info.value.type);
+    }
+  }
+};
+
+}  // namespace gear::transport

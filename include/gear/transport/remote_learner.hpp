@@ -1,0 +1,204 @@
+#pragma once
+// gear::transport::remote_learner: samples batches from remote shards (shard_server.hpp) as if
+// they were one buffer, with no buffer of its own (decentralised selection).
+//
+// At construction it greets every shard (hello) and grants each a slice of its own registered
+// memory that only that shard may write (its replies). A sample splits the batch's B rows across
+// the shards by their selection masses (detail/remote/split.hpp: Multinomial(B, M_s / M), from a
+// snapshot: the first sample asks every shard's status, later ones use the masses the last
+// replies carried), asks each shard for its share; each shard selects and gathers its rows with
+// its own policy and writes them into its slice with one one-sided write; the learner checks
+// every reply against the request (header and footer, poisoned before the request) and unpacks
+// them into the batch. Each row's probability is global, P_i = (M_s / M) * (p_i / M'_s): the
+// union's p_i / M when nothing changed since the snapshot. Importance weights follow the local
+// formula over the union with options.beta (0: all 1). Rows come grouped by shard.
+
+#include <cstdint>
+#include <cstring>
+#include <gear/batch.hpp>
+#include <gear/detail/remote/entry.hpp>
+#include <gear/detail/remote/fingerprint.hpp>
+#include <gear/detail/remote/split.hpp>
+#include <gear/rng.hpp>
+#include <gear/select/uniform.hpp>
+#include <gear/transport/remote_client.hpp>
+#include <gear/window.hpp>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace gear::transport {
+
+template <class Spec, class Selection = select::uniform>
+class remote_learner : public remote_client {
+ public:
+  struct options {
+    libfabric_config fabric;
+    std::int64_t max_batch = 1024;  ///< rows of one sample, at most
+    std::int64_t max_window = 64;   ///< steps of its window, at most
+    double beta = 0;                ///< importance-sampling exponent (0: weights all 1)
+    std::chrono::milliseconds deadline{30000};
+  };
+
+  /// Connects to every shard whose address blob is given (same spec and selection policy).
+  /// Throws errc::peer_mismatch, errc::peer_lost (no welcome by the deadline), ...
+  remote_learner(std::span<const std::vector<std::byte>> shard_blobs, options o)
+      : remote_client(shard_blobs, o.fabric, o.deadline, detail::remote::spec_fingerprint<Spec>(),
+                      detail::remote::selection_fingerprint<Selection>()),
+        options_(std::move(o)),
+        slices_(links_.size()) {
+    namespace remote = detail::remote;
+    GEAR_REQUIRE(options_.max_batch >= 1 && options_.max_window >= 1, errc::invalid_argument,
+                 "max_batch and max_window must be at least 1");
+    const auto bytes = static_cast<std::size_t>(
+        remote::layout_reply(Spec::step_bytes, options_.max_batch, options_.max_window)
+            .total_bytes);
+    for (auto& s : slices_) {
+      s.memory = std::make_unique<fabric::host_region>(bytes);
+      s.region = ep_->register_memory(s.memory->data(), bytes, FI_REMOTE_WRITE);
+    }
+    greet([&](std::size_t s) {
+      remote::hello h;
+      h.role = remote::peer_role::learner;
+      h.spec_fingerprint = remote::spec_fingerprint<Spec>();
+      h.selection_fingerprint = remote::selection_fingerprint<Selection>();
+      h.hostname = "learner";
+      h.slice_address = slices_[s].region.remote_address;
+      h.slice_key.resize(sizeof(std::uint64_t));
+      std::memcpy(h.slice_key.data(), &slices_[s].region.key, sizeof(std::uint64_t));
+      h.slice_bytes = bytes;
+      return h;
+    });
+  }
+
+  ~remote_learner() { close(); }
+
+  /// Samples out.batch_size() rows of window `w` (w.length == out.window_length()) into `out`
+  /// (host-accessible memory), drawing from `g`. Throws errc::invalid_argument, errc::wrong_memory,
+  /// errc::batch_mismatch (before anything moves); errc::empty_buffer when no shard holds
+  /// anything, or one cannot sample; errc::peer_lost, errc::transport_error.
+  void sample(batch<Spec>& out, const window& w, rng& g) {
+    namespace remote = detail::remote;
+    const std::int64_t rows = out.batch_size(), length = out.window_length();
+    GEAR_REQUIRE(host_accessible(out.where()), errc::wrong_memory,
+                 "a remote learner fills batches in host memory");
+    GEAR_REQUIRE(w.length == length, errc::batch_mismatch,
+                 "the window has " + std::to_string(w.length) + " steps, the batch " +
+                     std::to_string(length));
+    GEAR_REQUIRE(rows <= options_.max_batch && length <= options_.max_window,
+                 errc::invalid_argument,
+                 "this learner's slices hold " + std::to_string(options_.max_batch) + " rows of " +
+                     std::to_string(options_.max_window) + " steps");
+    if (snapshot_.empty())
+      for (std::size_t s = 0; s < links_.size(); ++s) {
+        const remote::status st = status(s);
+        snapshot_.push_back({st.mass, st.size, true});
+      }
+    const rng_draw draw = g.next();
+    const std::vector<std::int64_t> share = remote::split_with_replacement(snapshot_, rows, draw);
+    const double total = remote::live_mass(snapshot_);
+    const auto until = clock::now() + deadline_;
+    std::vector<remote::reply_layout> layouts(links_.size());
+    for (std::size_t s = 0; s < links_.size(); ++s) {
+      slices_[s].arrived = false;
+      if (share[s] == 0) continue;
+      layouts[s] = remote::layout_reply(Spec::step_bytes, share[s], length);
+      std::memset(slices_[s].memory->data(), 0, remote::reply_header_bytes);  // poisoned
+      std::memset(slices_[s].memory->data() + layouts[s].footer_at, 0, remote::reply_footer_bytes);
+      slices_[s].request = next_request_++ % remote::max_cq_index;
+      remote::sample_request r;
+      r.request = slices_[s].request;
+      r.incarnation = links_[s].blob.incarnation;
+      r.rows = share[s];
+      r.win = w;
+      r.seed = draw.seed;
+      r.call = draw.call * remote::max_peers + s;  // a stream of its own per shard
+      r.mass_used = snapshot_[s].mass;
+      r.reply_bytes = static_cast<std::uint64_t>(layouts[s].total_bytes);
+      auto bytes = remote::encode(r);
+      remote::stamp_sender(bytes, links_[s].welcome->peer_index);
+      send(bytes, s, until);
+    }
+    for (std::size_t s = 0; s < links_.size(); ++s)
+      if (share[s] > 0) wait_until([&] { return slices_[s].arrived; }, until, s, "sample reply");
+    // Check every reply, then unpack: nothing of `out` changes before all hold up.
+    std::vector<remote::reply_header> headers(links_.size());
+    for (std::size_t s = 0; s < links_.size(); ++s) {
+      if (share[s] == 0) continue;
+      const std::span<const std::byte> slice(slices_[s].memory->data(),
+                                             static_cast<std::size_t>(layouts[s].total_bytes));
+      remote::reply_header h;
+      std::memcpy(&h, slice.data(), sizeof(h));
+      GEAR_REQUIRE(
+          !(h.magic == remote::reply_magic && h.request == slices_[s].request && h.rows == 0),
+          errc::empty_buffer,
+          "shard " + std::to_string(links_[s].blob.shard) + " could not sample its " +
+              std::to_string(share[s]) + " rows");
+      const auto checked =
+          remote::check_reply(slice, slices_[s].request, links_[s].blob.incarnation, share[s],
+                              length, Spec::step_bytes);
+      GEAR_REQUIRE(checked, errc::transport_error,
+                   "shard " + std::to_string(links_[s].blob.shard) + "'s reply is refused (" +
+                       std::string(remote::to_string(checked.why)) + ": " + checked.what + ")");
+      headers[s] = checked.value;
+    }
+    std::vector<double> probabilities(static_cast<std::size_t>(rows));
+    std::int64_t at = 0, union_size = 0;
+    for (const auto& m : snapshot_) union_size += m.size;
+    for (std::size_t s = 0; s < links_.size(); ++s) {
+      if (share[s] == 0) continue;
+      unpack(out, s, layouts[s], at, share[s], total, probabilities);
+      at += share[s];
+    }
+    remote::importance_weights(probabilities, union_size, options_.beta,
+                               {out.weights_data(), static_cast<std::size_t>(rows)});
+    // The next snapshot: what the replies say the shards held when they selected.
+    for (std::size_t s = 0; s < links_.size(); ++s)
+      if (share[s] > 0) snapshot_[s] = {headers[s].mass, headers[s].size, true};
+  }
+
+ private:
+  struct slice {
+    std::unique_ptr<fabric::host_region> memory;
+    fabric::region region{};
+    std::uint32_t request = 0;
+    bool arrived = false;
+  };
+
+  void on_remote_write(const detail::remote::cq_data& d) override {
+    if (d.kind != detail::remote::write_kind::sample_reply) return;
+    for (std::size_t s = 0; s < links_.size(); ++s)
+      if (links_[s].blob.shard == d.peer && slices_[s].request == d.index)
+        slices_[s].arrived = true;
+  }
+
+  /// Copies shard s's k rows into rows [at, at + k) of `out`, with global probabilities.
+  void unpack(batch<Spec>& out, std::size_t s, const detail::remote::reply_layout& l,
+              std::int64_t at, std::int64_t k, double total, std::vector<double>& probabilities) {
+    const std::byte* from = slices_[s].memory->data();
+    const auto length = static_cast<std::size_t>(out.window_length());
+    const auto first = static_cast<std::size_t>(at), rows = static_cast<std::size_t>(k);
+    for (std::size_t c = 0; c < Spec::num_columns; ++c) {
+      const auto step = static_cast<std::size_t>(Spec::step_bytes[c]);
+      std::memcpy(out.column_data(c) + first * length * step, from + l.column_at[c],
+                  rows * length * step);
+    }
+    std::memcpy(out.mask_data() + first * length, from + l.mask_at, rows * length);
+    std::memcpy(out.keys_data() + first, from + l.keys_at, rows * sizeof(key));
+    for (std::size_t i = 0; i < rows; ++i) {
+      float local = 0;
+      std::memcpy(&local, from + l.probabilities_at + i * sizeof(float), sizeof(float));
+      const double p = detail::remote::global_probability(snapshot_[s].mass, total, local);
+      probabilities[first + i] = p;
+      out.probabilities_data()[first + i] = static_cast<float>(p);
+    }
+  }
+
+  options options_;
+  std::vector<slice> slices_;  // their memory outlives the endpoint (reset by remote_client)
+  std::vector<detail::remote::shard_share> snapshot_;
+  std::uint32_t next_request_ = 0;
+};
+
+}  // namespace gear::transport
