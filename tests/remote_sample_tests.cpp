@@ -12,10 +12,12 @@
 #include <doctest/doctest.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cmath>
 #include <gear/gear.hpp>
 #include <gear/transport/remote_learner.hpp>
 #include <gear/transport/shard_server.hpp>
+#include <type_traits>
 #include <vector>
 
 #include "common.hpp"
@@ -26,7 +28,9 @@ using namespace process_test;
 namespace {
 
 using spec = gear::spec<gear::column<"id", std::int64_t>, gear::column<"obs", float, 4>>;
-using buffer = gear::replay_buffer<spec, gear::storage::host>;
+template <class Selection>
+using buffer = gear::replay_buffer<spec, gear::storage::host, Selection>;
+constexpr double alpha = 0.6;  // select::prioritized's default
 constexpr std::int64_t max_length = 8, batches = 320, rows = 64;
 constexpr std::int64_t sizes[] = {8, 16};
 constexpr auto deadline = std::chrono::seconds(40);
@@ -37,9 +41,13 @@ float obs_of(std::int64_t id, std::int64_t step, int k) {
 }
 std::int64_t id_of(std::uint32_t shard, std::int64_t i) { return shard * 100 + i; }
 
+/// The priority the learner gives trajectory `id` (prioritized runs).
+float priority_of(std::int64_t id) { return static_cast<float>(1 + id % 7); }
+
 /// A shard: fills its buffer locally, serves until the parent says done.
+template <class Selection>
 int run_shard(int fd, const gear::transport::libfabric_config& fabric, std::uint32_t shard) {
-  buffer buf{gear::capacity{32}, gear::max_length{max_length}};
+  buffer<Selection> buf{gear::capacity{32}, gear::max_length{max_length}};
   std::vector<std::int64_t> lengths, ids;
   std::vector<float> obs;
   for (std::int64_t i = 0; i < sizes[shard]; ++i) {
@@ -52,10 +60,10 @@ int run_shard(int fd, const gear::transport::libfabric_config& fabric, std::uint
   }
   std::vector<gear::key> keys(lengths.size());
   buf.insert({lengths, {gear::input(ids.data()), gear::input(obs.data(), {4})}}, keys);
-  gear::transport::shard_server<buffer>::options o;
+  typename gear::transport::shard_server<buffer<Selection>>::options o;
   o.fabric = fabric;
   o.shard = shard;
-  gear::transport::shard_server<buffer> server(buf, o);
+  gear::transport::shard_server<buffer<Selection>> server(buf, o);
   if (!send_frame(fd, server.address())) return 10;
   char byte = 0;
   if (read(fd, &byte, 1) != 1) return 11;
@@ -63,16 +71,20 @@ int run_shard(int fd, const gear::transport::libfabric_config& fabric, std::uint
   return server.stats().refused.total() == 0 ? 0 : 12;
 }
 
-/// The learner: samples, checks every row, tests the law; writes the counts' verdict.
+/// The learner: samples, checks every row, tests the law; writes the counts' verdict. Prioritized:
+/// first sets every trajectory's priority at its shard (and two stale pairs), then tests
+/// against the union's p^alpha law.
+template <class Selection>
 int run_learner(int fd, const gear::transport::libfabric_config& fabric) {
+  constexpr bool prioritized = std::is_same_v<Selection, gear::select::prioritized>;
   std::vector<std::vector<std::byte>> blobs;
   for (int s = 0; s < 2; ++s) blobs.push_back(receive_frame(fd));
-  gear::transport::remote_learner<spec>::options o;
+  typename gear::transport::remote_learner<spec, Selection>::options o;
   o.fabric = fabric;
   o.max_batch = rows;
   o.max_window = max_length;
   o.deadline = std::chrono::duration_cast<std::chrono::milliseconds>(deadline);
-  gear::transport::remote_learner<spec> learner(blobs, o);
+  gear::transport::remote_learner<spec, Selection> learner(blobs, o);
   gear::batch<spec> out(gear::memory_kind::host, gear::batch_size{rows},
                         gear::window_length{max_length});
   // Refused before anything moves: a window that does not fit the batch.
@@ -85,11 +97,52 @@ int run_learner(int fd, const gear::transport::libfabric_config& fabric) {
   }
   std::uint32_t incarnation[2];
   for (std::uint32_t s = 0; s < 2; ++s) incarnation[s] = learner.shard(s).incarnation;
-  std::vector<double> counts(24, 0.0);
+  std::vector<double> counts(24, 0.0), law(24);
   gear::rng g{2026};
   const auto ids = out.column<"id">();
   const auto obs = out.column<"obs">();
   const auto mask = out.mask();
+  double mass = 0;
+  for (std::size_t c = 0; c < 24; ++c) {
+    const std::int64_t id = c < 8 ? id_of(0, c) : id_of(1, c - 8);
+    law[c] = prioritized ? std::pow(double(priority_of(id)), alpha) : 1.0;
+    mass += law[c];
+  }
+  for (double& p : law) p /= mass;
+  if constexpr (prioritized) {
+    // Every key, from samples; then every priority, at its shard, with two stale pairs.
+    std::vector<gear::key> keys(24);
+    std::vector<bool> seen(24);
+    for (int b = 0; b < 50 && std::count(seen.begin(), seen.end(), true) < 24; ++b) {
+      learner.sample(out, gear::window{.length = max_length}, g);
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const std::int64_t id = ids(r, 0);
+        const std::size_t c = id < 100 ? std::size_t(id) : std::size_t(8 + id - 100);
+        keys[c] = out.keys()[std::size_t(r)];
+        seen[c] = true;
+      }
+    }
+    if (std::count(seen.begin(), seen.end(), true) < 24) return 31;
+    std::vector<float> p(24);
+    for (std::size_t c = 0; c < 24; ++c) p[c] = priority_of(c < 8 ? id_of(0, c) : id_of(1, c - 8));
+    gear::key gone = keys[0], old = keys[9];
+    gone.ticket += 1000;   // never issued: stale
+    old.incarnation ^= 1;  // another incarnation's: stale
+    keys.push_back(gone);
+    keys.push_back(old);
+    p.push_back(5.0f);
+    p.push_back(5.0f);
+    const gear::priority_update_result r = learner.update_priorities(keys, p);
+    if (r.applied != 24 || r.stale != 2) return 32;
+    const float bad[] = {std::nanf("")};
+    try {
+      (void)learner.update_priorities(std::span(keys).first(1), bad);
+      return 33;
+    } catch (const gear::error& e) {
+      if (e.code() != gear::errc::invalid_priority) return 34;
+    }
+    learner.sample(out, gear::window{.length = max_length}, g);  // refreshes the masses
+  }
   for (std::int64_t b = 0; b < batches; ++b) {
     learner.sample(out, gear::window{.length = max_length}, g);
     for (std::int64_t r = 0; r < rows; ++r) {
@@ -109,14 +162,22 @@ int run_learner(int fd, const gear::transport::libfabric_config& fabric) {
         for (int q = 0; q < 4; ++q)
           if (obs(r, s, q) != obs_of(id, s, q)) return 26;
       }
-      if (std::fabs(out.probabilities()[static_cast<std::size_t>(r)] - 1.0 / 24) > 1e-6) return 27;
+      const std::size_t cell = shard * 8 + std::size_t(i);
+      if (std::fabs(out.probabilities()[static_cast<std::size_t>(r)] - law[cell]) >
+          1e-5 * law[cell] + 1e-7)
+        return 27;
       if (out.weights()[static_cast<std::size_t>(r)] != 1.0f) return 28;
       counts[static_cast<std::size_t>(shard * 8 + i)] += 1;
     }
   }
   const double n = batches * rows;
-  std::vector<double> union_law(24, n / 24), mixture(24);
-  for (std::size_t c = 0; c < 24; ++c) mixture[c] = n * (c < 8 ? 0.5 / 8 : 0.5 / 16);
+  std::vector<double> union_law(24), mixture(24);
+  double shard_mass[2] = {0, 0};
+  for (std::size_t c = 0; c < 24; ++c) shard_mass[c < 8 ? 0 : 1] += law[c];
+  for (std::size_t c = 0; c < 24; ++c) {
+    union_law[c] = n * law[c];
+    mixture[c] = n * 0.5 * law[c] / shard_mass[c < 8 ? 0 : 1];  // each shard half the rows
+  }
   const double stat = gear_test::chi2(counts, union_law), wrong = gear_test::chi2(counts, mixture);
   const double critical = 49.728;  // chi-square, 23 degrees of freedom, upper 0.001
   std::fprintf(stderr,
@@ -128,6 +189,7 @@ int run_learner(int fd, const gear::transport::libfabric_config& fabric) {
   return 0;
 }
 
+template <class Selection>
 void cluster(const char* provider, bool disable_cma) {
   gear::transport::libfabric_config fabric;
   fabric.provider = provider;
@@ -137,15 +199,15 @@ void cluster(const char* provider, bool disable_cma) {
   pid_t shard_pid[2];
   for (std::uint32_t s = 0; s < 2; ++s) {
     REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, shard_fd[s]) == 0);
-    shard_pid[s] = spawn([&](int fd) { return run_shard(fd, fabric, s); }, shard_fd[s][0],
-                         shard_fd[s][1], disable_cma);
+    shard_pid[s] = spawn([&](int fd) { return run_shard<Selection>(fd, fabric, s); },
+                         shard_fd[s][0], shard_fd[s][1], disable_cma);
     close(shard_fd[s][0]);
   }
   std::vector<std::vector<std::byte>> blobs;
   for (std::uint32_t s = 0; s < 2; ++s) blobs.push_back(receive_frame(shard_fd[s][1]));
   REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, learner_fd) == 0);
-  const pid_t learner = spawn([&](int fd) { return run_learner(fd, fabric); }, learner_fd[0],
-                              learner_fd[1], disable_cma);
+  const pid_t learner = spawn([&](int fd) { return run_learner<Selection>(fd, fabric); },
+                              learner_fd[0], learner_fd[1], disable_cma);
   close(learner_fd[0]);
   for (const auto& b : blobs) (void)send_frame(learner_fd[1], b);
   close(learner_fd[1]);
@@ -174,7 +236,17 @@ void cluster(const char* provider, bool disable_cma) {
 }  // namespace
 
 TEST_CASE("tcp;ofi_rxm: a learner samples 2 shards as one buffer") {
-  cluster("tcp;ofi_rxm", false);
+  cluster<gear::select::uniform>("tcp;ofi_rxm", false);
 }
-TEST_CASE("shm: a learner samples 2 shards as one buffer") { cluster("shm", false); }
-TEST_CASE("shm without CMA: a learner samples 2 shards as one buffer") { cluster("shm", true); }
+TEST_CASE("shm: a learner samples 2 shards as one buffer") {
+  cluster<gear::select::uniform>("shm", false);
+}
+TEST_CASE("shm without CMA: a learner samples 2 shards as one buffer") {
+  cluster<gear::select::uniform>("shm", true);
+}
+TEST_CASE("tcp;ofi_rxm: prioritized: updates land on their shards; global P is the union's") {
+  cluster<gear::select::prioritized>("tcp;ofi_rxm", false);
+}
+TEST_CASE("shm: prioritized: updates land on their shards; global P is the union's") {
+  cluster<gear::select::prioritized>("shm", false);
+}

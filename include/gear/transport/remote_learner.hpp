@@ -13,12 +13,15 @@
 // union's p_i / M when nothing changed since the snapshot. Importance weights follow the local
 // formula over the union with options.beta (0: all 1). Rows come grouped by shard.
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <gear/batch.hpp>
 #include <gear/detail/remote/entry.hpp>
 #include <gear/detail/remote/fingerprint.hpp>
 #include <gear/detail/remote/split.hpp>
+#include <gear/priority_update.hpp>
 #include <gear/rng.hpp>
 #include <gear/select/uniform.hpp>
 #include <gear/transport/remote_client.hpp>
@@ -158,7 +161,55 @@ class remote_learner : public remote_client {
       if (share[s] > 0) snapshot_[s] = {headers[s].mass, headers[s].size, true};
   }
 
+  /// Sets the priorities of `keys` (host spans of one size) at the shards that own them, each
+  /// key's shard checking its ticket and incarnation: stale pairs are skipped and counted, the
+  /// rest applied. Returns the totals. Throws, sending nothing, errc::invalid_argument (sizes
+  /// differ), errc::invalid_priority (NaN, negative, infinite), errc::key_out_of_range (a key of a
+  /// shard this learner does not know); errc::peer_lost when a shard does not answer.
+  priority_update_result update_priorities(std::span<const key> keys,
+                                           std::span<const float> priorities) {
+    namespace remote = detail::remote;
+    GEAR_REQUIRE(keys.size() == priorities.size(), errc::invalid_argument,
+                 std::to_string(keys.size()) + " keys, " + std::to_string(priorities.size()) +
+                     " priorities");
+    std::vector<remote::update> updates(links_.size());
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      GEAR_REQUIRE(std::isfinite(priorities[i]) && priorities[i] >= 0, errc::invalid_priority,
+                   "priority " + std::to_string(i) + " is " + std::to_string(priorities[i]));
+      std::size_t s = 0;
+      while (s < links_.size() && links_[s].blob.shard != keys[i].shard) ++s;
+      GEAR_REQUIRE(s < links_.size(), errc::key_out_of_range,
+                   "key " + std::to_string(i) + " names shard " + std::to_string(keys[i].shard) +
+                       ", which this learner is not connected to");
+      updates[s].entries.push_back({keys[i].ticket, keys[i].incarnation, priorities[i]});
+    }
+    priority_update_result total;
+    const auto until = clock::now() + deadline_;
+    const std::size_t per_message = remote::update_capacity(remote::default_max_message);
+    for (std::size_t s = 0; s < links_.size(); ++s)
+      for (std::size_t at = 0; at < updates[s].entries.size(); at += per_message) {
+        remote::update part;
+        const auto end = std::min(updates[s].entries.size(), at + per_message);
+        part.entries.assign(updates[s].entries.begin() + static_cast<std::ptrdiff_t>(at),
+                            updates[s].entries.begin() + static_cast<std::ptrdiff_t>(end));
+        auto bytes = remote::encode(part);
+        remote::stamp_sender(bytes, links_[s].welcome->peer_index);
+        update_answer_.reset();
+        send(bytes, s, until);
+        wait_until([&] { return update_answer_.has_value(); }, until, s, "update result");
+        total.applied += update_answer_->applied;
+        total.stale += update_answer_->stale;
+      }
+    return total;
+  }
+
  private:
+  void on_message(std::span<const std::byte> message, detail::remote::message_type type) override {
+    if (type != detail::remote::message_type::update_result) return;
+    const auto r = detail::remote::parse_update_result(message, {});
+    if (r) update_answer_ = r.value;
+  }
+
   struct slice {
     std::unique_ptr<fabric::host_region> memory;
     fabric::region region{};
@@ -199,6 +250,7 @@ class remote_learner : public remote_client {
   std::vector<slice> slices_;  // their memory outlives the endpoint (reset by remote_client)
   std::vector<detail::remote::shard_share> snapshot_;
   std::uint32_t next_request_ = 0;
+  std::optional<detail::remote::update_result> update_answer_;
 };
 
 }  // namespace gear::transport

@@ -24,6 +24,7 @@
 #include <gear/detail/remote/fingerprint.hpp>
 #include <gear/detail/remote/messages.hpp>
 #include <gear/insert.hpp>
+#include <gear/priority_update.hpp>
 #include <gear/transport/fabric_memory.hpp>
 #include <gear/transport/libfabric.hpp>
 #include <gear/transport/shard_sampling.hpp>
@@ -205,12 +206,18 @@ class shard_server {
         remote::status s;
         s.incarnation = incarnation_;
         s.size = buffer_.size();
-        s.mass = static_cast<double>(s.size);
+        s.mass = selection_mass(buffer_);
         const counters now = stats();
         s.inserted = now.inserted;
         s.refused = now.refused.total() + now.refused_inserts;
         auto bytes = remote::encode(s);
         remote::stamp_sender(bytes, 0);
+        return send(bytes, from.address);
+      }
+      case remote::message_type::update: {
+        const auto u = remote::parse_update(message, limits());
+        if (!u) return count(u.why);
+        auto bytes = remote::encode(apply_update(u.value));
         return send(bytes, from.address);
       }
       case remote::message_type::sample_request: {
@@ -325,6 +332,34 @@ class shard_server {
     from.ahead.insert(sequence);
     while (from.ahead.count(from.next_sequence) != 0) from.ahead.erase(from.next_sequence++);
     send(remote::encode(remote::ack{d.index, e.value.blocks, sequence, stored}), from.address);
+  }
+
+  /// Applies an update's pairs of this incarnation to the buffer (keys as the buffer names them:
+  /// shard 0, incarnation 0); the others are stale. A policy without priorities applies none.
+  detail::remote::update_result apply_update(const detail::remote::update& u) {
+    detail::remote::update_result result{incarnation_, 0, 0};
+    std::vector<key> keys;
+    std::vector<float> priorities;
+    for (const auto& e : u.entries) {
+      if (e.incarnation != incarnation_) {
+        ++result.stale;
+        continue;
+      }
+      keys.push_back(key{e.ticket, 0, 0});
+      priorities.push_back(e.priority);
+    }
+    if constexpr (requires { buffer_.update_priorities(keys, priorities); }) {
+      try {
+        const priority_update_result r = buffer_.update_priorities(keys, priorities);
+        result.applied = r.applied;
+        result.stale += r.stale;
+      } catch (const error&) {
+        result.stale += static_cast<std::int64_t>(keys.size());
+      }
+    } else {
+      result.stale += static_cast<std::int64_t>(keys.size());
+    }
+    return result;
   }
 
   /// Selects and gathers the request's rows from the buffer, packs them as a reply and writes it

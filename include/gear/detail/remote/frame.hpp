@@ -35,6 +35,7 @@ enum class message_type : std::uint16_t {
   sample_request,
   update,
   ack,
+  update_result,
 };
 
 /// Why a message was refused.

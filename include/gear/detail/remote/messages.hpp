@@ -325,6 +325,34 @@ inline decoded<update> parse_update(std::span<const std::byte> bytes, const mess
                              });
 }
 
+/// A shard's answer to an update: pairs applied, and pairs skipped as stale (an evicted or
+/// removed trajectory, or an older incarnation's key).
+struct update_result {
+  std::uint32_t incarnation = 0;
+  std::int64_t applied = 0, stale = 0;
+};
+
+inline std::vector<std::byte> encode(const update_result& m) {
+  wire_writer w = start_frame(message_type::update_result);
+  w.put(m.incarnation);
+  w.put(m.applied);
+  w.put(m.stale);
+  return finish_frame(std::move(w));
+}
+
+inline decoded<update_result> parse_update_result(std::span<const std::byte> bytes,
+                                                  const message_limits& lim) {
+  return parse_frame<update_result>(
+      bytes, message_type::update_result, lim.max_message,
+      [&](wire_reader& r, update_result& m, std::string& what) {
+        if (!read_all(r, m.incarnation, m.applied, m.stale)) return refusal::none;
+        if (m.applied < 0 || m.stale < 0 ||
+            m.applied + m.stale > static_cast<std::int64_t>(update_capacity(lim.max_message)))
+          return what = "counts", refusal::out_of_range;
+        return refusal::none;
+      });
+}
+
 // ---- insert acknowledgements -------------------------------------------------------------------
 
 struct ack {
