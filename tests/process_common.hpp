@@ -55,7 +55,10 @@ pid_t spawn(Role role, int fd, int other_fd, bool disable_cma) {
     rc = role(fd);
   } catch (const gear::error& e) {
     std::fprintf(stderr, "child %d: %s\n", getpid(), e.what());
-    rc = std::strstr(e.what(), "fi_getinfo") != nullptr ? 77 : 2;
+    // 77 (not tested) only when the provider is not there: fi_getinfo answered "no data".
+    const bool absent = std::strstr(e.what(), "fi_getinfo") != nullptr &&
+                        std::strstr(e.what(), "No data available") != nullptr;
+    rc = absent ? 77 : 2;
   }
   _exit(rc);
 }

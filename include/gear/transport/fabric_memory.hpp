@@ -9,6 +9,7 @@
 #include <gear/error.hpp>
 #include <gear/transport/libfabric.hpp>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -44,14 +45,15 @@ class host_region {
 class outbox {
  public:
   outbox(endpoint& ep, std::size_t slots, std::size_t max_message)
-      : memory_(slots * max_message), max_message_(max_message), busy_(slots) {
+      : memory_(slots * max_message), max_message_(max_message), busy_(slots), tags_(slots) {
     region_ = ep.register_memory(memory_.data(), memory_.size(), FI_SEND);
   }
   /// Sends `message` to `peer`, progressing with `poll` while no slot is free or the provider
-  /// asks to retry; false past `until` (the message is dropped).
+  /// asks to retry; false past `until` (the message is dropped). `tag` is kept with the slot
+  /// until the send completes (tag_of), e.g. which peer it went to.
   template <class Poll>
   bool send(endpoint& ep, std::span<const std::byte> message, fi_addr_t peer,
-            std::chrono::steady_clock::time_point until, Poll&& poll) {
+            std::chrono::steady_clock::time_point until, Poll&& poll, std::size_t tag = 0) {
     if (message.size() > max_message_) return false;
     for (;;) {
       for (std::size_t s = 0; s < busy_.size(); ++s) {
@@ -59,6 +61,7 @@ class outbox {
         std::memcpy(memory_.data() + s * max_message_, message.data(), message.size());
         if (ep.try_send(region_, s * max_message_, message.size(), peer, &busy_[s])) {
           busy_[s] = 1;
+          tags_[s] = tag;
           return true;
         }
         break;  // the provider is busy: progress first
@@ -73,11 +76,18 @@ class outbox {
       if (&b == context) return b = 0, true;
     return false;
   }
+  /// The tag of the send `context` names, if it is one of this outbox's.
+  [[nodiscard]] std::optional<std::size_t> tag_of(const void* context) const noexcept {
+    for (std::size_t s = 0; s < busy_.size(); ++s)
+      if (&busy_[s] == context) return tags_[s];
+    return std::nullopt;
+  }
 
  private:
   host_region memory_;
   std::size_t max_message_;
   std::vector<char> busy_;
+  std::vector<std::size_t> tags_;
   region region_{};
 };
 

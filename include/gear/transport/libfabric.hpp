@@ -72,9 +72,10 @@ struct completion {
   void* context = nullptr;             ///< the post's context (not for remote writes)
   std::uint64_t data = 0;              ///< remote CQ data of a remote write
   std::span<const std::byte> message;  ///< a received message, inside the receive buffer
-  bool buffer_released = false;        ///< the multi-receive buffer is full: post it again
-  int error = 0;                       ///< for kind::failed: the fi_errno code
-  std::string detail;                  ///< for kind::failed: the provider's message
+  bool buffer_released = false;  ///< the multi-receive buffer is done with (full, or its receive
+                                 ///< failed): post it again
+  int error = 0;                 ///< for kind::failed: the fi_errno code
+  std::string detail;            ///< for kind::failed: the provider's message
 };
 
 class endpoint {
@@ -85,8 +86,9 @@ class endpoint {
     fi_info* hints = fi_allocinfo();
     if (hints == nullptr) fail("fi_allocinfo", -FI_ENOMEM, provider_);
     hints->ep_attr->type = FI_EP_RDM;
-    hints->caps = FI_MSG | FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
-    hints->mode = FI_CONTEXT | FI_CONTEXT2;
+    hints->caps =
+        FI_MSG | FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_MULTI_RECV;
+    hints->mode = 0;  // gear's operation contexts are its own pointers, not fi_context storage
     hints->domain_attr->mr_mode =
         FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
     hints->domain_attr->threading = FI_THREAD_DOMAIN;
@@ -219,6 +221,9 @@ class endpoint {
       c.what = completion::kind::failed;
       c.context = err.op_context;
       c.error = err.err;
+      // A failed receive into a multi-receive buffer (a message too long, a peer gone) may end
+      // the buffer's posting: say so, so that the owner posts it again rather than go deaf.
+      c.buffer_released = (err.flags & FI_RECV) != 0 || (err.flags & FI_MULTI_RECV) != 0;
       const char* text = fi_cq_strerror(cq_, err.prov_errno, err.err_data, nullptr, 0);
       c.detail =
           std::string(fi_strerror(err.err)) + (text != nullptr ? std::string(": ") + text : "");

@@ -101,7 +101,7 @@ class remote_actor : public remote_client {
       const std::uint32_t first = take_blocks(s, static_cast<std::uint32_t>(layout.blocks), until);
       remote::entry_header h;
       h.actor = to.peer_index;
-      h.sequence = to.next_sequence++;
+      h.sequence = to.next_sequence;  // taken once the write is posted
       h.length = length;
       h.first_block = first;
       const std::size_t offset = std::size_t{first} * to.block_bytes;
@@ -111,13 +111,20 @@ class remote_actor : public remote_client {
       for (std::size_t c = 0; c < Spec::num_columns; ++c) at[c] += length * Spec::step_bytes[c];
       // The remote address: inside the ring the shard granted (checked by take_blocks).
       const remote::cq_data data{remote::write_kind::insert_entry, to.peer_index, first};
-      while (!ep_->try_writedata(to.staging_region, offset,
-                                 static_cast<std::size_t>(layout.total_bytes), links_[s].address,
-                                 to.ring_address + offset, to.ring_key, data.encode(),
-                                 &write_context_)) {
-        if (clock::now() > until) lost(s, "ring space");
-        if (poll() == 0) std::this_thread::yield();
+      try {
+        while (!ep_->try_writedata(to.staging_region, offset,
+                                   static_cast<std::size_t>(layout.total_bytes), links_[s].address,
+                                   to.ring_address + offset, to.ring_key, data.encode(),
+                                   &write_context_)) {
+          if (clock::now() > until) lost(s, "acceptance of a write");
+          if (poll() == 0) std::this_thread::yield();
+        }
+      } catch (...) {  // not posted: its blocks and sequence were never used
+        for (std::uint32_t b = first; b < first + layout.blocks; ++b) to.busy[b] = 0;
+        to.head = first;
+        throw;
       }
+      ++to.next_sequence;
       pending_.push_back(
           {s, h.sequence, first, static_cast<std::uint32_t>(layout.blocks), t, false, {}});
     }
@@ -160,9 +167,12 @@ class remote_actor : public remote_client {
   };
 
   void on_welcome(std::size_t s, const detail::remote::welcome& w) override {
-    GEAR_REQUIRE(
-        w.ring_key.size() == sizeof(std::uint64_t) && w.ring_blocks > 0, errc::peer_mismatch,
-        "shard " + std::to_string(links_[s].blob.shard) + " granted no usable staging ring");
+    GEAR_REQUIRE(w.ring_key.size() == sizeof(std::uint64_t) && w.ring_blocks > 0 &&
+                     w.ring_blocks <= options_.ring_blocks && w.peer_index >= 1 &&
+                     w.peer_index < detail::remote::max_peers,
+                 errc::peer_mismatch,
+                 "shard " + std::to_string(links_[s].blob.shard) +
+                     " granted no usable staging ring, or named this actor out of range");
     shard& to = shards_[s];
     to.peer_index = w.peer_index;
     to.ring_address = w.ring_address;

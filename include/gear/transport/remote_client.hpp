@@ -104,8 +104,9 @@ class remote_client {
   }
 
   void send(std::span<const std::byte> message, std::size_t s, clock::time_point until) {
-    if (!outbox_.send(*ep_, message, links_[s].address, until, [&] { (void)poll(); }))
-      lost(s, "sending a control message");
+    if (!outbox_.send(
+            *ep_, message, links_[s].address, until, [&] { (void)poll(); }, s))
+      lost(s, "acceptance of a control message");
   }
 
   [[noreturn]] void lost(std::size_t s, const std::string& waiting_for) const {
@@ -113,7 +114,7 @@ class remote_client {
     throw error(errc::peer_lost, "shard " + std::to_string(b.shard) + " (pid " +
                                      std::to_string(b.pid) + " on '" + b.hostname + "', " +
                                      b.provider + ") gave no " + waiting_for + " within " +
-                                     std::to_string(deadline_.count()) + " ms");
+                                     std::to_string(deadline_.count()) + " ms, or is gone");
   }
 
   template <class Done>
@@ -130,9 +131,13 @@ class remote_client {
     namespace remote = detail::remote;
     return ep_->poll([&](const fabric::completion& c) {
       using kind = fabric::completion::kind;
-      if (c.what == kind::failed) {
+      if (c.what == kind::failed) {  // a peer that died or refused: name it where known
+        if (c.context == &inbox_ || c.buffer_released)  // never deaf: post the inbox again
+          (void)ep_->try_receive(inbox_region_, remote::default_max_message, &inbox_);
+        const std::optional<std::size_t> s = outbox_.tag_of(c.context);
         (void)outbox_.completed(c.context);
-        throw error(errc::transport_error, "a transfer failed: " + c.detail);
+        if (s && *s < links_.size()) lost(*s, "delivery (" + c.detail + ")");
+        throw error(errc::peer_lost, "a transfer to a shard failed: " + c.detail);
       }
       if (c.what == kind::sent) (void)outbox_.completed(c.context);
       if (c.what == kind::remote_write) on_remote_write(remote::cq_data::decode(c.data));

@@ -41,6 +41,8 @@ namespace gear::transport {
 
 /// The largest slice a learner may grant a shard (its replies' size bound).
 inline constexpr std::uint64_t max_slice_bytes = std::uint64_t{1} << 32;
+/// Sample requests of one learner a shard queues before it refuses more.
+inline constexpr std::size_t max_deferred_requests = 64;
 
 template <class Buffer>
 class shard_server {
@@ -53,7 +55,9 @@ class shard_server {
     std::uint32_t max_ring_blocks = 256;    ///< per actor: it asks, up to this
     std::uint32_t block_bytes = 64 * 1024;  ///< a power of two in [4 KiB, 16 MiB]
     std::uint32_t max_peers = 64;
-    std::chrono::milliseconds send_deadline{5000};  ///< per control message
+    /// Per control message: past it, the message is dropped and counted (a peer that died with
+    /// the provider's queue to it full must not stall the others for long).
+    std::chrono::milliseconds send_deadline{1000};
   };
   struct counters {
     std::uint64_t inserted = 0, refused_inserts = 0, peers = 0;
@@ -130,6 +134,8 @@ class shard_server {
     std::unique_ptr<fabric::host_region> reply;
     fabric::region reply_region{};
     char reply_busy = 0;
+    std::deque<detail::remote::sample_request> deferred;  // not yet answered, oldest first
+    bool packed = false;  // the front request's reply is packed, its write not yet posted
   };
   /// A completion to act on: a control message (copied out of the receive buffer) or an entry.
   struct work {
@@ -149,6 +155,8 @@ class shard_server {
           else
             on_message(w.message);
         }
+        for (auto& p : peers_)
+          if (!p.deferred.empty()) serve(p);
         if (n == 0) std::this_thread::yield();
       } catch (const error&) {
         count(detail::remote::refusal::out_of_range);  // a failed transfer: counted, serve on
@@ -169,7 +177,11 @@ class shard_server {
         if (!outbox_.completed(c.context))
           for (auto& p : peers_)
             if (&p.reply_busy == c.context) p.reply_busy = 0;
-        if (c.what == kind::failed) count(detail::remote::refusal::out_of_range);
+        if (c.what == kind::failed) {
+          count(detail::remote::refusal::out_of_range);
+          if (c.context == &inbox_ || c.buffer_released)  // never deaf: post the inbox again
+            (void)ep_->try_receive(inbox_region_, detail::remote::default_max_message, &inbox_);
+        }
       }
     });
   }
@@ -187,7 +199,7 @@ class shard_server {
     detail::remote::message_limits l;
     l.capacity = buffer_.capacity();
     l.max_length = buffer_.max_length();
-    l.max_ring_blocks = options_.max_ring_blocks;
+    l.max_ring_blocks = detail::remote::max_cq_index;  // what an actor asks is clamped below
     return l;
   }
 
@@ -233,7 +245,10 @@ class shard_server {
             r.value.reply_offset > from.slice_bytes ||
             from.slice_bytes - r.value.reply_offset < r.value.reply_bytes)
           return count(remote::refusal::out_of_range);
-        return reply(peers_[sender - 1], r.value, layout);
+        if (peers_[sender - 1].deferred.size() >= max_deferred_requests)
+          return count(remote::refusal::oversized);
+        peers_[sender - 1].deferred.push_back(r.value);
+        return serve(peers_[sender - 1]);
       }
       default:
         return count(remote::refusal::wrong_type);
@@ -298,8 +313,8 @@ class shard_server {
     const auto e = remote::check_entry(ring, expect);
     if (!e) return count(e.why);
     const std::uint64_t sequence = e.value.sequence;
-    if (from.ahead.count(sequence) != 0 || from.ahead.size() >= from.ring_blocks)
-      return count(remote::refusal::mismatch);  // a duplicate, or a window past the ring
+    if (from.ahead.count(sequence) != 0 || sequence >= from.next_sequence + from.ring_blocks)
+      return count(remote::refusal::mismatch);  // a duplicate, or past what the ring can hold
     // Into the buffer, from the ring: the columns at the layout computed here.
     const auto layout =
         remote::layout_entry(spec::step_bytes, e.value.length, options_.block_bytes);
@@ -362,27 +377,32 @@ class shard_server {
     return result;
   }
 
-  /// Selects and gathers the request's rows from the buffer, packs them as a reply and writes it
-  /// into the learner's slice (shard_sampling.hpp). A buffer that cannot sample (empty, say)
-  /// answers with a header of no rows, which the learner reports.
-  void reply(peer& to, const detail::remote::sample_request& r,
-             const detail::remote::reply_layout& layout) {
+  /// Serves `to`'s queued sample requests, oldest first, without ever waiting: one reply is in
+  /// flight per learner (its write reads the reply memory), and a provider that asks to retry is
+  /// retried by the run loop. So a learner that died with a reply in flight (its write may never
+  /// complete, on shm) holds up only its own requests. Each reply is selected, gathered and
+  /// packed once (shard_sampling.hpp); a buffer that cannot sample (empty, say) answers with a
+  /// header of no rows, which the learner reports.
+  void serve(peer& to) {
     namespace remote = detail::remote;
-    const auto until = std::chrono::steady_clock::now() + options_.send_deadline;
-    while (to.reply_busy != 0) {  // the last reply's write still reads the staging
-      if (std::chrono::steady_clock::now() > until) return count(remote::refusal::oversized);
-      if (poll() == 0) std::this_thread::yield();
+    while (to.reply_busy == 0 && !to.deferred.empty()) {
+      const remote::sample_request& r = to.deferred.front();
+      const auto layout = remote::layout_reply(spec::step_bytes, r.rows, r.win.length);
+      const std::span<std::byte> out(to.reply->data(),
+                                     static_cast<std::size_t>(layout.total_bytes));
+      if (!to.packed) {
+        pack_sample_reply(buffer_, r, layout, incarnation_, options_.shard, out);
+        to.packed = true;
+      }
+      const remote::cq_data data{remote::write_kind::sample_reply, options_.shard, r.request};
+      if (!ep_->try_writedata(to.reply_region, 0, out.size(), to.address,
+                              to.slice_address + r.reply_offset, to.slice_key, data.encode(),
+                              &to.reply_busy))
+        return;  // the run loop tries again
+      to.reply_busy = 1;
+      to.packed = false;
+      to.deferred.pop_front();
     }
-    const std::span<std::byte> out(to.reply->data(), static_cast<std::size_t>(layout.total_bytes));
-    pack_sample_reply(buffer_, r, layout, incarnation_, options_.shard, out);
-    const remote::cq_data data{remote::write_kind::sample_reply, options_.shard, r.request};
-    while (!ep_->try_writedata(to.reply_region, 0, out.size(), to.address,
-                               to.slice_address + r.reply_offset, to.slice_key, data.encode(),
-                               &to.reply_busy)) {
-      if (std::chrono::steady_clock::now() > until) return count(remote::refusal::oversized);
-      (void)poll();
-    }
-    to.reply_busy = 1;
   }
 
   template <std::size_t C>

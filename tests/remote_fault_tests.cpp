@@ -1,0 +1,182 @@
+// Faults between processes over loopback (tcp;ofi_rxm; shm below), each bounded in time:
+//   - an actor killed (SIGKILL) in the middle of its inserts and a learner killed in the middle
+//     of its samples leave the shard serving: a new actor's inserts are acknowledged, a new
+//     learner's samples hold intact trajectories only (the killed actor's half-written entries
+//     are never visible);
+//   - a shard killed while a learner samples: the learner's next sample fails with
+//     errc::peer_lost naming shard 0 within its 2 s deadline (plus a margin).
+// Killed processes cannot remove their /dev/shm files: the test removes them (as a launcher
+// must); processes that exit normally leave none.
+
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+#include <sys/socket.h>
+
+#include <gear/gear.hpp>
+#include <gear/transport/remote_actor.hpp>
+#include <gear/transport/remote_learner.hpp>
+#include <gear/transport/shard_server.hpp>
+#include <vector>
+
+#include "process_common.hpp"
+
+using namespace process_test;
+
+namespace {
+
+using spec = gear::spec<gear::column<"id", std::int64_t>, gear::column<"obs", float, 64>>;
+using buffer = gear::replay_buffer<spec, gear::storage::host>;
+constexpr std::int64_t max_length = 8;
+
+std::int64_t length_of(std::int64_t id) { return 1 + id % max_length; }
+float obs_of(std::int64_t id, std::int64_t step, int k) {
+  return static_cast<float>(id * 1000 + step * 100 + k);
+}
+
+int run_shard(int fd, const gear::transport::libfabric_config& fabric) {
+  buffer buf{gear::capacity{256}, gear::max_length{max_length}};
+  gear::transport::shard_server<buffer>::options o;
+  o.fabric = fabric;
+  o.block_bytes = 4096;
+  gear::transport::shard_server<buffer> server(buf, o);
+  if (!send_frame(fd, server.address())) return 10;
+  char byte = 0;
+  while (read(fd, &byte, 1) == 1 && byte != 'q') {
+  }
+  return 0;
+}
+
+/// Inserts `count` trajectories (ids from `first`), or forever if count < 0; says 'r' after the
+/// first.
+int run_actor(int fd, const gear::transport::libfabric_config& fabric, std::int64_t first,
+              std::int64_t count) {
+  const std::vector<std::vector<std::byte>> blobs{receive_frame(fd)};
+  gear::transport::remote_actor<spec>::options o;
+  o.fabric = fabric;
+  o.ring_blocks = 16;
+  o.deadline = std::chrono::milliseconds(5000);
+  gear::transport::remote_actor<spec> actor(blobs, o);
+  for (std::int64_t id = first; count < 0 || id < first + count; ++id) {
+    const std::int64_t lengths[] = {length_of(id)};
+    std::vector<std::int64_t> ids(static_cast<std::size_t>(lengths[0]), id);
+    std::vector<float> obs;
+    for (std::int64_t s = 0; s < lengths[0]; ++s)
+      for (int k = 0; k < 64; ++k) obs.push_back(obs_of(id, s, k));
+    gear::key key{};
+    actor.insert({lengths, {gear::input(ids.data()), gear::input(obs.data(), {64})}},
+                 std::span(&key, 1));
+    if (key.ticket == gear::no_ticket) return 40;
+    if (id == first) (void)write(fd, "r", 1);
+  }
+  return 0;
+}
+
+/// Samples `batches` batches (forever if < 0), checking every row; says 'r' after the first.
+/// With `expect_loss`, samples until a sample fails, which must be peer_lost naming shard 0.
+int run_learner(int fd, const gear::transport::libfabric_config& fabric, std::int64_t batches,
+                bool expect_loss) {
+  const std::vector<std::vector<std::byte>> blobs{receive_frame(fd)};
+  gear::transport::remote_learner<spec>::options o;
+  o.fabric = fabric;
+  o.max_batch = 32;
+  o.max_window = max_length;
+  o.deadline = std::chrono::milliseconds(expect_loss ? 2000 : 5000);
+  gear::transport::remote_learner<spec> learner(blobs, o);
+  gear::batch<spec> out(gear::memory_kind::host, gear::batch_size{32},
+                        gear::window_length{max_length});
+  gear::rng g{7};
+  const auto ids = out.column<"id">();
+  const auto obs = out.column<"obs">();
+  for (std::int64_t b = 0; batches < 0 || b < batches; ++b) {
+    try {
+      learner.sample(out, gear::window{.length = max_length}, g);
+    } catch (const gear::error& e) {
+      if (!expect_loss) throw;
+      const std::string what = e.what();
+      return e.code() == gear::errc::peer_lost && what.find("shard 0") != std::string::npos ? 0
+                                                                                            : 50;
+    }
+    for (std::int64_t r = 0; r < 32; ++r) {
+      const std::int64_t id = ids(r, 0);
+      for (std::int64_t s = 0; s < length_of(id); ++s)
+        for (int k = 0; k < 64; ++k)
+          if (ids(r, s) != id || obs(r, s, k) != obs_of(id, s, k)) return 51;
+    }
+    if (b == 0) (void)write(fd, "r", 1);
+  }
+  return expect_loss ? 52 : 0;
+}
+
+struct child {
+  pid_t pid;
+  int fd;
+};
+
+template <class Role>
+child start(Role role, const std::vector<std::byte>& blob) {
+  int fds[2];
+  REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
+  const pid_t pid = spawn(role, fds[0], fds[1], false);
+  close(fds[0]);
+  if (!blob.empty()) (void)send_frame(fds[1], blob);
+  return {pid, fds[1]};
+}
+
+bool ready(const child& c) {
+  char byte = 0;
+  return read(c.fd, &byte, 1) == 1 && byte == 'r';
+}
+
+void faults(const char* provider) {
+  gear::transport::libfabric_config fabric;
+  fabric.provider = provider;
+  const auto until = clock_type::now() + std::chrono::seconds(60);
+  const child shard = start([&](int fd) { return run_shard(fd, fabric); }, {});
+  const std::vector<std::byte> blob = receive_frame(shard.fd);
+  REQUIRE_FALSE(blob.empty());
+  // An actor and a learner, killed mid-stream.
+  const child doomed_actor = start([&](int fd) { return run_actor(fd, fabric, 1000, -1); }, blob);
+  const bool actor_ready = ready(doomed_actor);  // something to sample from first
+  const child doomed_learner =
+      start([&](int fd) { return run_learner(fd, fabric, -1, false); }, blob);
+  const bool both_ready = actor_ready && ready(doomed_learner);
+  kill(doomed_actor.pid, SIGKILL);
+  kill(doomed_learner.pid, SIGKILL);
+  CHECK(both_ready);
+  CHECK(reap(doomed_actor.pid, until) == -SIGKILL);
+  CHECK(reap(doomed_learner.pid, until) == -SIGKILL);
+  (void)shm_leftovers(doomed_actor.pid);  // a killed process cannot remove its own
+  (void)shm_leftovers(doomed_learner.pid);
+  // The shard serves on: a new actor, then a new learner that checks every row.
+  const child actor = start([&](int fd) { return run_actor(fd, fabric, 0, 40); }, blob);
+  CHECK(reap(actor.pid, until) == 0);
+  const child learner = start([&](int fd) { return run_learner(fd, fabric, 50, false); }, blob);
+  CHECK(reap(learner.pid, until) == 0);
+  CHECK(shm_leftovers(actor.pid) == 0);
+  CHECK(shm_leftovers(learner.pid) == 0);
+  // The shard killed under a sampling learner: peer_lost, in bounded time.
+  const child watcher = start([&](int fd) { return run_learner(fd, fabric, -1, true); }, blob);
+  CHECK(ready(watcher));
+  const auto killed = clock_type::now();
+  kill(shard.pid, SIGKILL);
+  const int watcher_rc = reap(watcher.pid, until);
+  const double seconds = std::chrono::duration<double>(clock_type::now() - killed).count();
+  MESSAGE(std::string(provider) << ": the learner saw the shard's loss after " << seconds
+                                << " s (exit " << watcher_rc << ")");
+  CHECK(watcher_rc == 0);
+  CHECK(seconds < 2.0 + 3.0);
+  CHECK(reap(shard.pid, until) == -SIGKILL);
+  (void)shm_leftovers(shard.pid);
+  CHECK(shm_leftovers(watcher.pid) == 0);
+  for (const child* c : {&shard, &doomed_actor, &doomed_learner, &actor, &learner, &watcher})
+    close(c->fd);
+}
+
+}  // namespace
+
+TEST_CASE("tcp;ofi_rxm: killed actors, learners and shards") { faults("tcp;ofi_rxm"); }
+// Not run yet: on shm, a learner killed with a reply in flight can leave the shard's later writes
+// to other learners refused (-FI_EAGAIN) for good (libfabric 1.17's shm keeps the dead peer's
+// commands queued); detecting the death on a lifeline socket and removing the peer is the next
+// step of the transport. Run it by name to see: remote_fault_tests -tc="shm*" -no-skip.
+TEST_CASE("shm: killed actors, learners and shards" * doctest::skip()) { faults("shm"); }
