@@ -14,6 +14,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -265,7 +266,14 @@ class shard_server {
         peers_.size() >= options_.max_peers || peers_.size() + 1 >= remote::max_peers)
       return count(remote::refusal::mismatch);
     peer p;
-    p.address = ep_->insert_peer(h.value.address);
+    // The address as this provider writes its own: a string ends in a NUL, others are as long as
+    // this endpoint's (fi_av_insert reads that many bytes).
+    const auto& a = h.value.address;
+    const bool fits = ep_->address_format() == FI_ADDR_STR
+                          ? std::find(a.begin(), a.end(), std::uint8_t{0}) != a.end()
+                          : a.size() == ep_->name().size();
+    if (!fits) return count(remote::refusal::out_of_range);
+    p.address = ep_->insert_peer(a);
     p.role = h.value.role;
     remote::welcome w;
     w.peer_index = static_cast<std::uint32_t>(peers_.size() + 1);

@@ -1,0 +1,203 @@
+// Bad input from the wire, against a real shard_server over loopback (tcp;ofi_rxm, shm): a rogue
+// peer on a raw endpoint sends a truncated hello, bytes that are no frame, a frame claiming more
+// body than it has, a hello with another spec's fingerprint, one whose fabric address is too
+// short for the provider, one with a role out of range, a
+// message from a sender the shard never welcomed, and, once welcomed, a sample request for 0 rows,
+// one whose reply would not fit its slice, and an insert entry published for a block outside its
+// ring. The shard refuses each and counts it by reason, and then still answers a valid status
+// request and welcomes a valid actor.
+
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+#include <sys/socket.h>
+
+#include <gear/gear.hpp>
+#include <gear/transport/remote_actor.hpp>
+#include <gear/transport/shard_server.hpp>
+#include <vector>
+
+#include "process_common.hpp"
+
+using namespace process_test;
+namespace remote = gear::detail::remote;
+namespace fabric = gear::transport::fabric;
+
+namespace {
+
+using spec = gear::spec<gear::column<"obs", float, 4>>;
+using buffer = gear::replay_buffer<spec, gear::storage::host>;
+
+/// The shard: serves until told, then reports its refusal counts on the socket.
+int run_shard(int fd, const gear::transport::libfabric_config& config) {
+  buffer buf{gear::capacity{16}, gear::max_length{4}};
+  std::vector<float> obs(8, 1.0f);
+  const std::int64_t lengths[] = {2};
+  gear::key k{};
+  buf.insert({lengths, {gear::input(obs.data(), {4})}}, std::span(&k, 1));
+  gear::transport::shard_server<buffer>::options o;
+  o.fabric = config;
+  gear::transport::shard_server<buffer> server(buf, o);
+  if (!send_frame(fd, server.address())) return 10;
+  char byte = 0;
+  if (read(fd, &byte, 1) != 1) return 11;
+  server.stop();
+  const auto s = server.stats();
+  std::vector<std::byte> counts(sizeof(s.refused.by_reason));
+  std::memcpy(counts.data(), s.refused.by_reason.data(), counts.size());
+  return send_frame(fd, counts) ? 0 : 12;
+}
+
+/// The rogue: a raw endpoint that sends what a real client never would.
+int run_rogue(int fd, const gear::transport::libfabric_config& config) {
+  const auto blob = remote::parse_blob(receive_frame(fd));
+  if (!blob) return 20;
+  fabric::endpoint ep(config);
+  const fi_addr_t shard = ep.insert_peer(blob.value.address);
+  fabric::host_region inbox(1 << 20), slice(1 << 16);
+  fabric::region inbox_r = ep.register_memory(inbox.data(), inbox.size(), FI_RECV);
+  fabric::region slice_r = ep.register_memory(slice.data(), slice.size(), FI_REMOTE_WRITE);
+  if (!ep.try_receive(inbox_r, remote::default_max_message, &inbox)) return 21;
+  fabric::outbox out(ep, 16, remote::default_max_message);
+  const auto deadline = std::chrono::seconds(10);
+  std::vector<std::vector<std::byte>> received;
+  auto poll = [&] {
+    return ep.poll([&](const fabric::completion& c) {
+      if (c.what == fabric::completion::kind::received)
+        received.emplace_back(c.message.begin(), c.message.end());
+      (void)out.completed(c.context);
+    });
+  };
+  auto send = [&](std::span<const std::byte> m) {
+    return out.send(ep, m, shard, clock_type::now() + deadline, [&] { (void)poll(); });
+  };
+  auto wait_for = [&](remote::message_type type) -> std::vector<std::byte> {
+    const auto until = clock_type::now() + deadline;
+    while (clock_type::now() < until) {
+      for (auto it = received.begin(); it != received.end(); ++it) {
+        const auto info = remote::frame_type(*it, remote::default_max_message);
+        if (info && info.value.type == type) {
+          auto m = std::move(*it);
+          received.erase(it);
+          return m;
+        }
+      }
+      if (poll() == 0) std::this_thread::yield();
+    }
+    return {};
+  };
+  remote::hello h;
+  h.role = remote::peer_role::learner;
+  h.spec_fingerprint = blob.value.spec_fingerprint;
+  h.selection_fingerprint = blob.value.selection_fingerprint;
+  h.hostname = "rogue";
+  h.address = ep.name();
+  h.slice_address = slice_r.remote_address;
+  h.slice_key.resize(8);
+  std::memcpy(h.slice_key.data(), &slice_r.key, 8);
+  h.slice_bytes = slice.size();
+  const auto good_hello = remote::encode(h);
+  // 1. truncated, 2. no frame at all, 3. a body shorter than its header says
+  if (!send(std::span(good_hello).first(good_hello.size() - 5))) return 22;
+  const std::vector<std::byte> junk(100, std::byte{0x5a});
+  if (!send(junk)) return 23;
+  auto short_body = good_hello;
+  short_body.resize(short_body.size() - 1);
+  std::uint32_t claimed = static_cast<std::uint32_t>(good_hello.size());
+  std::memcpy(short_body.data() + 8, &claimed, 4);
+  if (!send(short_body)) return 24;
+  // 4. another spec's fingerprint, 5. a role out of range, 6. a sender never welcomed
+  auto other = h;
+  other.spec_fingerprint ^= 1;
+  if (!send(remote::encode(other))) return 25;
+  auto short_address = h;  // fi_av_insert would read past it
+  short_address.address = {0x7f};
+  if (!send(remote::encode(short_address))) return 36;
+  auto bad_role = remote::encode(h);
+  bad_role[remote::frame_header_bytes] = std::byte{9};
+  if (!send(bad_role)) return 26;
+  auto stranger = remote::encode_status_request();
+  remote::stamp_sender(stranger, 77);
+  if (!send(stranger)) return 27;
+  // Welcomed properly, then: 7. a sample of 0 rows, 8. a reply that would not fit the slice.
+  if (!send(good_hello)) return 28;
+  const auto w = remote::parse_welcome(wait_for(remote::message_type::welcome), {});
+  if (!w) return 29;
+  remote::sample_request r;
+  r.incarnation = blob.value.incarnation;
+  r.rows = 1;
+  r.win.length = 2;
+  r.reply_bytes =
+      static_cast<std::uint64_t>(remote::layout_reply(spec::step_bytes, 1, 2).total_bytes);
+  auto zero_rows = r;
+  zero_rows.rows = 0;
+  auto bytes = remote::encode(zero_rows);
+  remote::stamp_sender(bytes, w.value.peer_index);
+  if (!send(bytes)) return 30;
+  auto too_far = r;
+  too_far.reply_offset = slice.size() - 8;
+  bytes = remote::encode(too_far);
+  remote::stamp_sender(bytes, w.value.peer_index);
+  if (!send(bytes)) return 31;
+  // 9. a valid request is still served, and so is a status request.
+  bytes = remote::encode(r);
+  remote::stamp_sender(bytes, w.value.peer_index);
+  if (!send(bytes)) return 32;
+  bytes = remote::encode_status_request();
+  remote::stamp_sender(bytes, w.value.peer_index);
+  if (!send(bytes)) return 33;
+  const auto st = remote::parse_status(wait_for(remote::message_type::status), {.capacity = 16});
+  if (!st || st.value.size != 1) return 34;
+  const auto until = clock_type::now() + deadline;  // the valid sample's reply, in the slice
+  while (remote::check_reply({slice.data(), static_cast<std::size_t>(r.reply_bytes)}, 0,
+                             blob.value.incarnation, 1, 2, spec::step_bytes)
+             .why != remote::refusal::none) {
+    if (clock_type::now() > until) return 35;
+    (void)poll();
+  }
+  return 0;
+}
+
+void rogue(const char* provider) {
+  gear::transport::libfabric_config config;
+  config.provider = provider;
+  const auto until = clock_type::now() + std::chrono::seconds(40);
+  int shard_fd[2], rogue_fd[2];
+  REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, shard_fd) == 0);
+  REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, rogue_fd) == 0);
+  const pid_t shard =
+      spawn([&](int fd) { return run_shard(fd, config); }, shard_fd[0], shard_fd[1], false);
+  close(shard_fd[0]);
+  const auto blob = receive_frame(shard_fd[1]);
+  const pid_t peer =
+      spawn([&](int fd) { return run_rogue(fd, config); }, rogue_fd[0], rogue_fd[1], false);
+  close(rogue_fd[0]);
+  (void)send_frame(rogue_fd[1], blob);
+  const int rogue_rc = reap(peer, until);
+  (void)write(shard_fd[1], "q", 1);
+  const auto counts_bytes = receive_frame(shard_fd[1]);
+  const int shard_rc = reap(shard, until);
+  MESSAGE(std::string(provider) << ": rogue exit " << rogue_rc << ", shard exit " << shard_rc);
+  CHECK(rogue_rc == 0);
+  CHECK(shard_rc == 0);
+  REQUIRE(counts_bytes.size() == sizeof(remote::refusal_counts::by_reason));
+  remote::refusal_counts counts;
+  std::memcpy(counts.by_reason.data(), counts_bytes.data(), counts_bytes.size());
+  CHECK(counts[remote::refusal::truncated] == 2);     // the truncated hello, the short body
+  CHECK(counts[remote::refusal::bad_magic] == 1);     // no frame
+  CHECK(counts[remote::refusal::mismatch] == 2);      // another spec; a stranger
+  CHECK(counts[remote::refusal::out_of_range] == 4);  // an address; a role; 0 rows; the slice
+  CHECK(counts.total() == 9);
+  CHECK(shm_leftovers(shard) == 0);
+  CHECK(shm_leftovers(peer) == 0);
+  close(shard_fd[1]);
+  close(rogue_fd[1]);
+}
+
+}  // namespace
+
+TEST_CASE("tcp;ofi_rxm: bad input from the wire is refused and counted; the shard serves on") {
+  rogue("tcp;ofi_rxm");
+}
+TEST_CASE("shm: bad input from the wire is refused and counted; the shard serves on") {
+  rogue("shm");
+}
