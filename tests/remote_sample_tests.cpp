@@ -17,6 +17,7 @@
 #include <gear/gear.hpp>
 #include <gear/transport/remote_learner.hpp>
 #include <gear/transport/shard_server.hpp>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -143,8 +144,29 @@ int run_learner(int fd, const gear::transport::libfabric_config& fabric) {
     }
     learner.sample(out, gear::window{.length = max_length}, g);  // refreshes the masses
   }
+  // Split phase: one sample in flight at a time, ended on the batch it was begun on.
+  learner.sample_begin(out, gear::window{.length = max_length}, g);
+  try {
+    learner.sample_begin(out, gear::window{.length = max_length}, g);
+    return 35;
+  } catch (const gear::error& e) {
+    if (e.code() != gear::errc::invalid_argument) return 36;
+  }
+  learner.sample_end(out);
+  try {
+    learner.sample_end(out);
+    return 37;
+  } catch (const gear::error& e) {
+    if (e.code() != gear::errc::invalid_argument) return 38;
+  }
   for (std::int64_t b = 0; b < batches; ++b) {
-    learner.sample(out, gear::window{.length = max_length}, g);
+    if (b % 2 == 0) {
+      learner.sample(out, gear::window{.length = max_length}, g);
+    } else {  // the shards work while this thread does something else
+      learner.sample_begin(out, gear::window{.length = max_length}, g);
+      std::this_thread::yield();
+      learner.sample_end(out);
+    }
     for (std::int64_t r = 0; r < rows; ++r) {
       const std::int64_t id = ids(r, 0);
       const auto shard = static_cast<std::uint32_t>(id / 100);

@@ -12,6 +12,8 @@
 // them into the batch. Each row's probability is global, P_i = (M_s / M) * (p_i / M'_s): the
 // union's p_i / M when nothing changed since the snapshot. Importance weights follow the local
 // formula over the union with options.beta (0: all 1). Rows come grouped by shard.
+// sample_begin / sample_end split a sample in two, so that the shards' work and the transfers
+// overlap a training step.
 
 #include <algorithm>
 #include <cmath>
@@ -78,12 +80,23 @@ class remote_learner : public remote_client {
   ~remote_learner() { close(); }
 
   /// Samples out.batch_size() rows of window `w` (w.length == out.window_length()) into `out`
-  /// (host-accessible memory), drawing from `g`. Throws errc::invalid_argument, errc::wrong_memory,
-  /// errc::batch_mismatch (before anything moves); errc::empty_buffer when no shard holds
-  /// anything, or one cannot sample; errc::peer_lost, errc::transport_error.
+  /// (host-accessible memory), drawing from `g`: sample_begin, then sample_end. Throws as they do.
   void sample(batch<Spec>& out, const window& w, rng& g) {
+    sample_begin(out, w, g);
+    sample_end(out);
+  }
+
+  /// Starts a sample into `out`: splits its rows across the shards and sends every request; the
+  /// shards select, gather and write meanwhile (a training step can run). One sample is in flight
+  /// at a time; `out` must stay alive until sample_end. Throws, sending nothing,
+  /// errc::invalid_argument (another in flight, a batch larger than the slices),
+  /// errc::wrong_memory, errc::batch_mismatch; errc::empty_buffer when no shard holds anything;
+  /// errc::peer_lost.
+  void sample_begin(batch<Spec>& out, const window& w, rng& g) {
     namespace remote = detail::remote;
     const std::int64_t rows = out.batch_size(), length = out.window_length();
+    GEAR_REQUIRE(!flight_, errc::invalid_argument,
+                 "a sample is in flight: sample_end it before the next sample_begin");
     GEAR_REQUIRE(host_accessible(out.where()), errc::wrong_memory,
                  "a remote learner fills batches in host memory");
     GEAR_REQUIRE(w.length == length, errc::batch_mismatch,
@@ -99,47 +112,66 @@ class remote_learner : public remote_client {
         snapshot_.push_back({st.mass, st.size, true});
       }
     const rng_draw draw = g.next();
-    const std::vector<std::int64_t> share = remote::split_with_replacement(snapshot_, rows, draw);
-    const double total = remote::live_mass(snapshot_);
+    flight f;
+    f.out = &out;
+    f.share = remote::split_with_replacement(snapshot_, rows, draw);
+    f.total = remote::live_mass(snapshot_);
+    f.layouts.resize(links_.size());
     const auto until = clock::now() + deadline_;
-    std::vector<remote::reply_layout> layouts(links_.size());
     for (std::size_t s = 0; s < links_.size(); ++s) {
       slices_[s].arrived = false;
-      if (share[s] == 0) continue;
-      layouts[s] = remote::layout_reply(Spec::step_bytes, share[s], length);
+      if (f.share[s] == 0) continue;
+      f.layouts[s] = remote::layout_reply(Spec::step_bytes, f.share[s], length);
       std::memset(slices_[s].memory->data(), 0, remote::reply_header_bytes);  // poisoned
-      std::memset(slices_[s].memory->data() + layouts[s].footer_at, 0, remote::reply_footer_bytes);
+      std::memset(slices_[s].memory->data() + f.layouts[s].footer_at, 0,
+                  remote::reply_footer_bytes);
       slices_[s].request = next_request_++ % remote::max_cq_index;
       remote::sample_request r;
       r.request = slices_[s].request;
       r.incarnation = links_[s].blob.incarnation;
-      r.rows = share[s];
+      r.rows = f.share[s];
       r.win = w;
       r.seed = draw.seed;
       r.call = draw.call * remote::max_peers + s;  // a stream of its own per shard
       r.mass_used = snapshot_[s].mass;
-      r.reply_bytes = static_cast<std::uint64_t>(layouts[s].total_bytes);
+      r.reply_bytes = static_cast<std::uint64_t>(f.layouts[s].total_bytes);
       auto bytes = remote::encode(r);
       remote::stamp_sender(bytes, links_[s].welcome->peer_index);
       send(bytes, s, until);
     }
+    flight_ = std::move(f);
+  }
+
+  /// Ends the sample in flight: waits for every share (bounded by the deadline), checks every
+  /// reply (header and footer, poisoned before the request) and only then unpacks them into the
+  /// batch given to sample_begin (`out`, the same), with global probabilities and weights. Throws
+  /// errc::invalid_argument (none in flight, another batch), errc::empty_buffer (a shard could
+  /// not sample), errc::peer_lost, errc::transport_error (a reply that does not hold up); the
+  /// sample is over either way.
+  void sample_end(batch<Spec>& out) {
+    namespace remote = detail::remote;
+    GEAR_REQUIRE(flight_ && flight_->out == &out, errc::invalid_argument,
+                 "sample_end of a batch with no sample in flight");
+    const flight f = std::move(*flight_);
+    flight_.reset();
+    const std::int64_t rows = out.batch_size(), length = out.window_length();
+    const auto until = clock::now() + deadline_;
     for (std::size_t s = 0; s < links_.size(); ++s)
-      if (share[s] > 0) wait_until([&] { return slices_[s].arrived; }, until, s, "sample reply");
-    // Check every reply, then unpack: nothing of `out` changes before all hold up.
+      if (f.share[s] > 0) wait_until([&] { return slices_[s].arrived; }, until, s, "sample reply");
     std::vector<remote::reply_header> headers(links_.size());
     for (std::size_t s = 0; s < links_.size(); ++s) {
-      if (share[s] == 0) continue;
+      if (f.share[s] == 0) continue;
       const std::span<const std::byte> slice(slices_[s].memory->data(),
-                                             static_cast<std::size_t>(layouts[s].total_bytes));
+                                             static_cast<std::size_t>(f.layouts[s].total_bytes));
       remote::reply_header h;
       std::memcpy(&h, slice.data(), sizeof(h));
       GEAR_REQUIRE(
           !(h.magic == remote::reply_magic && h.request == slices_[s].request && h.rows == 0),
           errc::empty_buffer,
           "shard " + std::to_string(links_[s].blob.shard) + " could not sample its " +
-              std::to_string(share[s]) + " rows");
+              std::to_string(f.share[s]) + " rows");
       const auto checked =
-          remote::check_reply(slice, slices_[s].request, links_[s].blob.incarnation, share[s],
+          remote::check_reply(slice, slices_[s].request, links_[s].blob.incarnation, f.share[s],
                               length, Spec::step_bytes);
       GEAR_REQUIRE(checked, errc::transport_error,
                    "shard " + std::to_string(links_[s].blob.shard) + "'s reply is refused (" +
@@ -150,15 +182,15 @@ class remote_learner : public remote_client {
     std::int64_t at = 0, union_size = 0;
     for (const auto& m : snapshot_) union_size += m.size;
     for (std::size_t s = 0; s < links_.size(); ++s) {
-      if (share[s] == 0) continue;
-      unpack(out, s, layouts[s], at, share[s], total, probabilities);
-      at += share[s];
+      if (f.share[s] == 0) continue;
+      unpack(out, s, f.layouts[s], at, f.share[s], f.total, probabilities);
+      at += f.share[s];
     }
     remote::importance_weights(probabilities, union_size, options_.beta,
                                {out.weights_data(), static_cast<std::size_t>(rows)});
     // The next snapshot: what the replies say the shards held when they selected.
     for (std::size_t s = 0; s < links_.size(); ++s)
-      if (share[s] > 0) snapshot_[s] = {headers[s].mass, headers[s].size, true};
+      if (f.share[s] > 0) snapshot_[s] = {headers[s].mass, headers[s].size, true};
   }
 
   /// Sets the priorities of `keys` (host spans of one size) at the shards that own them, each
@@ -210,6 +242,14 @@ class remote_learner : public remote_client {
     if (r) update_answer_ = r.value;
   }
 
+  /// The sample in flight: its batch, each shard's rows and reply layout, the mass M split by.
+  struct flight {
+    batch<Spec>* out = nullptr;
+    std::vector<std::int64_t> share;
+    std::vector<detail::remote::reply_layout> layouts;
+    double total = 0;
+  };
+
   struct slice {
     std::unique_ptr<fabric::host_region> memory;
     fabric::region region{};
@@ -251,6 +291,7 @@ class remote_learner : public remote_client {
   std::vector<detail::remote::shard_share> snapshot_;
   std::uint32_t next_request_ = 0;
   std::optional<detail::remote::update_result> update_answer_;
+  std::optional<flight> flight_;
 };
 
 }  // namespace gear::transport
