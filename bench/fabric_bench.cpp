@@ -1,0 +1,308 @@
+// The remote transport against raw libfabric, in one run, over loopback on one provider:
+//
+//   raw writedata   process A writes messages of a size into process B's registered memory with
+//                   fi_writedata, 64 in flight; B counts the remote completions: GB/s
+//   raw round trip  an 8-byte writedata and its echo: microseconds
+//   sample          a learner samples B rows of a window from one shard (host storage, steps of
+//                   4 KiB): GB/s of reply bytes, against raw writedata of the reply's size, and
+//                   microseconds per sample against the raw round trip
+//   insert          2 and 8 actor processes insert trajectories of 16 steps of 4 KiB into one
+//                   shard: GB/s together, against raw writedata of an entry's size
+//
+//   gear_fabric_bench [provider] [seconds per phase]      (default tcp;ofi_rxm, 1)
+//
+// Every figure is printed with the reference it is a ratio of, measured in the same run.
+
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <gear/gear.hpp>
+#include <gear/transport/remote_actor.hpp>
+#include <gear/transport/remote_learner.hpp>
+#include <gear/transport/shard_server.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+namespace remote = gear::detail::remote;
+namespace fabric = gear::transport::fabric;
+using clock_type = std::chrono::steady_clock;
+using spec = gear::spec<gear::column<"obs", std::uint8_t, 4096>>;
+using buffer = gear::replay_buffer<spec, gear::storage::host>;
+constexpr std::int64_t steps = 16;
+
+double seconds_since(clock_type::time_point t) {
+  return std::chrono::duration<double>(clock_type::now() - t).count();
+}
+bool put(int fd, const void* p, std::size_t n) {
+  return write(fd, p, n) == static_cast<ssize_t>(n);
+}
+bool get(int fd, void* p, std::size_t n) {
+  std::size_t got = 0;
+  while (got < n) {
+    const ssize_t r = read(fd, static_cast<char*>(p) + got, n - got);
+    if (r <= 0) return false;
+    got += static_cast<std::size_t>(r);
+  }
+  return true;
+}
+bool put_bytes(int fd, const std::vector<std::byte>& b) {
+  const auto n = static_cast<std::uint32_t>(b.size());
+  return put(fd, &n, 4) && put(fd, b.data(), b.size());
+}
+std::vector<std::byte> get_bytes(int fd) {
+  std::uint32_t n = 0;
+  if (!get(fd, &n, 4)) return {};
+  std::vector<std::byte> b(n);
+  return get(fd, b.data(), n) ? b : std::vector<std::byte>{};
+}
+
+/// Runs f in a child process; returns its pid.
+template <class F>
+pid_t child(F f) {
+  const pid_t pid = fork();
+  if (pid != 0) return pid;
+  alarm(300);
+  int rc = 1;
+  try {
+    rc = f();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gear_fabric_bench child: %s\n", e.what());
+  }
+  _exit(rc);
+}
+int reap(pid_t pid) {
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+struct raw_result {
+  double gbps = 0, round_trip_us = 0;
+};
+
+/// Raw fi_writedata from a writer process into a target process: `bytes` per message, 64 in
+/// flight, for `seconds`; then 1000 8-byte round trips. Measured by the writer.
+raw_result raw(const gear::transport::libfabric_config& config, std::size_t bytes, double seconds) {
+  int fds[2];
+  socketpair(AF_UNIX, SOCK_STREAM, 0, fds);
+  constexpr int window = 64;
+  auto target = child([&] {
+    fabric::endpoint ep(config);
+    fabric::host_region memory(bytes * window), echo(4096);
+    const fabric::region r = ep.register_memory(memory.data(), memory.size(), FI_REMOTE_WRITE);
+    const fabric::region e = ep.register_memory(echo.data(), echo.size(), FI_WRITE);
+    const auto name = ep.name();
+    const std::uint64_t info[] = {r.remote_address, r.key, name.size()};
+    put(fds[0], info, sizeof(info));
+    put(fds[0], name.data(), name.size());
+    std::vector<std::uint8_t> writer(256);
+    std::uint64_t n = 0;
+    get(fds[0], &n, 8);
+    writer.resize(n);
+    get(fds[0], writer.data(), n);
+    std::uint64_t peer_info[2];
+    get(fds[0], peer_info, sizeof(peer_info));
+    const fi_addr_t peer = ep.insert_peer(writer);
+    bool done = false;
+    int context = 0;
+    while (!done) {  // count nothing: echo data = 1 (round trip), stop on data = 2
+      ep.poll([&](const fabric::completion& c) {
+        if (c.what != fabric::completion::kind::remote_write) return;
+        if (c.data == 2) done = true;
+        if (c.data == 1)
+          while (!ep.try_writedata(e, 0, 8, peer, peer_info[0], peer_info[1], 1, &context))
+            ep.poll([](const fabric::completion&) {});
+      });
+    }
+    return 0;
+  });
+  fabric::endpoint ep(config);
+  fabric::host_region source(bytes * window), echo(4096);
+  const fabric::region s = ep.register_memory(source.data(), source.size(), FI_WRITE);
+  const fabric::region e = ep.register_memory(echo.data(), echo.size(), FI_REMOTE_WRITE | FI_WRITE);
+  std::uint64_t info[3];
+  get(fds[1], info, sizeof(info));
+  std::vector<std::uint8_t> name(info[2]);
+  get(fds[1], name.data(), name.size());
+  const fi_addr_t peer = ep.insert_peer(name);
+  const auto mine = ep.name();
+  const std::uint64_t n = mine.size();
+  put(fds[1], &n, 8);
+  put(fds[1], mine.data(), mine.size());
+  const std::uint64_t echo_info[] = {e.remote_address, e.key};
+  put(fds[1], echo_info, sizeof(echo_info));
+  int in_flight = 0, context = 0;
+  std::uint64_t sent = 0;
+  auto drain = [&] {
+    ep.poll([&](const fabric::completion& c) {
+      in_flight -= c.what == fabric::completion::kind::written;
+    });
+  };
+  // Warm-up, then timed.
+  raw_result out;
+  for (int phase = 0; phase < 2; ++phase) {
+    const auto t = clock_type::now();
+    sent = 0;
+    while (seconds_since(t) < (phase == 0 ? 0.2 : seconds)) {
+      if (in_flight < window &&
+          ep.try_writedata(s, (sent % window) * bytes, bytes, peer,
+                           info[0] + (sent % window) * bytes, info[1], 0, &context)) {
+        ++in_flight;
+        ++sent;
+      } else {
+        drain();
+      }
+    }
+    while (in_flight > 0) drain();
+    if (phase == 1) out.gbps = double(sent) * double(bytes) / seconds_since(t) / 1e9;
+  }
+  // Round trips: writedata(1), wait for its echo.
+  const int trips = 1000;
+  const auto t = clock_type::now();
+  for (int i = 0; i < trips; ++i) {
+    while (!ep.try_writedata(s, 0, 8, peer, info[0], info[1], 1, &context)) drain();
+    bool back = false;
+    while (!back)
+      ep.poll([&](const fabric::completion& c) {
+        back = back || c.what == fabric::completion::kind::remote_write;
+      });
+  }
+  out.round_trip_us = seconds_since(t) / trips * 1e6;
+  while (!ep.try_writedata(s, 0, 8, peer, info[0], info[1], 2, &context)) drain();
+  for (int i = 0; i < 1000; ++i) drain();
+  reap(target);
+  close(fds[0]);
+  close(fds[1]);
+  return out;
+}
+
+/// A shard with `count` trajectories of 16 steps (4 KiB each), serving until told; its blob first.
+pid_t start_shard(const gear::transport::libfabric_config& config, std::int64_t count, int fd) {
+  return child([&] {
+    buffer buf{gear::capacity{4096}, gear::max_length{steps}};
+    std::vector<std::uint8_t> data(static_cast<std::size_t>(steps) * 4096, 7);
+    const std::int64_t lengths[] = {steps};
+    gear::key k{};
+    for (std::int64_t i = 0; i < count; ++i)
+      buf.insert({lengths, {gear::input(data.data(), {4096})}}, std::span(&k, 1));
+    gear::transport::shard_server<buffer>::options o;
+    o.fabric = config;
+    o.max_ring_blocks = 1024;
+    gear::transport::shard_server<buffer> server(buf, o);
+    put_bytes(fd, server.address());
+    char byte = 0;
+    (void)get(fd, &byte, 1);
+    return 0;
+  });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gear::transport::libfabric_config config;
+  if (argc > 1) config.provider = argv[1];
+  const double seconds = argc > 2 ? std::atof(argv[2]) : 1.0;
+  auto progress = [](const char* what) { std::fprintf(stderr, "gear_fabric_bench: %s\n", what); };
+  const std::int64_t rows = 256, window = steps;
+  const std::size_t reply_bytes =
+      static_cast<std::size_t>(remote::layout_reply(spec::step_bytes, rows, window).total_bytes);
+  const std::size_t entry_bytes = static_cast<std::size_t>(
+      remote::layout_entry(spec::step_bytes, steps, 64 * 1024).total_bytes);
+  progress("raw writedata: 64 KiB, 1 MiB, an insert entry, a sample reply");
+  const raw_result raw64 = raw(config, 64 * 1024, seconds), raw1m = raw(config, 1 << 20, seconds);
+  const raw_result raw_entry = raw(config, entry_bytes, seconds);
+  const raw_result raw_reply = raw(config, reply_bytes, seconds);
+
+  progress("sample: B = 256 rows of 16 steps of 4 KiB from one shard");
+  int fds[2];
+  socketpair(AF_UNIX, SOCK_STREAM, 0, fds);
+  const pid_t shard = start_shard(config, 512, fds[0]);
+  const std::vector<std::vector<std::byte>> blobs{get_bytes(fds[1])};
+  double sample_gbps = 0, sample_us = 0;
+  {
+    gear::transport::remote_learner<spec>::options o;
+    o.fabric = config;
+    o.max_batch = rows;
+    o.max_window = window;
+    gear::transport::remote_learner<spec> learner(blobs, o);
+    gear::batch<spec> out(gear::memory_kind::host, gear::batch_size{rows},
+                          gear::window_length{window});
+    gear::rng g{1};
+    for (int i = 0; i < 5; ++i) learner.sample(out, gear::window{.length = window}, g);
+    std::int64_t n = 0;
+    const auto t = clock_type::now();
+    while (seconds_since(t) < seconds) {
+      learner.sample(out, gear::window{.length = window}, g);
+      ++n;
+    }
+    const double s = seconds_since(t);
+    sample_gbps = double(n) * double(reply_bytes) / s / 1e9;
+    sample_us = s / double(n) * 1e6;
+  }
+
+  double insert_gbps[2] = {0, 0};
+  const int actor_counts[2] = {2, 8};
+  for (int k = 0; k < 2; ++k) {
+    progress(k == 0 ? "insert: 2 actors" : "insert: 8 actors");
+    int pipe_fds[2];
+    if (pipe(pipe_fds) != 0) return 1;
+    std::vector<pid_t> actors;
+    const auto t = clock_type::now();
+    for (int a = 0; a < actor_counts[k]; ++a)
+      actors.push_back(child([&] {
+        gear::transport::remote_actor<spec>::options o;
+        o.fabric = config;
+        o.ring_blocks = 64;
+        gear::transport::remote_actor<spec> actor(blobs, o);
+        std::vector<std::uint8_t> data(static_cast<std::size_t>(steps) * 4096, 3);
+        std::vector<std::int64_t> lengths(16, steps);
+        std::vector<std::uint8_t> many(lengths.size() * data.size(), 3);
+        std::vector<gear::key> keys(lengths.size());
+        std::int64_t inserted = 0;
+        const auto start = clock_type::now();
+        while (seconds_since(start) < seconds) {
+          actor.insert({lengths, {gear::input(many.data(), {4096})}}, keys);
+          inserted += static_cast<std::int64_t>(lengths.size());
+        }
+        return put(pipe_fds[1], &inserted, sizeof(inserted)) ? 0 : 1;
+      }));
+    std::int64_t total = 0;
+    for (pid_t a : actors) {
+      std::int64_t n = 0;
+      get(pipe_fds[0], &n, sizeof(n));
+      total += n;
+      reap(a);
+    }
+    insert_gbps[k] = double(total) * double(steps * 4096) / seconds_since(t) / 1e9;
+    close(pipe_fds[0]);
+    close(pipe_fds[1]);
+  }
+  (void)put(fds[1], "q", 1);
+  reap(shard);
+
+  std::printf("provider %s, %.1f s per phase\n", config.provider.c_str(), seconds);
+  std::printf("%-52s %12s %16s %8s\n", "operation", "figure", "reference", "ratio");
+  std::printf("%-52s %7.2f GB/s %16s\n", "raw fi_writedata 64 KiB, 64 in flight", raw64.gbps, "");
+  std::printf("%-52s %7.2f GB/s %16s\n", "raw fi_writedata 1 MiB, 64 in flight", raw1m.gbps, "");
+  std::printf("%-52s %7.1f us %16s\n", "raw 8-byte round trip", raw64.round_trip_us, "");
+  std::printf("%-52s %7.2f GB/s %11.2f GB/s %7.1f%%\n",
+              "sample B=256 x 16 x 4 KiB (16 MiB replies)", sample_gbps, raw_reply.gbps,
+              100 * sample_gbps / raw_reply.gbps);
+  std::printf("%-52s %7.0f us %13.1f us %7.1fx\n", "sample B=256 latency, against the round trip",
+              sample_us, raw64.round_trip_us, sample_us / raw64.round_trip_us);
+  for (int k = 0; k < 2; ++k)
+    std::printf("%-52s %7.2f GB/s %11.2f GB/s %7.1f%%\n",
+                (std::to_string(actor_counts[k]) + " actors inserting 64 KiB trajectories").c_str(),
+                insert_gbps[k], raw_entry.gbps, 100 * insert_gbps[k] / raw_entry.gbps);
+  close(fds[0]);
+  close(fds[1]);
+  return 0;
+}
