@@ -1,16 +1,22 @@
 #pragma once
-// gear::transport::shard_server: serves one local replay buffer to remote actors over a fabric
-// endpoint (transport/libfabric.hpp). The buffer stays the caller's: it may sample, update and
-// insert locally at the same time (the buffer is thread-safe).
+// gear::transport::shard_server: serves one local replay buffer to remote actors and learners
+// (remote_actor.hpp, remote_learner.hpp) over a fabric endpoint (transport/libfabric.hpp). The
+// buffer stays the caller's: it may sample, update and insert locally at the same time (the
+// buffer is thread-safe).
 //
-// A progress thread owns the endpoint. It answers a client's hello with a welcome that grants an
-// actor its own staging ring (a registered region only that actor may write); it checks each
-// insert entry an actor writes there and publishes with remote CQ data (detail/remote/entry.hpp:
-// the layout computed here, never taken from the sender), inserts it into the buffer and
-// acknowledges it with its key (which frees the entry's blocks: the actor's credits); it answers
-// status requests. Whatever a peer sends that does not hold up is refused and counted by reason
-// (stats()), and the server serves on. An entry the buffer itself refuses is acknowledged with no
-// ticket, so that the actor learns of it and its blocks are freed.
+// A progress thread owns the endpoint and acts on what completes, outside the poll:
+//   hello          a welcome: an actor gets its own staging ring (a registered region only it may
+//                  write), a learner's slice (its memory for replies) is recorded;
+//   insert entry   published by remote CQ data: checked against the layout computed here (never
+//                  the sender's; detail/remote/entry.hpp), inserted into the buffer, acknowledged
+//                  with its key, which frees its blocks (the actor's credits); an entry the buffer
+//                  refuses is acknowledged with no ticket;
+//   sample request queued per learner, one reply in flight each: selected and gathered by the
+//                  buffer's own policy, written into the learner's slice (shard_sampling.hpp);
+//   update         pairs of this incarnation applied, the others counted stale;
+//   status request the buffer's size and selection mass.
+// Whatever a peer sends that does not hold up is refused and counted by reason (stats()), and
+// the server serves on.
 
 #include <unistd.h>
 
