@@ -15,6 +15,7 @@
 #include <gear/detail/remote/blob.hpp>
 #include <gear/detail/remote/entry.hpp>
 #include <gear/detail/remote/fingerprint.hpp>
+#include <gear/detail/remote/hmac.hpp>
 #include <gear/detail/remote/messages.hpp>
 #include <gear/detail/remote/split.hpp>
 #include <gear/gear.hpp>
@@ -651,4 +652,47 @@ TEST_CASE("global probabilities are the union's; weights follow the local formul
   for (const double p : P) max_raw = std::max(max_raw, std::pow(5 * p, -0.4));
   for (std::size_t i = 0; i < P.size(); ++i)
     CHECK(w[i] == doctest::Approx(std::pow(5 * P[i], -0.4) / max_raw).epsilon(1e-6));
+}
+
+namespace {
+std::string hex(const remote::digest& d) {
+  std::string out;
+  char two[3];
+  for (const std::uint8_t b : d) {
+    std::snprintf(two, sizeof(two), "%02x", b);
+    out += two;
+  }
+  return out;
+}
+std::span<const std::uint8_t> bytes_of(std::string_view s) {
+  return {reinterpret_cast<const std::uint8_t*>(s.data()), s.size()};
+}
+}  // namespace
+
+TEST_CASE("the token proof: SHA-256 and HMAC-SHA-256 against published test vectors") {
+  auto sha = [](std::string_view s) {
+    remote::sha256 h;
+    h.update(bytes_of(s));
+    return hex(h.finish());
+  };
+  CHECK(sha("") == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  CHECK(sha("abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  CHECK(sha("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq") ==
+        "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  // RFC 4231, test cases 1, 2 and 6 (a key longer than a block).
+  const std::vector<std::uint8_t> key1(20, 0x0b), key6(131, 0xaa);
+  CHECK(hex(remote::hmac_sha256(key1, bytes_of("Hi There"))) ==
+        "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7");
+  CHECK(hex(remote::hmac_sha256(bytes_of("Jefe"), bytes_of("what do ya want for nothing?"))) ==
+        "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+  CHECK(hex(remote::hmac_sha256(key6, bytes_of("Test Using Larger Than Block-Size Key - Hash Key "
+                                               "First"))) ==
+        "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
+  // A proof binds the token, the nonce, the role and the pid.
+  const auto p = remote::token_proof("secret", 42, 1, 7);
+  CHECK(remote::same_proof(p, remote::token_proof("secret", 42, 1, 7)));
+  CHECK_FALSE(remote::same_proof(p, remote::token_proof("Secret", 42, 1, 7)));
+  CHECK_FALSE(remote::same_proof(p, remote::token_proof("secret", 43, 1, 7)));
+  CHECK_FALSE(remote::same_proof(p, remote::token_proof("secret", 42, 2, 7)));
+  CHECK_FALSE(remote::same_proof(p, remote::token_proof("secret", 42, 1, 8)));
 }

@@ -1,5 +1,6 @@
 // Bad input from the wire, against a real shard_server over loopback (tcp;ofi_rxm, shm): a rogue
-// peer on a raw endpoint sends a truncated hello, bytes that are no frame, a frame claiming more
+// peer on a raw endpoint sends a hello proving another token, a truncated hello, bytes that are
+// no frame, a frame claiming more
 // body than it has, a hello with another spec's fingerprint, one whose fabric address is too
 // short for the provider, one with a role out of range, a
 // message from a sender the shard never welcomed, and, once welcomed, a sample request for 0 rows,
@@ -11,6 +12,7 @@
 #include <doctest/doctest.h>
 #include <sys/socket.h>
 
+#include <gear/detail/remote/hmac.hpp>
 #include <gear/gear.hpp>
 #include <gear/transport/remote_actor.hpp>
 #include <gear/transport/shard_server.hpp>
@@ -95,7 +97,12 @@ int run_rogue(int fd, const gear::transport::libfabric_config& config) {
   h.slice_key.resize(8);
   std::memcpy(h.slice_key.data(), &slice_r.key, 8);
   h.slice_bytes = slice.size();
+  h.token_proof =
+      remote::token_proof("", blob.value.nonce, static_cast<std::uint8_t>(h.role), h.pid);
   const auto good_hello = remote::encode(h);
+  auto wrong_token = h;  // another job's token
+  wrong_token.token_proof = remote::token_proof("other", blob.value.nonce, 2, h.pid);
+  if (!send(remote::encode(wrong_token))) return 37;
   // 1. truncated, 2. no frame at all, 3. a body shorter than its header says
   if (!send(std::span(good_hello).first(good_hello.size() - 5))) return 22;
   const std::vector<std::byte> junk(100, std::byte{0x5a});
@@ -184,9 +191,9 @@ void rogue(const char* provider) {
   std::memcpy(counts.by_reason.data(), counts_bytes.data(), counts_bytes.size());
   CHECK(counts[remote::refusal::truncated] == 2);     // the truncated hello, the short body
   CHECK(counts[remote::refusal::bad_magic] == 1);     // no frame
-  CHECK(counts[remote::refusal::mismatch] == 2);      // another spec; a stranger
+  CHECK(counts[remote::refusal::mismatch] == 3);      // a token; another spec; a stranger
   CHECK(counts[remote::refusal::out_of_range] == 4);  // an address; a role; 0 rows; the slice
-  CHECK(counts.total() == 9);
+  CHECK(counts.total() == 10);
   CHECK(shm_leftovers(shard) == 0);
   CHECK(shm_leftovers(peer) == 0);
   close(shard_fd[1]);

@@ -41,13 +41,14 @@ class remote_actor : public remote_client {
     libfabric_config fabric;
     std::uint32_t ring_blocks = 64;  ///< staging blocks asked of each shard
     std::chrono::milliseconds deadline{30000};
+    std::string token;  ///< the shards' handshake token
   };
 
   /// Connects to every shard whose address blob is given. Throws errc::peer_mismatch (another
   /// spec or provider), errc::peer_lost (no welcome by the deadline), errc::transport_error.
   remote_actor(std::span<const std::vector<std::byte>> shard_blobs, options o)
       : remote_client(shard_blobs, o.fabric, o.deadline, detail::remote::spec_fingerprint<Spec>(),
-                      std::nullopt),
+                      std::nullopt, o.token),
         options_(std::move(o)),
         shards_(links_.size()) {
     greet([&](std::size_t s) {

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <functional>
 #include <gear/detail/remote/blob.hpp>
+#include <gear/detail/remote/hmac.hpp>
 #include <gear/detail/remote/messages.hpp>
 #include <gear/transport/fabric_memory.hpp>
 #include <gear/transport/libfabric.hpp>
@@ -59,8 +60,9 @@ class remote_client {
   /// unless `any_selection`, the selection fingerprint). Throws errc::peer_mismatch, ...
   remote_client(std::span<const std::vector<std::byte>> blobs, const libfabric_config& fabric,
                 std::chrono::milliseconds deadline, std::uint64_t spec_fingerprint,
-                std::optional<std::uint64_t> selection_fingerprint)
+                std::optional<std::uint64_t> selection_fingerprint, std::string token)
       : deadline_(deadline),
+        token_(std::move(token)),
         inbox_(1 << 20),
         ep_(std::make_unique<fabric::endpoint>(fabric)),
         outbox_(*ep_, 16, detail::remote::default_max_message) {
@@ -90,12 +92,15 @@ class remote_client {
   /// destructor, before the memory it registered is freed.
   void close() noexcept { ep_.reset(); }
 
-  /// Greets every shard with the hello `make(s)` returns and waits for every welcome.
+  /// Greets every shard with the hello `make(s)` returns (with this client's address and its
+  /// proof of the token) and waits for every welcome; a shard that refuses the proof sends none.
   void greet(const std::function<detail::remote::hello(std::size_t)>& make) {
     const auto until = clock::now() + deadline_;
     for (std::size_t s = 0; s < links_.size(); ++s) {
       detail::remote::hello h = make(s);
       h.pid = static_cast<std::uint32_t>(getpid());
+      h.token_proof = detail::remote::token_proof(token_, links_[s].blob.nonce,
+                                                  static_cast<std::uint8_t>(h.role), h.pid);
       h.address = ep_->name();
       send(detail::remote::encode(h), s, until);
     }
@@ -153,6 +158,7 @@ class remote_client {
   virtual void on_welcome(std::size_t, const detail::remote::welcome&) {}
 
   std::chrono::milliseconds deadline_;
+  std::string token_;
   fabric::host_region inbox_;
   std::vector<shard_link> links_;  // their memory outlives the endpoint
   std::unique_ptr<fabric::endpoint> ep_;

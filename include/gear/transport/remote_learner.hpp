@@ -44,13 +44,14 @@ class remote_learner : public remote_client {
     std::int64_t max_window = 64;   ///< steps of its window, at most
     double beta = 0;                ///< importance-sampling exponent (0: weights all 1)
     std::chrono::milliseconds deadline{30000};
+    std::string token;  ///< the shards' handshake token
   };
 
   /// Connects to every shard whose address blob is given (same spec and selection policy).
   /// Throws errc::peer_mismatch, errc::peer_lost (no welcome by the deadline), ...
   remote_learner(std::span<const std::vector<std::byte>> shard_blobs, options o)
       : remote_client(shard_blobs, o.fabric, o.deadline, detail::remote::spec_fingerprint<Spec>(),
-                      detail::remote::selection_fingerprint<Selection>()),
+                      detail::remote::selection_fingerprint<Selection>(), o.token),
         options_(std::move(o)),
         slices_(links_.size()) {
     namespace remote = detail::remote;

@@ -29,6 +29,7 @@
 #include <gear/detail/remote/blob.hpp>
 #include <gear/detail/remote/entry.hpp>
 #include <gear/detail/remote/fingerprint.hpp>
+#include <gear/detail/remote/hmac.hpp>
 #include <gear/detail/remote/messages.hpp>
 #include <gear/insert.hpp>
 #include <gear/priority_update.hpp>
@@ -65,6 +66,8 @@ class shard_server {
     /// Per control message: past it, the message is dropped and counted (a peer that died with
     /// the provider's queue to it full must not stall the others for long).
     std::chrono::milliseconds send_deadline{1000};
+    /// The handshake token: a client must prove it knows the same one (detail/remote/hmac.hpp).
+    std::string token;
   };
   struct counters {
     std::uint64_t inserted = 0, refused_inserts = 0, peers = 0;
@@ -91,6 +94,8 @@ class shard_server {
     b.shard = options_.shard;
     b.incarnation = incarnation_;
     b.pid = static_cast<std::uint32_t>(getpid());
+    do b.nonce = (std::uint64_t{seed()} << 32) | seed();
+    while (b.nonce == 0);
     char host[256] = {};
     (void)gethostname(host, sizeof(host) - 1);
     b.hostname = host;
@@ -271,6 +276,10 @@ class shard_server {
          h.value.selection_fingerprint != blob_.selection_fingerprint) ||
         peers_.size() >= options_.max_peers || peers_.size() + 1 >= remote::max_peers)
       return count(remote::refusal::mismatch);
+    const remote::digest expected = remote::token_proof(
+        options_.token, blob_.nonce, static_cast<std::uint8_t>(h.value.role), h.value.pid);
+    if (!remote::same_proof(expected, h.value.token_proof))
+      return count(remote::refusal::mismatch);  // another job's token, or none
     peer p;
     // The address as this provider writes its own: a string ends in a NUL, others are as long as
     // this endpoint's (fi_av_insert reads that many bytes).
