@@ -83,6 +83,14 @@ class remote_client {
                        ": " + b.what + ")");
       mine.selection_fingerprint = selection_fingerprint.value_or(b.value.selection_fingerprint);
       remote::check_peer(mine, b.value);
+      GEAR_REQUIRE(b.value.shard < remote::max_peers, errc::peer_mismatch,
+                   "shard id " + std::to_string(b.value.shard) + " is past " +
+                       std::to_string(remote::max_peers - 1));
+      for (const auto& known : links_)
+        GEAR_REQUIRE(known.blob.shard != b.value.shard, errc::peer_mismatch,
+                     "two shards call themselves " + std::to_string(b.value.shard) + " (pids " +
+                         std::to_string(known.blob.pid) + " and " + std::to_string(b.value.pid) +
+                         "): give each its own id");
       links_.push_back({b.value, ep_->insert_peer(b.value.address), {}, {}});
     }
     GEAR_REQUIRE(!links_.empty(), errc::invalid_argument, "a client needs at least one shard");
@@ -131,7 +139,8 @@ class remote_client {
   }
 
   /// Makes progress: control messages go to on_message (welcomes and statuses are handled
-  /// here), remote writes to on_remote_write. A failed transfer throws errc::transport_error.
+  /// here), remote writes to on_remote_write. A failed transfer throws errc::peer_lost, naming
+  /// the shard where the transfer says which.
   std::size_t poll() {
     namespace remote = detail::remote;
     return ep_->poll([&](const fabric::completion& c) {

@@ -107,11 +107,16 @@ class remote_learner : public remote_client {
                  errc::invalid_argument,
                  "this learner's slices hold " + std::to_string(options_.max_batch) + " rows of " +
                      std::to_string(options_.max_window) + " steps");
-    if (snapshot_.empty())
-      for (std::size_t s = 0; s < links_.size(); ++s) {
+    // The masses to split by: the last replies', asked again of every shard the snapshot
+    // has none for (the first sample; a shard that was empty, and so got no rows to say more).
+    std::vector<remote::shard_share> snapshot = snapshot_;
+    snapshot.resize(links_.size(), {0, 0, true});
+    for (std::size_t s = 0; s < links_.size(); ++s)
+      if (snapshot_.size() != links_.size() || snapshot[s].mass <= 0) {
         const remote::status st = status(s);
-        snapshot_.push_back({st.mass, st.size, true});
+        snapshot[s] = {st.mass, st.size, true};
       }
+    snapshot_ = std::move(snapshot);
     const rng_draw draw = g.next();
     flight f;
     f.out = &out;
@@ -228,6 +233,7 @@ class remote_learner : public remote_client {
         auto bytes = remote::encode(part);
         remote::stamp_sender(bytes, links_[s].welcome->peer_index);
         update_answer_.reset();
+        awaited_incarnation_ = links_[s].blob.incarnation;
         send(bytes, s, until);
         wait_until([&] { return update_answer_.has_value(); }, until, s, "update result");
         total.applied += update_answer_->applied;
@@ -240,7 +246,7 @@ class remote_learner : public remote_client {
   void on_message(std::span<const std::byte> message, detail::remote::message_type type) override {
     if (type != detail::remote::message_type::update_result) return;
     const auto r = detail::remote::parse_update_result(message, {});
-    if (r) update_answer_ = r.value;
+    if (r && r.value.incarnation == awaited_incarnation_) update_answer_ = r.value;
   }
 
   /// The sample in flight: its batch, each shard's rows and reply layout, the mass M split by.
@@ -292,6 +298,7 @@ class remote_learner : public remote_client {
   std::vector<detail::remote::shard_share> snapshot_;
   std::uint32_t next_request_ = 0;
   std::optional<detail::remote::update_result> update_answer_;
+  std::uint32_t awaited_incarnation_ = 0;  // the shard whose update answer is awaited
   std::optional<flight> flight_;
 };
 

@@ -71,6 +71,8 @@ class shard_server {
   };
   struct counters {
     std::uint64_t inserted = 0, refused_inserts = 0, peers = 0;
+    std::uint64_t failed_transfers = 0;  ///< completions in error (a peer gone, a refused access)
+    std::uint64_t dropped_sends = 0;     ///< control messages not accepted by the deadline
     detail::remote::refusal_counts refused;  ///< messages and entries, by reason
   };
 
@@ -81,6 +83,9 @@ class shard_server {
         inbox_(1 << 20),
         ep_(std::make_unique<fabric::endpoint>(options_.fabric)),
         outbox_(*ep_, 64, detail::remote::default_max_message) {
+    GEAR_REQUIRE(options_.shard < detail::remote::max_peers, errc::invalid_argument,
+                 "shard ids go up to " + std::to_string(detail::remote::max_peers - 1) +
+                     " (the completion data's 12 bits), got " + std::to_string(options_.shard));
     std::random_device seed;
     do incarnation_ = seed();
     while (incarnation_ == 0);
@@ -170,8 +175,9 @@ class shard_server {
         for (auto& p : peers_)
           if (!p.deferred.empty()) serve(p);
         if (n == 0) std::this_thread::yield();
-      } catch (const error&) {
-        count(detail::remote::refusal::out_of_range);  // a failed transfer: counted, serve on
+      } catch (const std::exception&) {  // a failed call or allocation: counted, serve on
+        const std::lock_guard held(stats_mutex_);
+        ++stats_.failed_transfers;
       }
     }
   }
@@ -190,7 +196,10 @@ class shard_server {
           for (auto& p : peers_)
             if (&p.reply_busy == c.context) p.reply_busy = 0;
         if (c.what == kind::failed) {
-          count(detail::remote::refusal::out_of_range);
+          {
+            const std::lock_guard held(stats_mutex_);
+            ++stats_.failed_transfers;
+          }
           if (c.context == &inbox_ || c.buffer_released)  // never deaf: post the inbox again
             (void)ep_->try_receive(inbox_region_, detail::remote::default_max_message, &inbox_);
         }
@@ -204,8 +213,10 @@ class shard_server {
   }
   void send(std::span<const std::byte> message, fi_addr_t to) {
     const auto until = std::chrono::steady_clock::now() + options_.send_deadline;
-    if (!outbox_.send(*ep_, message, to, until, [this] { (void)poll(); }))
-      count(detail::remote::refusal::oversized);  // could not be sent in time: dropped
+    if (!outbox_.send(*ep_, message, to, until, [this] { (void)poll(); })) {
+      const std::lock_guard held(stats_mutex_);
+      ++stats_.dropped_sends;  // not accepted in time: dropped
+    }
   }
   [[nodiscard]] detail::remote::message_limits limits() const {
     detail::remote::message_limits l;
@@ -288,14 +299,17 @@ class shard_server {
                           ? std::find(a.begin(), a.end(), std::uint8_t{0}) != a.end()
                           : a.size() == ep_->name().size();
     if (!fits) return count(remote::refusal::out_of_range);
+    if (h.value.role == remote::peer_role::learner &&
+        (h.value.slice_key.size() != sizeof(std::uint64_t) || h.value.slice_bytes == 0 ||
+         h.value.slice_bytes > max_slice_bytes))
+      return count(remote::refusal::out_of_range);  // no slice it could answer into
     p.address = ep_->insert_peer(a);
     p.role = h.value.role;
     remote::welcome w;
     w.peer_index = static_cast<std::uint32_t>(peers_.size() + 1);
     w.incarnation = incarnation_;
     w.block_bytes = options_.block_bytes;
-    if (p.role == remote::peer_role::learner && h.value.slice_key.size() == sizeof(std::uint64_t) &&
-        h.value.slice_bytes > 0 && h.value.slice_bytes <= max_slice_bytes) {
+    if (p.role == remote::peer_role::learner) {
       p.slice_address = h.value.slice_address;
       std::memcpy(&p.slice_key, h.value.slice_key.data(), sizeof(p.slice_key));
       p.slice_bytes = h.value.slice_bytes;
@@ -418,10 +432,19 @@ class shard_server {
         to.packed = true;
       }
       const remote::cq_data data{remote::write_kind::sample_reply, options_.shard, r.request};
-      if (!ep_->try_writedata(to.reply_region, 0, out.size(), to.address,
-                              to.slice_address + r.reply_offset, to.slice_key, data.encode(),
-                              &to.reply_busy))
-        return;  // the run loop tries again
+      bool posted = false;
+      try {
+        posted = ep_->try_writedata(to.reply_region, 0, out.size(), to.address,
+                                    to.slice_address + r.reply_offset, to.slice_key, data.encode(),
+                                    &to.reply_busy);
+      } catch (const error&) {  // this learner's reply cannot go: drop it, serve the others
+        to.packed = false;
+        to.deferred.pop_front();
+        const std::lock_guard held(stats_mutex_);
+        ++stats_.failed_transfers;
+        continue;
+      }
+      if (!posted) return;  // the run loop tries again
       to.reply_busy = 1;
       to.packed = false;
       to.deferred.pop_front();
@@ -448,7 +471,9 @@ class shard_server {
   Buffer& buffer_;
   options options_;
   fabric::host_region inbox_;
-  std::vector<peer> peers_;  // the progress thread's alone (rings outlive the endpoint)
+  // The progress thread's alone; a deque, so that a peer's address (its reply's write context)
+  // stays put while others join. Their rings outlive the endpoint.
+  std::deque<peer> peers_;
   std::unique_ptr<fabric::endpoint> ep_;
   fabric::region inbox_region_{};
   fabric::outbox outbox_;
