@@ -16,6 +16,7 @@
 #include <gear/gear.hpp>
 #include <gear/transport/remote_actor.hpp>
 #include <gear/transport/shard_server.hpp>
+#include <optional>
 #include <vector>
 
 #include "process_common.hpp"
@@ -164,7 +165,95 @@ int run_rogue(int fd, const gear::transport::libfabric_config& config) {
   return 0;
 }
 
-void rogue(const char* provider) {
+/// A rogue actor: welcomed properly, then writes into its ring entries a real actor never would:
+/// another actor's id, a sequence already used, one far past what its ring holds, a length past
+/// max_length, and a completion naming a block outside its ring; two valid entries between them
+/// are stored and acknowledged.
+int run_rogue_actor(int fd, const gear::transport::libfabric_config& config) {
+  const auto blob = remote::parse_blob(receive_frame(fd));
+  if (!blob) return 60;
+  fabric::endpoint ep(config);
+  const fi_addr_t shard = ep.insert_peer(blob.value.address);
+  fabric::host_region inbox(1 << 20);
+  fabric::region inbox_r = ep.register_memory(inbox.data(), inbox.size(), FI_RECV);
+  if (!ep.try_receive(inbox_r, remote::default_max_message, &inbox)) return 61;
+  fabric::outbox out(ep, 16, remote::default_max_message);
+  std::vector<std::vector<std::byte>> received;
+  auto poll = [&] {
+    return ep.poll([&](const fabric::completion& c) {
+      if (c.what == fabric::completion::kind::received)
+        received.emplace_back(c.message.begin(), c.message.end());
+      (void)out.completed(c.context);
+    });
+  };
+  const auto until = clock_type::now() + std::chrono::seconds(10);
+  remote::hello h;
+  h.role = remote::peer_role::actor;
+  h.spec_fingerprint = blob.value.spec_fingerprint;
+  h.selection_fingerprint = blob.value.selection_fingerprint;
+  h.ring_blocks = 8;
+  h.address = ep.name();
+  h.token_proof = remote::token_proof("", blob.value.nonce, 1, h.pid);
+  if (!out.send(ep, remote::encode(h), shard, until, [&] { (void)poll(); })) return 62;
+  std::optional<remote::welcome> w;
+  while (!w && clock_type::now() < until) {
+    for (const auto& m : received)
+      if (auto d = remote::parse_welcome(m, {}); d) w = d.value;
+    if (poll() == 0) std::this_thread::yield();
+  }
+  if (!w || w->ring_blocks != 8 || w->ring_key.size() != 8) return 63;
+  std::uint64_t key = 0;
+  std::memcpy(&key, w->ring_key.data(), 8);
+  const std::size_t block = w->block_bytes;
+  fabric::host_region source(8 * block);
+  fabric::region source_r = ep.register_memory(source.data(), source.size(), FI_WRITE);
+  std::vector<float> obs(4 * 8, 2.5f);
+  const std::span<const std::byte> columns[] = {std::as_bytes(std::span(obs))};
+  int context = 0;
+  // Writes an entry at `at` (its header as given), published for block `named`.
+  auto write_entry = [&](std::uint32_t at, remote::entry_header e, std::uint32_t named) {
+    std::vector<std::byte> packed;
+    e.first_block = at;
+    remote::pack_entry(e, columns, spec::step_bytes, static_cast<std::int64_t>(block), packed);
+    std::memcpy(source.data() + at * block, packed.data(), packed.size());
+    const remote::cq_data data{remote::write_kind::insert_entry, w->peer_index, named};
+    while (!ep.try_writedata(source_r, at * block, packed.size(), shard,
+                             w->ring_address + at * block, key, data.encode(), &context))
+      if (poll() == 0) std::this_thread::yield();
+  };
+  remote::entry_header e;
+  e.actor = w->peer_index;
+  e.length = 2;
+  auto forged = e;
+  forged.actor += 1;
+  write_entry(0, forged, 0);  // another actor's id: mismatch
+  e.sequence = 0;
+  write_entry(1, e, 1);  // valid: stored
+  write_entry(2, e, 2);  // sequence 0 again: mismatch
+  auto far = e;
+  far.sequence = 100;
+  write_entry(3, far, 3);  // past what the ring holds: mismatch
+  auto too_long = e;
+  too_long.sequence = 1;
+  too_long.length = 5;
+  write_entry(4, too_long, 4);  // past max_length: out of range
+  e.sequence = 1;
+  write_entry(5, e, 99);  // a block outside the ring: out of range
+  write_entry(6, e, 6);   // valid: stored
+  int acks = 0;
+  while (acks < 2 && clock_type::now() < until) {
+    for (auto it = received.begin(); it != received.end();) {
+      const auto a = remote::parse_ack(*it, {}, 8);
+      if (a && a.value.stored.ticket != gear::no_ticket) ++acks;
+      it = a ? received.erase(it) : it + 1;
+    }
+    if (poll() == 0) std::this_thread::yield();
+  }
+  return acks == 2 ? 0 : 64;
+}
+
+template <class Role>
+remote::refusal_counts rogue_run(const char* provider, Role role) {
   gear::transport::libfabric_config config;
   config.provider = provider;
   const auto until = clock_type::now() + std::chrono::seconds(40);
@@ -176,7 +265,7 @@ void rogue(const char* provider) {
   close(shard_fd[0]);
   const auto blob = receive_frame(shard_fd[1]);
   const pid_t peer =
-      spawn([&](int fd) { return run_rogue(fd, config); }, rogue_fd[0], rogue_fd[1], false);
+      spawn([&](int fd) { return role(fd, config); }, rogue_fd[0], rogue_fd[1], false);
   close(rogue_fd[0]);
   (void)send_frame(rogue_fd[1], blob);
   const int rogue_rc = reap(peer, until);
@@ -189,15 +278,27 @@ void rogue(const char* provider) {
   REQUIRE(counts_bytes.size() == sizeof(remote::refusal_counts::by_reason));
   remote::refusal_counts counts;
   std::memcpy(counts.by_reason.data(), counts_bytes.data(), counts_bytes.size());
+  CHECK(shm_leftovers(shard) == 0);
+  CHECK(shm_leftovers(peer) == 0);
+  close(shard_fd[1]);
+  close(rogue_fd[1]);
+  return counts;
+}
+
+void rogue(const char* provider) {
+  const auto counts = rogue_run(provider, run_rogue);
   CHECK(counts[remote::refusal::truncated] == 2);     // the truncated hello, the short body
   CHECK(counts[remote::refusal::bad_magic] == 1);     // no frame
   CHECK(counts[remote::refusal::mismatch] == 3);      // a token; another spec; a stranger
   CHECK(counts[remote::refusal::out_of_range] == 4);  // an address; a role; 0 rows; the slice
   CHECK(counts.total() == 10);
-  CHECK(shm_leftovers(shard) == 0);
-  CHECK(shm_leftovers(peer) == 0);
-  close(shard_fd[1]);
-  close(rogue_fd[1]);
+}
+
+void rogue_actor(const char* provider) {
+  const auto counts = rogue_run(provider, run_rogue_actor);
+  CHECK(counts[remote::refusal::mismatch] == 3);      // an id; a used sequence; one too far
+  CHECK(counts[remote::refusal::out_of_range] == 2);  // a length; a block outside the ring
+  CHECK(counts.total() == 5);
 }
 
 }  // namespace
@@ -207,4 +308,10 @@ TEST_CASE("tcp;ofi_rxm: bad input from the wire is refused and counted; the shar
 }
 TEST_CASE("shm: bad input from the wire is refused and counted; the shard serves on") {
   rogue("shm");
+}
+TEST_CASE("tcp;ofi_rxm: forged, replayed and out-of-range insert entries are refused") {
+  rogue_actor("tcp;ofi_rxm");
+}
+TEST_CASE("shm: forged, replayed and out-of-range insert entries are refused") {
+  rogue_actor("shm");
 }
