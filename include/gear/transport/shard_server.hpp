@@ -161,6 +161,7 @@ class shard_server {
   };
 
   void run() {
+    std::uint64_t idle = 0;  // polls in a row that found nothing
     while (!stopping_) {
       try {
         const std::size_t n = poll();
@@ -174,7 +175,13 @@ class shard_server {
         }
         for (auto& p : peers_)
           if (!p.deferred.empty()) serve(p);
-        if (n == 0) std::this_thread::yield();
+        // Idle: yield at first (a busy peer's next message is microseconds away), then sleep
+        // 50 us at a time, so that an idle shard does not hold a core.
+        idle = n == 0 && work_.empty() ? idle + 1 : 0;
+        if (idle > 0 && idle < 2000)
+          std::this_thread::yield();
+        else if (idle >= 2000)
+          std::this_thread::sleep_for(std::chrono::microseconds(50));
       } catch (const std::exception&) {  // a failed call or allocation: counted, serve on
         const std::lock_guard held(stats_mutex_);
         ++stats_.failed_transfers;
