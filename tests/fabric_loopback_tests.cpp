@@ -100,8 +100,8 @@ int run_shard(int fd, const gear::transport::libfabric_config& config) {
   fabric::region ring_r = ep.register_memory(ring.data, ring_blocks * block_bytes, FI_REMOTE_WRITE);
   fabric::region inbox_r = ep.register_memory(inbox.data, 256 * 1024, FI_RECV);
   fabric::region outbox_r = ep.register_memory(outbox.data, 4096, FI_SEND);
-  int receive_context = 0, send_context = 0;
-  if (!ep.try_receive(inbox_r, remote::default_max_message, &receive_context)) return 10;
+  int send_context = 0;
+  ep.receive_into(inbox_r, remote::default_max_message);
   if (!send_frame(fd, remote::encode(blob_of(ep, 0)))) return 11;
   const auto actor = remote::parse_blob(receive_frame(fd));
   if (!actor) return 12;
@@ -142,8 +142,6 @@ int run_shard(int fd, const gear::transport::libfabric_config& config) {
               (ok ? good : bad) += 1;
             } else if (c.what == fabric::completion::kind::received) {
               asked = asked || static_cast<bool>(remote::parse_status_request(c.message, limits));
-              if (c.buffer_released)
-                (void)ep.try_receive(inbox_r, remote::default_max_message, &receive_context);
             }
           }))
     return 14;
@@ -186,8 +184,8 @@ int run_actor(int fd, const gear::transport::libfabric_config& config) {
   fabric::region source_r = ep.register_memory(source.data, ring_blocks * block_bytes, FI_WRITE);
   fabric::region inbox_r = ep.register_memory(inbox.data, 256 * 1024, FI_RECV);
   fabric::region outbox_r = ep.register_memory(outbox.data, 4096, FI_SEND);
-  int receive_context = 0, send_context = 0;
-  if (!ep.try_receive(inbox_r, remote::default_max_message, &receive_context)) return 23;
+  int send_context = 0;
+  ep.receive_into(inbox_r, remote::default_max_message);
   std::vector<int> write_context(entries);
   int written = 0;
   for (int i = 0; i < entries; ++i) {

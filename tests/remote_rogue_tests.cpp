@@ -50,31 +50,36 @@ int run_shard(int fd, const gear::transport::libfabric_config& config) {
   return send_frame(fd, counts) ? 0 : 12;
 }
 
-/// The rogue: a raw endpoint that sends what a real client never would.
-int run_rogue(int fd, const gear::transport::libfabric_config& config) {
-  const auto blob = remote::parse_blob(receive_frame(fd));
-  if (!blob) return 20;
-  fabric::endpoint ep(config);
-  const fi_addr_t shard = ep.insert_peer(blob.value.address);
-  fabric::host_region inbox(1 << 20), slice(1 << 16);
-  fabric::region inbox_r = ep.register_memory(inbox.data(), inbox.size(), FI_RECV);
-  fabric::region slice_r = ep.register_memory(slice.data(), slice.size(), FI_REMOTE_WRITE);
-  if (!ep.try_receive(inbox_r, remote::default_max_message, &inbox)) return 21;
-  fabric::outbox out(ep, 16, remote::default_max_message);
-  const auto deadline = std::chrono::seconds(10);
+/// A raw endpoint talking to the shard: what both rogues share.
+struct raw_peer {
+  fabric::endpoint ep;
+  fi_addr_t shard;
+  fabric::host_region inbox{1 << 20};
+  fabric::region inbox_r;
+  fabric::outbox out;
   std::vector<std::vector<std::byte>> received;
-  auto poll = [&] {
+
+  raw_peer(const gear::transport::libfabric_config& config, const remote::address_blob& blob)
+      : ep(config),
+        shard(ep.insert_peer(blob.address)),
+        inbox_r(ep.register_memory(inbox.data(), inbox.size(), FI_RECV)),
+        out(ep, 16, remote::default_max_message) {
+    ep.receive_into(inbox_r, remote::default_max_message);
+  }
+  std::size_t poll() {
     return ep.poll([&](const fabric::completion& c) {
       if (c.what == fabric::completion::kind::received)
         received.emplace_back(c.message.begin(), c.message.end());
       (void)out.completed(c.context);
     });
-  };
-  auto send = [&](std::span<const std::byte> m) {
-    return out.send(ep, m, shard, clock_type::now() + deadline, [&] { (void)poll(); });
-  };
-  auto wait_for = [&](remote::message_type type) -> std::vector<std::byte> {
-    const auto until = clock_type::now() + deadline;
+  }
+  bool send(std::span<const std::byte> m) {
+    return out.send(ep, m, shard, clock_type::now() + std::chrono::seconds(10),
+                    [&] { (void)poll(); });
+  }
+  /// The next message of `type` (taken out of `received`), or none within 10 s.
+  std::vector<std::byte> wait_for(remote::message_type type) {
+    const auto until = clock_type::now() + std::chrono::seconds(10);
     while (clock_type::now() < until) {
       for (auto it = received.begin(); it != received.end(); ++it) {
         const auto info = remote::frame_type(*it, remote::default_max_message);
@@ -87,7 +92,19 @@ int run_rogue(int fd, const gear::transport::libfabric_config& config) {
       if (poll() == 0) std::this_thread::yield();
     }
     return {};
-  };
+  }
+};
+
+/// The rogue: a raw endpoint that sends what a real client never would.
+int run_rogue(int fd, const gear::transport::libfabric_config& config) {
+  const auto blob = remote::parse_blob(receive_frame(fd));
+  if (!blob) return 20;
+  raw_peer peer(config, blob.value);
+  fabric::endpoint& ep = peer.ep;
+  fabric::host_region slice(1 << 16);
+  fabric::region slice_r = ep.register_memory(slice.data(), slice.size(), FI_REMOTE_WRITE);
+  auto send = [&](std::span<const std::byte> m) { return peer.send(m); };
+  auto wait_for = [&](remote::message_type type) { return peer.wait_for(type); };
   remote::hello h;
   h.role = remote::peer_role::learner;
   h.spec_fingerprint = blob.value.spec_fingerprint;
@@ -155,12 +172,12 @@ int run_rogue(int fd, const gear::transport::libfabric_config& config) {
   if (!send(bytes)) return 33;
   const auto st = remote::parse_status(wait_for(remote::message_type::status), {.capacity = 16});
   if (!st || st.value.size != 1) return 34;
-  const auto until = clock_type::now() + deadline;  // the valid sample's reply, in the slice
+  const auto until = clock_type::now() + std::chrono::seconds(10);  // the valid reply, in the slice
   while (remote::check_reply({slice.data(), static_cast<std::size_t>(r.reply_bytes)}, 0,
                              blob.value.incarnation, 1, 2, spec::step_bytes)
              .why != remote::refusal::none) {
     if (clock_type::now() > until) return 35;
-    (void)poll();
+    (void)peer.poll();
   }
   return 0;
 }
@@ -172,21 +189,8 @@ int run_rogue(int fd, const gear::transport::libfabric_config& config) {
 int run_rogue_actor(int fd, const gear::transport::libfabric_config& config) {
   const auto blob = remote::parse_blob(receive_frame(fd));
   if (!blob) return 60;
-  fabric::endpoint ep(config);
-  const fi_addr_t shard = ep.insert_peer(blob.value.address);
-  fabric::host_region inbox(1 << 20);
-  fabric::region inbox_r = ep.register_memory(inbox.data(), inbox.size(), FI_RECV);
-  if (!ep.try_receive(inbox_r, remote::default_max_message, &inbox)) return 61;
-  fabric::outbox out(ep, 16, remote::default_max_message);
-  std::vector<std::vector<std::byte>> received;
-  auto poll = [&] {
-    return ep.poll([&](const fabric::completion& c) {
-      if (c.what == fabric::completion::kind::received)
-        received.emplace_back(c.message.begin(), c.message.end());
-      (void)out.completed(c.context);
-    });
-  };
-  const auto until = clock_type::now() + std::chrono::seconds(10);
+  raw_peer peer(config, blob.value);
+  fabric::endpoint& ep = peer.ep;
   remote::hello h;
   h.role = remote::peer_role::actor;
   h.spec_fingerprint = blob.value.spec_fingerprint;
@@ -194,17 +198,12 @@ int run_rogue_actor(int fd, const gear::transport::libfabric_config& config) {
   h.ring_blocks = 8;
   h.address = ep.name();
   h.token_proof = remote::token_proof("", blob.value.nonce, 1, h.pid);
-  if (!out.send(ep, remote::encode(h), shard, until, [&] { (void)poll(); })) return 62;
-  std::optional<remote::welcome> w;
-  while (!w && clock_type::now() < until) {
-    for (const auto& m : received)
-      if (auto d = remote::parse_welcome(m, {}); d) w = d.value;
-    if (poll() == 0) std::this_thread::yield();
-  }
-  if (!w || w->ring_blocks != 8 || w->ring_key.size() != 8) return 63;
+  if (!peer.send(remote::encode(h))) return 62;
+  const auto w = remote::parse_welcome(peer.wait_for(remote::message_type::welcome), {});
+  if (!w || w.value.ring_blocks != 8 || w.value.ring_key.size() != 8) return 63;
   std::uint64_t key = 0;
-  std::memcpy(&key, w->ring_key.data(), 8);
-  const std::size_t block = w->block_bytes;
+  std::memcpy(&key, w.value.ring_key.data(), 8);
+  const std::size_t block = w.value.block_bytes;
   fabric::host_region source(8 * block);
   fabric::region source_r = ep.register_memory(source.data(), source.size(), FI_WRITE);
   std::vector<float> obs(4 * 8, 2.5f);
@@ -216,13 +215,13 @@ int run_rogue_actor(int fd, const gear::transport::libfabric_config& config) {
     e.first_block = at;
     remote::pack_entry(e, columns, spec::step_bytes, static_cast<std::int64_t>(block), packed);
     std::memcpy(source.data() + at * block, packed.data(), packed.size());
-    const remote::cq_data data{remote::write_kind::insert_entry, w->peer_index, named};
-    while (!ep.try_writedata(source_r, at * block, packed.size(), shard,
-                             w->ring_address + at * block, key, data.encode(), &context))
-      if (poll() == 0) std::this_thread::yield();
+    const remote::cq_data data{remote::write_kind::insert_entry, w.value.peer_index, named};
+    while (!ep.try_writedata(source_r, at * block, packed.size(), peer.shard,
+                             w.value.ring_address + at * block, key, data.encode(), &context))
+      if (peer.poll() == 0) std::this_thread::yield();
   };
   remote::entry_header e;
-  e.actor = w->peer_index;
+  e.actor = w.value.peer_index;
   e.length = 2;
   auto forged = e;
   forged.actor += 1;
@@ -241,13 +240,9 @@ int run_rogue_actor(int fd, const gear::transport::libfabric_config& config) {
   write_entry(5, e, 99);  // a block outside the ring: out of range
   write_entry(6, e, 6);   // valid: stored
   int acks = 0;
-  while (acks < 2 && clock_type::now() < until) {
-    for (auto it = received.begin(); it != received.end();) {
-      const auto a = remote::parse_ack(*it, {}, 8);
-      if (a && a.value.stored.ticket != gear::no_ticket) ++acks;
-      it = a ? received.erase(it) : it + 1;
-    }
-    if (poll() == 0) std::this_thread::yield();
+  for (int i = 0; i < 2; ++i) {
+    const auto a = remote::parse_ack(peer.wait_for(remote::message_type::ack), {}, 8);
+    acks += a && a.value.stored.ticket != gear::no_ticket;
   }
   return acks == 2 ? 0 : 64;
 }

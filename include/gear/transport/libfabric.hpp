@@ -72,10 +72,8 @@ struct completion {
   void* context = nullptr;             ///< the post's context (not for remote writes)
   std::uint64_t data = 0;              ///< remote CQ data of a remote write
   std::span<const std::byte> message;  ///< a received message, inside the receive buffer
-  bool buffer_released = false;  ///< the multi-receive buffer is done with (full, or its receive
-                                 ///< failed): post it again
-  int error = 0;                 ///< for kind::failed: the fi_errno code
-  std::string detail;            ///< for kind::failed: the provider's message
+  int error = 0;                       ///< for kind::failed: the fi_errno code
+  std::string detail;                  ///< for kind::failed: the provider's message
 };
 
 class endpoint {
@@ -187,29 +185,36 @@ class endpoint {
     if (rc != 0) fail("fi_send", rc, std::to_string(bytes) + " bytes on " + provider_);
     return true;
   }
-  /// Posts `buffer` to receive control messages back to back, each at most `max_message` bytes
-  /// (a larger one is refused by the provider: FI_ETRUNC). Post it again when a completion says
-  /// buffer_released. False on -FI_EAGAIN.
-  bool try_receive(const region& buffer, std::size_t max_message, void* context) {
+  /// Receives control messages into `buffer`, back to back, each at most `max_message` bytes (a
+  /// larger one is refused by the provider: FI_ETRUNC). The endpoint keeps it posted: poll()
+  /// posts it again once the provider is done with it (full, or its receive failed), after the
+  /// completions that point into it were handed on. One receive buffer per endpoint.
+  void receive_into(const region& buffer, std::size_t max_message) {
     if (buffer.bytes < 2 * max_message)
       throw error(errc::invalid_argument, "a receive buffer holds at least two messages");
     std::size_t min_free = max_message;
-    int rc =
+    const int rc =
         fi_setopt(&ep_->fid, FI_OPT_ENDPOINT, FI_OPT_MIN_MULTI_RECV, &min_free, sizeof(min_free));
     if (rc != 0) fail("fi_setopt(FI_OPT_MIN_MULTI_RECV)", rc, provider_);
-    iovec iov{buffer.base, buffer.bytes};
-    void* desc = buffer.desc;
-    fi_msg msg{&iov, &desc, 1, FI_ADDR_UNSPEC, context, 0};
-    const ssize_t posted = fi_recvmsg(ep_, &msg, FI_MULTI_RECV);
-    if (posted == -FI_EAGAIN) return false;
-    if (posted != 0) fail("fi_recvmsg", posted, provider_);
-    return true;
+    receive_ = buffer;
+    repost_ = !post_receive();
   }
 
   /// Reads up to 16 completions and hands each to `on(const completion&)`; returns how many. This
   /// is what makes progress (manual progress): call it while waiting for anything.
   template <class F>
   std::size_t poll(F&& on) {
+    if (repost_) repost_ = !post_receive();  // the provider asked to try again last time
+    // After the completions of this read are handed on (even if `on` throws), the receive buffer
+    // goes back to the provider if one of them released it.
+    bool released = false;
+    struct repost_after {
+      endpoint& ep;
+      bool& released;
+      ~repost_after() {
+        if (released) ep.repost_ = !ep.post_receive_noexcept();
+      }
+    } guard{*this, released};
     fi_cq_data_entry entries[16];
     const ssize_t n = fi_cq_read(cq_, entries, 16);
     if (n == -FI_EAGAIN) return 0;
@@ -221,9 +226,9 @@ class endpoint {
       c.what = completion::kind::failed;
       c.context = err.op_context;
       c.error = err.err;
-      // A failed receive into a multi-receive buffer (a message too long, a peer gone) may end
-      // the buffer's posting: say so, so that the owner posts it again rather than go deaf.
-      c.buffer_released = (err.flags & FI_RECV) != 0 || (err.flags & FI_MULTI_RECV) != 0;
+      // A failed receive into the buffer (a message too long, a peer gone) may end its posting:
+      // post it again rather than go deaf.
+      released = err.op_context == &receive_ || (err.flags & (FI_RECV | FI_MULTI_RECV)) != 0;
       const char* text = fi_cq_strerror(cq_, err.prov_errno, err.err_data, nullptr, 0);
       c.detail =
           std::string(fi_strerror(err.err)) + (text != nullptr ? std::string(": ") + text : "");
@@ -241,7 +246,7 @@ class endpoint {
         c.context = nullptr;                      // may be 0: never read it)
       } else if ((e.flags & FI_RECV) != 0) {
         c.what = completion::kind::received;
-        c.buffer_released = (e.flags & FI_MULTI_RECV) != 0;
+        released = released || (e.flags & FI_MULTI_RECV) != 0;
         if (e.len > 0) c.message = {static_cast<const std::byte*>(e.buf), e.len};
       } else if ((e.flags & FI_SEND) != 0) {
         c.what = completion::kind::sent;
@@ -254,6 +259,25 @@ class endpoint {
   }
 
  private:
+  /// Posts the receive buffer; false on -FI_EAGAIN. Throws errc::transport_error.
+  bool post_receive() {
+    iovec iov{receive_.base, receive_.bytes};
+    void* desc = receive_.desc;
+    fi_msg msg{&iov, &desc, 1, FI_ADDR_UNSPEC, &receive_, 0};
+    const ssize_t posted = fi_recvmsg(ep_, &msg, FI_MULTI_RECV);
+    if (posted == -FI_EAGAIN) return false;
+    if (posted != 0) fail("fi_recvmsg", posted, provider_);
+    return true;
+  }
+  /// post_receive for a destructor: a failure leaves it to the next poll.
+  bool post_receive_noexcept() noexcept {
+    try {
+      return post_receive();
+    } catch (...) {
+      return false;
+    }
+  }
+
   void open() {
     int rc = fi_fabric(info_->fabric_attr, &fabric_, nullptr);
     if (rc != 0) fail("fi_fabric", rc, provider_);
@@ -308,6 +332,8 @@ class endpoint {
   fid_ep* ep_ = nullptr;
   std::vector<std::uint8_t> name_;
   std::vector<fid_mr*> regions_;  // registered and not yet deregistered
+  region receive_{};              // the receive buffer (its address is its posts' context)
+  bool repost_ = false;           // it is to be posted again
 };
 
 }  // namespace fabric

@@ -68,8 +68,7 @@ class remote_client {
         outbox_(*ep_, 16, detail::remote::default_max_message) {
     namespace remote = detail::remote;
     inbox_region_ = ep_->register_memory(inbox_.data(), inbox_.size(), FI_RECV);
-    if (!ep_->try_receive(inbox_region_, remote::default_max_message, &inbox_))
-      throw error(errc::transport_error, "could not post the control receive buffer");
+    ep_->receive_into(inbox_region_, remote::default_max_message);
     remote::address_blob mine;
     mine.provider = ep_->provider();
     mine.address_format = ep_->address_format();
@@ -146,8 +145,6 @@ class remote_client {
     return ep_->poll([&](const fabric::completion& c) {
       using kind = fabric::completion::kind;
       if (c.what == kind::failed) {  // a peer that died or refused: name it where known
-        if (c.context == &inbox_ || c.buffer_released)  // never deaf: post the inbox again
-          (void)ep_->try_receive(inbox_region_, remote::default_max_message, &inbox_);
         const std::optional<std::size_t> s = outbox_.tag_of(c.context);
         (void)outbox_.completed(c.context);
         if (s && *s < links_.size()) lost(*s, "delivery (" + c.detail + ")");
@@ -157,8 +154,6 @@ class remote_client {
       if (c.what == kind::remote_write) on_remote_write(remote::cq_data::decode(c.data));
       if (c.what != kind::received) return;
       handle(c.message);
-      if (c.buffer_released)
-        (void)ep_->try_receive(inbox_region_, remote::default_max_message, &inbox_);
     });
   }
 

@@ -90,8 +90,7 @@ class shard_server {
     do incarnation_ = seed();
     while (incarnation_ == 0);
     inbox_region_ = ep_->register_memory(inbox_.data(), inbox_.size(), FI_RECV);
-    if (!ep_->try_receive(inbox_region_, detail::remote::default_max_message, &inbox_))
-      throw error(errc::transport_error, "could not post the control receive buffer");
+    ep_->receive_into(inbox_region_, detail::remote::default_max_message);
     detail::remote::address_blob b;
     b.provider = ep_->provider();
     b.address_format = ep_->address_format();
@@ -194,8 +193,6 @@ class shard_server {
       using kind = fabric::completion::kind;
       if (c.what == kind::received) {
         if (!c.message.empty()) work_.push_back({{c.message.begin(), c.message.end()}, 0});
-        if (c.buffer_released)
-          (void)ep_->try_receive(inbox_region_, detail::remote::default_max_message, &inbox_);
       } else if (c.what == kind::remote_write) {
         work_.push_back({{}, c.data});
       } else if (c.what == kind::sent || c.what == kind::written || c.what == kind::failed) {
@@ -207,8 +204,6 @@ class shard_server {
             const std::lock_guard held(stats_mutex_);
             ++stats_.failed_transfers;
           }
-          if (c.context == &inbox_ || c.buffer_released)  // never deaf: post the inbox again
-            (void)ep_->try_receive(inbox_region_, detail::remote::default_max_message, &inbox_);
         }
       }
     });

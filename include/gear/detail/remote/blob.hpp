@@ -41,8 +41,7 @@ inline std::vector<std::byte> encode(const address_blob& b) {
   wire_writer w = start_frame(message_type::blob);
   w.put_string(b.provider);
   w.put(b.address_format);
-  w.put(static_cast<std::uint16_t>(b.address.size()));
-  for (const std::uint8_t x : b.address) w.put(x);
+  w.put_counted(b.address);
   w.put(b.shard);
   w.put(b.incarnation);
   w.put(b.pid);
@@ -68,8 +67,7 @@ inline decoded<address_blob> parse_blob(std::span<const std::byte> bytes,
         if (address_bytes == 0 || address_bytes > max_fabric_address)
           return what = "address length", refusal::out_of_range;
         b.address.resize(address_bytes);
-        for (std::uint8_t& x : b.address)
-          if (!r.get(x)) return refusal::none;
+        if (!r.get_into(b.address)) return refusal::none;
         if (!read_all(r, b.shard, b.incarnation, b.pid) ||
             !r.get_string(b.hostname, max_blob_hostname))
           return what = "hostname", refusal::none;

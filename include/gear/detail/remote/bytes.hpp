@@ -41,6 +41,13 @@ class wire_writer {
     put_bytes(std::as_bytes(std::span(s.data(), s.size())));
   }
   void put_bytes(std::span<const std::byte> b) { bytes_.insert(bytes_.end(), b.begin(), b.end()); }
+  void put_bytes(std::span<const std::uint8_t> b) { put_bytes(std::as_bytes(b)); }
+  /// Bytes as a u16 count and the bytes (the caller bounds the count); get_into reads them back
+  /// once the count was read and checked.
+  void put_counted(std::span<const std::uint8_t> b) {
+    put(static_cast<std::uint16_t>(b.size()));
+    put_bytes(b);
+  }
   /// Overwrites a u32 written earlier at `at` (a length known only at the end).
   void patch_u32(std::size_t at, std::uint32_t value) {
     std::memcpy(bytes_.data() + at, &value, sizeof(value));
@@ -81,6 +88,14 @@ class wire_reader {
     if (!ok_ || bytes_.size() - at_ < n) return ok_ = false;
     out = bytes_.subspan(at_, n);
     at_ += n;
+    return true;
+  }
+
+  /// Fills `out` with the next out.size() bytes.
+  bool get_into(std::span<std::uint8_t> out) noexcept {
+    std::span<const std::byte> in;
+    if (!get_bytes(in, out.size())) return false;
+    if (!in.empty()) std::memcpy(out.data(), in.data(), in.size());
     return true;
   }
 

@@ -66,14 +66,12 @@ inline std::vector<std::byte> encode(const hello& m) {
   w.put(m.selection_fingerprint);
   w.put(m.pid);
   w.put_string(m.hostname);
-  for (const std::uint8_t b : m.token_proof) w.put(b);
+  w.put_bytes(m.token_proof);
   w.put(m.ring_blocks);
   w.put(m.max_message);
-  w.put(static_cast<std::uint16_t>(m.address.size()));
-  for (const std::uint8_t b : m.address) w.put(b);
+  w.put_counted(m.address);
   w.put(m.slice_address);
-  w.put(static_cast<std::uint16_t>(m.slice_key.size()));
-  for (const std::uint8_t b : m.slice_key) w.put(b);
+  w.put_counted(m.slice_key);
   w.put(m.slice_bytes);
   return finish_frame(std::move(w));
 }
@@ -86,21 +84,18 @@ inline decoded<hello> parse_hello(std::span<const std::byte> bytes, const messag
         if (!read_all(r, role, m.spec_fingerprint, m.selection_fingerprint, m.pid) ||
             !r.get_string(m.hostname, max_hostname))
           return what = "hello fields", refusal::none;
-        for (std::uint8_t& b : m.token_proof)
-          if (!r.get(b)) return refusal::none;
+        if (!r.get_into(m.token_proof)) return refusal::none;
         std::uint16_t address_bytes = 0;
         if (!read_all(r, m.ring_blocks, m.max_message, address_bytes)) return refusal::none;
         if (address_bytes == 0 || address_bytes > max_hello_address)
           return what = "address length", refusal::out_of_range;
         m.address.resize(address_bytes);
-        for (std::uint8_t& b : m.address)
-          if (!r.get(b)) return refusal::none;
+        if (!r.get_into(m.address)) return refusal::none;
         std::uint16_t key_bytes = 0;
         if (!read_all(r, m.slice_address, key_bytes)) return refusal::none;
         if (key_bytes > max_mr_key) return what = "slice key length", refusal::out_of_range;
         m.slice_key.resize(key_bytes);
-        for (std::uint8_t& b : m.slice_key)
-          if (!r.get(b)) return refusal::none;
+        if (!r.get_into(m.slice_key)) return refusal::none;
         if (!r.get(m.slice_bytes)) return refusal::none;
         m.role = static_cast<peer_role>(role);
         if (role < 1 || role > 3) return what = "role", refusal::out_of_range;
@@ -126,8 +121,7 @@ inline std::vector<std::byte> encode(const welcome& m) {
   w.put(m.peer_index);
   w.put(m.incarnation);
   w.put(m.ring_address);
-  w.put(static_cast<std::uint16_t>(m.ring_key.size()));
-  for (const std::uint8_t b : m.ring_key) w.put(b);
+  w.put_counted(m.ring_key);
   w.put(m.block_bytes);
   w.put(m.ring_blocks);
   w.put(m.max_message);
@@ -143,8 +137,7 @@ inline decoded<welcome> parse_welcome(std::span<const std::byte> bytes, const me
           return refusal::none;
         if (key_bytes > max_mr_key) return what = "ring key length", refusal::out_of_range;
         m.ring_key.resize(key_bytes);
-        for (std::uint8_t& b : m.ring_key)
-          if (!r.get(b)) return refusal::none;
+        if (!r.get_into(m.ring_key)) return refusal::none;
         if (!read_all(r, m.block_bytes, m.ring_blocks, m.max_message)) return refusal::none;
         if (m.incarnation == 0) return what = "incarnation", refusal::out_of_range;
         if (m.block_bytes < 4096 || m.block_bytes > (16u << 20) ||
