@@ -1026,7 +1026,7 @@ void bm_prioritized(benchmark::State& state) {
   const std::span<const gear::key> dk(device_keys, uk.size());
   const std::span<const float> dp(device_priorities, up.size());
   const double update_device_us =
-      median_call_us(200, [&] { dev.update_from_device(t, 0, dk, dp, c.stream); });
+      median_call_us(200, [&] { dev.update_from_device(t, gear::key_owner{}, dk, dp, c.stream); });
   GEAR_CUDA_TRY(cudaStreamSynchronize(c.stream));
   try {
     dev.raise_update_failures();  // every pair is good

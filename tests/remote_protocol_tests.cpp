@@ -175,6 +175,17 @@ TEST_CASE("every message round-trips") {
   REQUIRE(u.value.entries.size() == 10);
   CHECK(u.value.entries[9].ticket == 27);
   CHECK(u.value.entries[9].priority == 9.5f);
+  CHECK_FALSE(u.value.erase);
+  // An erase is an update's body under its own type; the parser says which it read.
+  remote::update erase = some_update();
+  erase.erase = true;
+  const auto bytes = remote::encode(erase);
+  CHECK(remote::frame_type(bytes, remote::default_max_message).value.type ==
+        remote::message_type::erase);
+  const auto e = remote::parse_update(bytes, l);
+  REQUIRE(e);
+  CHECK(e.value.erase);
+  CHECK(e.value.entries.size() == 10);
   const auto a = remote::parse_ack(remote::encode(some_ack()), l, 64);
   REQUIRE(a);
   CHECK(a.value.stored == gear::key{123, 1, 0xBEEF});

@@ -285,7 +285,7 @@ TEST_CASE("prioritized: the GPU's pair check agrees with check_key and the host 
     const gear::key& k = probes[i];
     INFO("probe " << i << ": ticket " << k.ticket << " shard " << k.shard);
     const auto verdict =
-        gear::detail::check_priority_pair(k, 1.0f, i, t.lengths, t.tickets, t.capacity, 0);
+        gear::detail::check_priority_pair(k, 1.0f, i, t.lengths, t.tickets, t.capacity, gear::key_owner{});
     const gear::errc host = gear_test::code_of([&] { buf.check_key(k); });
     if (host == gear::errc{}) {
       CHECK(verdict == gear::detail::priority_ok);
@@ -296,11 +296,11 @@ TEST_CASE("prioritized: the GPU's pair check agrees with check_key and the host 
     CHECK(gear::detail::priority_verdict_index(verdict) == i);
   }
   for (float p : {0.0f, -0.0f, 1e-30f, 3.0f, 0x1.fffffep127f})
-    CHECK(gear::detail::check_priority_pair(keys[0], p, 0, t.lengths, t.tickets, 40, 0) ==
+    CHECK(gear::detail::check_priority_pair(keys[0], p, 0, t.lengths, t.tickets, 40, gear::key_owner{}) ==
           gear::detail::priority_ok);
   for (float p : {-1e-30f, -1.0f, INFINITY, -INFINITY, std::nanf("")})
     CHECK(gear::detail::priority_verdict_code(gear::detail::check_priority_pair(
-              keys[0], p, 7, t.lengths, t.tickets, 40, 0)) == gear::errc::invalid_priority);
+              keys[0], p, 7, t.lengths, t.tickets, 40, gear::key_owner{})) == gear::errc::invalid_priority);
   // The minimum of verdicts names the first bad key, else the first bad priority.
   using gear::errc;
   using gear::detail::priority_verdict;
@@ -322,7 +322,7 @@ TEST_CASE("prioritized: the GPU's pair check refuses keys of another incarnation
   reborn.incarnation = 1;
   REQUIRE(gear_test::code_of([&] { buf.check_key(reborn); }) == gear::errc::key_out_of_range);
   const auto verdict =
-      gear::detail::check_priority_pair(reborn, 1.0f, 4, t.lengths, t.tickets, t.capacity, 0);
+      gear::detail::check_priority_pair(reborn, 1.0f, 4, t.lengths, t.tickets, t.capacity, gear::key_owner{});
   CHECK(verdict != gear::detail::priority_ok);
   CHECK(gear::detail::priority_verdict_code(verdict) == gear::errc::key_out_of_range);
 }

@@ -1,8 +1,10 @@
 // One logical replay buffer over several processes: shards hold the trajectories, actors insert
 // into them with one-sided writes, a learner samples them as one buffer (each shard selects its
 // share; probabilities are the union's) and sends priority updates back to the shards that own
-// the keys. One program, three roles; run.sh starts them on one machine. Across machines, give
-// every process the same provider and each shard's blob file (any shared directory or copy).
+// the keys. Every role is a gear::replay_buffer with transport::libfabric: a shard has storage,
+// actors and the learner have storage::none. One program, three roles; run.sh starts them on one
+// machine. Across machines, give every process the same provider and each shard's blob file (any
+// shared directory or copy).
 //
 //   distributed shard   <dir> <id> [provider]     serves until <dir>/stop appears
 //   distributed actor   <dir> <shards> <first id> <count> [provider]
@@ -17,10 +19,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <gear/gear.hpp>
-#include <gear/transport/remote_actor.hpp>
-#include <gear/transport/remote_learner.hpp>
-#include <gear/transport/shard_server.hpp>
+#include <gear/distributed.hpp>
 #include <iterator>
 #include <string>
 #include <thread>
@@ -30,14 +29,20 @@ namespace {
 
 using spec = gear::spec<gear::column<"obs", float, 16>, gear::column<"reward", float>>;
 using selection = gear::select::prioritized;
-using buffer = gear::replay_buffer<spec, gear::storage::host, selection>;
+using shard_t =
+    gear::replay_buffer<spec, gear::storage::host, selection, gear::transport::libfabric>;
+using client_t =
+    gear::replay_buffer<spec, gear::storage::none, selection, gear::transport::libfabric>;
 constexpr std::int64_t max_length = 32;
 namespace fs = std::filesystem;
 
-gear::transport::libfabric_config fabric_of(int argc, char** argv, int at) {
-  gear::transport::libfabric_config c;
-  if (argc > at) c.provider = argv[at];
-  return c;
+/// The transport every role shares: provider, token (the same for every process of a job).
+gear::transport::libfabric transport_of(int argc, char** argv, int at) {
+  gear::transport::libfabric t;
+  if (argc > at) t.fabric.provider = argv[at];
+  const char* token = std::getenv("GEAR_EXAMPLE_TOKEN");
+  t.token = token != nullptr ? token : "example-token";
+  return t;
 }
 
 /// Waits (at most 60 s) for a file to appear; its bytes.
@@ -63,26 +68,22 @@ std::vector<std::vector<std::byte>> blobs(const fs::path& dir, int shards) {
   return out;
 }
 
-int shard(const fs::path& dir, std::uint32_t id, const gear::transport::libfabric_config& fabric) {
-  buffer buf{gear::capacity{4096}, gear::max_length{max_length}};
-  gear::transport::shard_server<buffer>::options o;
-  o.fabric = fabric;
-  o.shard = id;
-  gear::transport::shard_server<buffer> server(buf, o);
+int shard(const fs::path& dir, std::uint32_t id, gear::transport::libfabric t) {
+  t.shard = id;
+  shard_t buf{gear::capacity{4096}, gear::max_length{max_length}, selection{}, t};
   const fs::path blob = dir / ("shard" + std::to_string(id) + ".blob");
   {
     std::ofstream out(blob.string() + ".tmp", std::ios::binary);
-    out.write(reinterpret_cast<const char*>(server.address().data()),
-              static_cast<std::streamsize>(server.address().size()));
+    out.write(reinterpret_cast<const char*>(buf.address().data()),
+              static_cast<std::streamsize>(buf.address().size()));
   }
   fs::rename(blob.string() + ".tmp", blob);
-  std::printf("shard %u: serving on %s\n", id, fabric.provider.c_str());
+  std::printf("shard %u: serving on %s\n", id, t.fabric.provider.c_str());
   std::fflush(stdout);
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   while (!fs::exists(dir / "stop") && std::chrono::steady_clock::now() < until)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  server.stop();
-  const auto stats = server.stats();
+  const auto stats = buf.stats();
   std::printf("shard %u: %lld trajectories stored, %llu inserted, %llu refused\n", id,
               static_cast<long long>(buf.size()), static_cast<unsigned long long>(stats.inserted),
               static_cast<unsigned long long>(stats.refused.total()));
@@ -90,35 +91,39 @@ int shard(const fs::path& dir, std::uint32_t id, const gear::transport::libfabri
 }
 
 int actor(const fs::path& dir, int shards, std::int64_t first, std::int64_t count,
-          const gear::transport::libfabric_config& fabric) {
-  gear::transport::remote_actor<spec>::options o;
-  o.fabric = fabric;
-  gear::transport::remote_actor<spec> client(blobs(dir, shards), o);
+          gear::transport::libfabric t) {
+  t.shards = blobs(dir, shards);
+  client_t client(t);
   std::vector<std::int64_t> lengths;
   std::vector<float> obs, reward;
-  for (std::int64_t t = first; t < first + count; ++t) {
-    lengths.push_back(1 + t % max_length);
+  for (std::int64_t i = first; i < first + count; ++i) {
+    lengths.push_back(1 + i % max_length);
     for (std::int64_t s = 0; s < lengths.back(); ++s) {
-      for (int k = 0; k < 16; ++k) obs.push_back(static_cast<float>(t + s + k));
-      reward.push_back(static_cast<float>(t % 7));
+      for (int k = 0; k < 16; ++k) obs.push_back(static_cast<float>(i + s + k));
+      reward.push_back(static_cast<float>(i % 7));
     }
   }
   std::vector<gear::key> keys(lengths.size());
   client.insert({lengths, {gear::input(obs.data(), {16}), gear::input(reward.data())}}, keys);
-  std::printf("actor: %lld trajectories stored over %d shards\n", static_cast<long long>(count),
-              shards);
+  // One more, step by step, as an environment loop would write it.
+  auto w = client.make_writer();
+  for (std::int64_t s = 0; s < 5; ++s) {
+    float o[16] = {};
+    const float r = 1.0f;
+    w.append(o, &r);
+  }
+  const gear::key k = w.commit();
+  std::printf("actor: %lld trajectories stored over %d shards, the last one at shard %u\n",
+              static_cast<long long>(count + 1), shards, k.shard);
   return 0;
 }
 
-int learner(const fs::path& dir, int shards, std::int64_t batches,
-            const gear::transport::libfabric_config& fabric) {
-  gear::transport::remote_learner<spec, selection>::options o;
-  o.fabric = fabric;
-  o.max_batch = 256;
-  o.max_window = 8;
-  o.beta = 0.4;
-  gear::transport::remote_learner<spec, selection> client(blobs(dir, shards), o);
-  gear::batch<spec> batch(gear::memory_kind::host, gear::batch_size{256}, gear::window_length{8});
+int learner(const fs::path& dir, int shards, std::int64_t batches, gear::transport::libfabric t) {
+  t.shards = blobs(dir, shards);
+  t.max_batch = 256;
+  t.max_window = 8;
+  client_t client(t, selection{.alpha = 0.6, .beta = 0.4});
+  auto batch = client.make_batch(gear::batch_size{256}, gear::window_length{8});
   gear::rng g{1};
   std::vector<float> priorities(256);
   for (std::int64_t b = 0; b < batches; ++b) {
@@ -139,6 +144,7 @@ int learner(const fs::path& dir, int shards, std::int64_t batches,
                   static_cast<long long>(b + 1), static_cast<long long>(batches),
                   static_cast<long long>(u.applied), static_cast<long long>(u.stale));
   }
+  std::printf("learner: %lld trajectories in the union\n", static_cast<long long>(client.size()));
   return 0;
 }
 
@@ -148,12 +154,12 @@ int main(int argc, char** argv) {
   try {
     const std::string role = argc > 1 ? argv[1] : "";
     if (role == "shard" && argc >= 4)
-      return shard(argv[2], std::atoi(argv[3]), fabric_of(argc, argv, 4));
+      return shard(argv[2], std::atoi(argv[3]), transport_of(argc, argv, 4));
     if (role == "actor" && argc >= 6)
       return actor(argv[2], std::atoi(argv[3]), std::atoll(argv[4]), std::atoll(argv[5]),
-                   fabric_of(argc, argv, 6));
+                   transport_of(argc, argv, 6));
     if (role == "learner" && argc >= 5)
-      return learner(argv[2], std::atoi(argv[3]), std::atoll(argv[4]), fabric_of(argc, argv, 5));
+      return learner(argv[2], std::atoi(argv[3]), std::atoll(argv[4]), transport_of(argc, argv, 5));
     std::fprintf(stderr, "usage: see the top of examples/distributed/distributed.cpp\n");
     return 2;
   } catch (const std::exception& e) {

@@ -26,6 +26,19 @@ struct key {
 
 static_assert(sizeof(key) == 16);
 
+/// Who owns keys: one shard in one incarnation (transport::local: shard 0, incarnation 0; a
+/// shard of a distributed buffer: its id and a random incarnation drawn when it starts, so that
+/// keys from before a restart are told apart from the new ones).
+struct key_owner {
+  std::uint32_t shard = 0;
+  std::uint32_t incarnation = 0;
+
+  [[nodiscard]] GEAR_HD constexpr bool owns(const key& k) const noexcept {
+    return k.shard == shard && k.incarnation == incarnation;
+  }
+  friend constexpr bool operator==(const key_owner&, const key_owner&) = default;
+};
+
 /// The ticket no reservation ever gets: keys of rows that hold no trajectory carry it.
 inline constexpr std::uint64_t no_ticket = ~std::uint64_t{0};
 

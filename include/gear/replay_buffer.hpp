@@ -122,8 +122,8 @@ template <trajectory_spec Spec, class Storage = storage::host, class Selection =
 class replay_buffer {
   static constexpr std::size_t num_columns = Spec::num_columns;
   static_assert(storage_policy_for<Storage, num_columns>,
-                "gear::replay_buffer: Storage must be gear::storage::host, pinned_host, device or "
-                "mixed<one per column>");
+                "gear::replay_buffer: Storage must be gear::storage::host, pinned_host, device, "
+                "mixed<one per column> (storage::none: include <gear/distributed.hpp>)");
   static_assert(detail::placement_consistent(Storage::template placement<num_columns>()),
                 "gear::replay_buffer: storage::host columns cannot be mixed with GPU-read columns; "
                 "use storage::pinned_host for host-resident columns");

@@ -34,7 +34,7 @@ struct priority_source {
   // Checks of pairs from device memory (keys != nullptr).
   const std::int64_t* lengths = nullptr;
   const std::uint64_t* tickets = nullptr;
-  std::uint32_t shard = 0;
+  key_owner owner{};
   std::uint64_t call = 0;  ///< which update from device memory, for the failure record
 
   /// The slot of pair i; out of range only for a bad key of an update from device memory.
@@ -76,7 +76,7 @@ __global__ void priority_mark_kernel(priority_source src, Tree t, unsigned long 
   if (src.keys != nullptr) {
     const unsigned long long verdict =
         check_priority_pair(src.keys[i], src.priorities[i], static_cast<std::uint64_t>(i),
-                            src.lengths, src.tickets, src.capacity, src.shard);
+                            src.lengths, src.tickets, src.capacity, src.owner);
     if (verdict != priority_ok) {
       // A stale pair is skipped (counted by the apply, if the update stands); a bad one fails it.
       if (priority_verdict_code(verdict) != errc::stale_key)
@@ -141,7 +141,7 @@ __global__ void priority_apply_kernel(priority_source src, Tree t, unsigned long
   // A stale pair (the mark kernel skipped it; the mirror is as it was then) is not folded.
   const bool stale = src.keys != nullptr &&
                      check_priority_pair(src.keys[i], 0.0f, 0, src.lengths, src.tickets,
-                                         src.capacity, src.shard) != priority_ok;
+                                         src.capacity, src.owner) != priority_ok;
   if (!failed && !stale && src.priorities != nullptr) priority_fold_max(t, src.priorities[i]);
   if (stale) {
     if (!failed) atomicAdd(&t.status->stale, 1ull);

@@ -241,7 +241,7 @@ class prioritized::state<exec::device> {
     src.count = n;
     src.lengths = table.lengths;
     src.tickets = table.tickets;
-    src.shard = keys.front().shard;  // the buffer checked that every key is of its shard
+    src.owner = {keys.front().shard, keys.front().incarnation};  // the buffer checked every key
     apply(src, stream);
   }
 
@@ -276,12 +276,12 @@ class prioritized::state<exec::device> {
   /// Both arrays are read by the kernels, in stream order (earlier work on the stream may write
   /// them), and must stay valid until then. Two launches, no copy, no synchronisation.
   /// On the GPU, every key is checked against `table` (its device lengths and tickets, as of
-  /// stream order) and `shard`, every priority for NaN, negative or infinite: an update with a bad
+  /// stream order) and `owner`, every priority for NaN, negative or infinite: an update with a bad
   /// pair changes nothing and is recorded, with its first bad key (or, if every key is good, its
   /// first bad priority), for raise_update_failures().
   /// Throws at once (changing nothing) errc::invalid_argument (sizes differ, 2^32 pairs or more),
   /// errc::cuda_error.
-  void update_from_device(const slot_table& table, std::uint32_t shard, std::span<const key> keys,
+  void update_from_device(const slot_table& table, key_owner owner, std::span<const key> keys,
                           std::span<const float> priorities, cuda::stream_ref stream) {
     GEAR_REQUIRE(keys.size() == priorities.size(), errc::invalid_argument,
                  "update_priorities needs one priority per key: " + std::to_string(keys.size()) +
@@ -296,7 +296,7 @@ class prioritized::state<exec::device> {
     src.count = static_cast<std::int64_t>(keys.size());
     src.lengths = table.lengths;
     src.tickets = table.tickets;
-    src.shard = shard;
+    src.owner = owner;
     src.call = device_calls_ + 1;
     apply(src, stream);
     ++device_calls_;

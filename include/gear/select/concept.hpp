@@ -31,12 +31,12 @@
 //               std::span<const float> priorities, cuda::stream_ref s);
 //       priorities for live keys (already checked by the buffer); replay_buffer::update_priorities
 //       exists only for policies that provide it;
-//   void update_from_device(const slot_table& table, std::uint32_t shard,
+//   void update_from_device(const slot_table& table, key_owner owner,
 //                           std::span<const key> keys, std::span<const float> priorities,
 //                           cuda::stream_ref s);
 //   void raise_update_failures();
 //       (device states; both or neither) the same from GPU-readable memory, not checked by the
-//       buffer: the state checks each key against table (device lengths, tickets) and shard,
+//       buffer: the state checks each key against table (device lengths, tickets) and owner (shard and incarnation),
 //       and each priority, on the GPU in stream order without synchronising; an update with a
 //       bad pair changes nothing, and raise_update_failures() throws the earliest failure not
 //       yet thrown whose kernels have finished, without waiting. update_priorities with
@@ -149,7 +149,7 @@ concept host_priority_update = requires(State& s, const slot_table& t, std::span
 template <class State>
 concept device_priority_update = requires(State& s, const slot_table& t, std::span<const key> k,
                                           std::span<const float> p, cuda::stream_ref stream) {
-  s.update_from_device(t, std::uint32_t{}, k, p, stream);
+  s.update_from_device(t, key_owner{}, k, p, stream);
   s.raise_update_failures();
 };
 /// row_selector: rows drawn inside the gather kernel.

@@ -153,8 +153,8 @@ GEAR_HD constexpr errc priority_verdict_code(unsigned long long verdict) noexcep
 /// priority_ok or the pair's verdict. Runs unchanged in the update kernel.
 GEAR_HD constexpr unsigned long long check_priority_pair(
     const key& k, float priority, std::uint64_t index, const std::int64_t* lengths,
-    const std::uint64_t* tickets, std::int64_t capacity, std::uint32_t shard) noexcept {
-  if (k.shard != shard || k.incarnation != 0)  // transport::local shards have incarnation 0
+    const std::uint64_t* tickets, std::int64_t capacity, key_owner owner) noexcept {
+  if (!owner.owns(k))  // another shard, or another incarnation of this one
     return priority_verdict(errc::key_out_of_range, index);
   if (!(priority >= 0 && priority <= 0x1.fffffep127f))  // NaN, negative or infinite
     return priority_verdict(errc::invalid_priority, index);

@@ -2,13 +2,15 @@
 // The transport policy concept.
 //
 // A transport says where the shards of one logical buffer live. The buffer asks it only who it is
-// (shard_id) and how many shards there are (shard_count); keys carry the shard id so that a key
-// from another shard is told apart from a local one. A multi-machine transport adds remote insert
-// and sample paths on top of the same buffer operations, so the buffer's interface does not change
-// when a transport other than local is chosen.
+// (shard_id) and how many shards there are (shard_count), and, optionally, which incarnation of
+// its shard it is (incarnation(); 0 without); keys carry both, so that a key from another shard,
+// or from before the shard restarted, is told apart from a local one. A multi-machine transport
+// adds remote insert and sample paths on top of the same buffer operations, so the buffer's
+// interface does not change when a transport other than local is chosen.
 
 #include <concepts>
 #include <cstdint>
+#include <gear/key.hpp>
 
 namespace gear {
 
@@ -18,4 +20,17 @@ concept transport_policy = std::move_constructible<T> && requires(const T& t) {
   { t.shard_count() } -> std::convertible_to<std::uint32_t>;
 };
 
+namespace detail {
+
+/// The keys a buffer with transport `t` issues and accepts.
+template <class T>
+constexpr key_owner owner_of(const T& t) noexcept {
+  if constexpr (requires { t.incarnation(); })
+    return key_owner{static_cast<std::uint32_t>(t.shard_id()),
+                     static_cast<std::uint32_t>(t.incarnation())};
+  else
+    return key_owner{static_cast<std::uint32_t>(t.shard_id()), 0};
+}
+
+}  // namespace detail
 }  // namespace gear

@@ -25,6 +25,7 @@
 #include <rdma/fi_rma.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <gear/error.hpp>
@@ -43,6 +44,44 @@ namespace gear::transport {
 struct libfabric_config {
   std::string provider = "tcp;ofi_rxm";  ///< libfabric provider name, as fi_info -p takes it
   std::string node = "127.0.0.1";        ///< the interface address (IP providers; not shm)
+};
+
+/// Which shard an actor sends each trajectory to.
+enum class routing : std::uint8_t {
+  round_robin,  ///< the next shard in turn
+  local_first,  ///< in turn among the shards on this host (by host name), else among all
+  by_hash,      ///< by a hash of the trajectory's bytes: the same trajectory, the same shard
+};
+
+/// The transport policy of one logical buffer sharded across processes and machines
+/// (<gear/distributed.hpp>): replay_buffer<Spec, Storage, Selection, transport::libfabric> is a
+/// shard (it serves its storage to remote actors and learners) and, with storage::none, a pure
+/// actor or learner (it holds nothing and reaches the shards named in `shards`).
+struct libfabric {
+  static constexpr bool remote = true;
+
+  libfabric_config fabric;
+  std::string token;  ///< the job's handshake token: shards refuse clients without it
+  /// Every wait a call makes (a welcome, ring space, a sample's replies, an update's answer).
+  std::chrono::milliseconds deadline{30000};
+
+  // ---- a shard ----
+  std::uint32_t shard = 0;                ///< its id, unique in the job, below 4096
+  std::uint32_t block_bytes = 64 * 1024;  ///< staging block: a power of two in [4 KiB, 16 MiB]
+  std::uint32_t max_ring_blocks = 256;    ///< staging blocks an actor may ask for
+  std::uint32_t max_peers = 64;           ///< actors and learners it serves
+
+  // ---- a client (storage::none) ----
+  std::vector<std::vector<std::byte>> shards;  ///< every shard's address blob
+  routing route = routing::round_robin;        ///< where inserts go
+  std::uint32_t ring_blocks = 64;              ///< staging blocks asked of each shard
+  std::int64_t max_batch = 1024;               ///< rows of one sample, at most
+  std::int64_t max_window = 64;                ///< steps of its window, at most
+
+  [[nodiscard]] std::uint32_t shard_id() const noexcept { return shard; }
+  [[nodiscard]] std::uint32_t shard_count() const noexcept {
+    return shards.empty() ? 1 : static_cast<std::uint32_t>(shards.size());
+  }
 };
 
 namespace fabric {

@@ -3,15 +3,15 @@
 // fabric endpoint, with no buffer of its own.
 //
 // At construction it greets every shard (hello) and receives its staging ring (welcome). An
-// insert routes each trajectory to a shard (round robin), packs it into local registered memory
-// as an insert entry (detail/remote/entry.hpp) at the blocks it will take in that shard's ring,
-// writes it there with one one-sided write whose remote CQ data publishes it, and returns once
-// every shard has acknowledged its entries with their keys. Nothing of an entry is visible before
-// the shard has checked it; an actor that dies mid-write leaves an entry no one reads. Blocks are
-// credits: an entry waits for ring space, freed by acknowledgements, up to the deadline
-// (errc::timeout). A shard that does not answer by the deadline is reported as errc::peer_lost,
-// named by its id, pid and host. The actor is driven by its caller's thread: its calls make the
-// progress.
+// insert routes each trajectory to a shard (options.route: round robin by default), packs it into
+// local registered memory as an insert entry (detail/remote/entry.hpp) at the blocks it will take
+// in that shard's ring, writes it there with one one-sided write whose remote CQ data publishes it,
+// and returns once every shard has acknowledged its entries with their keys. Nothing of an entry is
+// visible before the shard has checked it; an actor that dies mid-write leaves an entry no one
+// reads. Blocks are credits: an entry waits for ring space, freed by acknowledgements, up to the
+// deadline (errc::timeout). A shard that does not answer by the deadline is reported as
+// errc::peer_lost, named by its id, pid and host. The actor is driven by its caller's thread: its
+// calls make the progress.
 
 #include <unistd.h>
 
@@ -39,6 +39,7 @@ class remote_actor : public remote_client {
  public:
   struct options {
     libfabric_config fabric;
+    routing route = routing::round_robin;
     std::uint32_t ring_blocks = 64;  ///< staging blocks asked of each shard
     std::chrono::milliseconds deadline{30000};
     std::string token;  ///< the shards' handshake token
@@ -79,10 +80,11 @@ class remote_actor : public remote_client {
     for (std::size_t c = 0; c < Spec::num_columns; ++c)
       at[c] = static_cast<const std::byte*>(in.columns[c].data);
     // Check every trajectory against the shard it goes to before anything moves.
+    const std::vector<std::size_t> route = routes(in);
     for (std::size_t t = 0; t < count; ++t) {
       const std::int64_t length = in.lengths[t];
-      const shard& to = shards_[(next_shard_ + t) % shards_.size()];
-      const auto& blob = links_[(next_shard_ + t) % links_.size()].blob;
+      const shard& to = shards_[route[t]];
+      const auto& blob = links_[route[t]].blob;
       GEAR_REQUIRE(length >= 1, errc::empty_trajectory,
                    "trajectory " + std::to_string(t) + " has length " + std::to_string(length));
       GEAR_REQUIRE(length <= blob.max_length &&
@@ -93,10 +95,11 @@ class remote_actor : public remote_client {
                        " steps; shard " + std::to_string(blob.shard) + " takes up to " +
                        std::to_string(blob.max_length));
     }
+    next_shard_ += count;
     std::size_t first_pending = pending_.size();
     for (std::size_t t = 0; t < count; ++t) {
       const std::int64_t length = in.lengths[t];
-      const std::size_t s = next_shard_++ % shards_.size();
+      const std::size_t s = route[t];
       shard& to = shards_[s];
       const auto layout = remote::layout_entry(Spec::step_bytes, length, to.block_bytes);
       const std::uint32_t first = take_blocks(s, static_cast<std::uint32_t>(layout.blocks), until);
@@ -200,6 +203,39 @@ class remote_actor : public remote_client {
       for (std::uint32_t b = p.first_block; b < p.first_block + p.blocks; ++b) busy[b] = 0;
       return;
     }
+  }
+
+  /// The shard each trajectory of `in` goes to (options.route), from the turn as it is (insert
+  /// advances it once the call is checked: a refused call changes nothing).
+  std::vector<std::size_t> routes(const trajectories<Spec>& in) const {
+    const std::size_t count = in.lengths.size();
+    std::vector<std::size_t> route(count);
+    if (options_.route == routing::by_hash) {
+      std::vector<std::int64_t> first(Spec::num_columns, 0);  // step offset of trajectory t
+      for (std::size_t t = 0; t < count; ++t) {
+        std::uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a over every column's bytes
+        for (std::size_t c = 0; c < Spec::num_columns; ++c) {
+          const auto* p = static_cast<const unsigned char*>(in.columns[c].data) +
+                          first[c] * Spec::step_bytes[c];
+          const std::int64_t bytes = in.lengths[t] * Spec::step_bytes[c];
+          for (std::int64_t b = 0; b < bytes; ++b) h = (h ^ p[b]) * 0x100000001b3ull;
+          first[c] += in.lengths[t];
+        }
+        route[t] = static_cast<std::size_t>(h % shards_.size());
+      }
+      return route;
+    }
+    std::vector<std::size_t> pool;  // the shards taken in turn
+    if (options_.route == routing::local_first) {
+      char host[256] = {};
+      (void)gethostname(host, sizeof(host) - 1);
+      for (std::size_t s = 0; s < links_.size(); ++s)
+        if (links_[s].blob.hostname == host) pool.push_back(s);
+    }
+    if (pool.empty())
+      for (std::size_t s = 0; s < links_.size(); ++s) pool.push_back(s);
+    for (std::size_t t = 0; t < count; ++t) route[t] = pool[(next_shard_ + t) % pool.size()];
+    return route;
   }
 
   /// The first of `n` consecutive free blocks of shard s's ring, taken in ring order; waits for

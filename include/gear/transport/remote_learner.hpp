@@ -206,20 +206,38 @@ class remote_learner : public remote_client {
   /// shard this learner does not know); errc::peer_lost when a shard does not answer.
   priority_update_result update_priorities(std::span<const key> keys,
                                            std::span<const float> priorities) {
-    namespace remote = detail::remote;
     GEAR_REQUIRE(keys.size() == priorities.size(), errc::invalid_argument,
                  std::to_string(keys.size()) + " keys, " + std::to_string(priorities.size()) +
                      " priorities");
-    std::vector<remote::update> updates(links_.size());
-    for (std::size_t i = 0; i < keys.size(); ++i) {
+    for (std::size_t i = 0; i < keys.size(); ++i)
       GEAR_REQUIRE(std::isfinite(priorities[i]) && priorities[i] >= 0, errc::invalid_priority,
                    "priority " + std::to_string(i) + " is " + std::to_string(priorities[i]));
+    return send_updates(keys, priorities, false);
+  }
+
+  /// Removes the trajectories `keys` at the shards that own them. Unlike a local erase, which
+  /// refuses a batch with a stale key, each shard removes what it still holds and counts the rest
+  /// (evicted, already removed, an older incarnation's) as stale: shards cannot refuse together.
+  /// Returns the removed (applied) and stale counts. Throws, sending nothing,
+  /// errc::key_out_of_range (a key of a shard this learner does not know); errc::peer_lost when a
+  /// shard does not answer.
+  priority_update_result erase(std::span<const key> keys) { return send_updates(keys, {}, true); }
+
+ private:
+  /// Sends each shard its keys' updates (or removals), in messages of what one holds, and sums
+  /// the answers. Checks every key's shard before sending anything.
+  priority_update_result send_updates(std::span<const key> keys, std::span<const float> priorities,
+                                      bool erase) {
+    namespace remote = detail::remote;
+    std::vector<remote::update> updates(links_.size());
+    for (std::size_t i = 0; i < keys.size(); ++i) {
       std::size_t s = 0;
       while (s < links_.size() && links_[s].blob.shard != keys[i].shard) ++s;
       GEAR_REQUIRE(s < links_.size(), errc::key_out_of_range,
                    "key " + std::to_string(i) + " names shard " + std::to_string(keys[i].shard) +
                        ", which this learner is not connected to");
-      updates[s].entries.push_back({keys[i].ticket, keys[i].incarnation, priorities[i]});
+      updates[s].entries.push_back(
+          {keys[i].ticket, keys[i].incarnation, erase ? 0.0f : priorities[i]});
     }
     priority_update_result total;
     const auto until = clock::now() + deadline_;
@@ -227,6 +245,7 @@ class remote_learner : public remote_client {
     for (std::size_t s = 0; s < links_.size(); ++s)
       for (std::size_t at = 0; at < updates[s].entries.size(); at += per_message) {
         remote::update part;
+        part.erase = erase;
         const auto end = std::min(updates[s].entries.size(), at + per_message);
         part.entries.assign(updates[s].entries.begin() + static_cast<std::ptrdiff_t>(at),
                             updates[s].entries.begin() + static_cast<std::ptrdiff_t>(end));
@@ -242,7 +261,6 @@ class remote_learner : public remote_client {
     return total;
   }
 
- private:
   void on_message(std::span<const std::byte> message, detail::remote::message_type type) override {
     if (type != detail::remote::message_type::update_result) return;
     const auto r = detail::remote::parse_update_result(message, {});

@@ -12,8 +12,8 @@
 //                  with its key, which frees its blocks (the actor's credits); an entry the buffer
 //                  refuses is acknowledged with no ticket;
 //   sample request queued per learner, one reply in flight each: selected and gathered by the
-//                  buffer's own policy, written into the learner's slice (shard_sampling.hpp);
-//   update         pairs of this incarnation applied, the others counted stale;
+//                  buffer's own policy, written into the learner's slice (shard_operations.hpp);
+//   update, erase  pairs of this incarnation applied (or removed), the others counted stale;
 //   status request the buffer's size and selection mass.
 // Whatever a peer sends that does not hold up is refused and counted by reason (stats()), and
 // the server serves on.
@@ -35,7 +35,7 @@
 #include <gear/priority_update.hpp>
 #include <gear/transport/fabric_memory.hpp>
 #include <gear/transport/libfabric.hpp>
-#include <gear/transport/shard_sampling.hpp>
+#include <gear/transport/shard_operations.hpp>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -87,8 +87,15 @@ class shard_server {
                  "shard ids go up to " + std::to_string(detail::remote::max_peers - 1) +
                      " (the completion data's 12 bits), got " + std::to_string(options_.shard));
     std::random_device seed;
-    do incarnation_ = seed();
-    while (incarnation_ == 0);
+    if (local_.incarnation != 0) {  // a shard of a distributed buffer: its keys are the remote ones
+      GEAR_REQUIRE(local_.shard == options_.shard, errc::invalid_argument,
+                   "the buffer is shard " + std::to_string(local_.shard) + ", the options say " +
+                       std::to_string(options_.shard));
+      incarnation_ = local_.incarnation;
+    } else {
+      do incarnation_ = seed();
+      while (incarnation_ == 0);
+    }
     inbox_region_ = ep_->register_memory(inbox_.data(), inbox_.size(), FI_RECV);
     ep_->receive_into(inbox_region_, detail::remote::default_max_message);
     detail::remote::address_blob b;
@@ -115,9 +122,6 @@ class shard_server {
   ~shard_server() {
     stop();
     ep_.reset();  // closes every registration before the memory under them is freed
-#if defined(GEAR_DEVICE_BACKEND)
-    if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
-#endif
   }
   shard_server(const shard_server&) = delete;
   shard_server& operator=(const shard_server&) = delete;
@@ -243,7 +247,7 @@ class shard_server {
         remote::status s;
         s.incarnation = incarnation_;
         s.size = buffer_.size();
-        s.mass = selection_mass(buffer_);
+        s.mass = selection_mass(buffer_, stream_);
         const counters now = stats();
         s.inserted = now.inserted;
         s.refused = now.refused.total() + now.refused_inserts;
@@ -251,10 +255,11 @@ class shard_server {
         remote::stamp_sender(bytes, 0);
         return send(bytes, from.address);
       }
-      case remote::message_type::update: {
+      case remote::message_type::update:
+      case remote::message_type::erase: {
         const auto u = remote::parse_update(message, limits());
         if (!u) return count(u.why);
-        auto bytes = remote::encode(apply_update(u.value));
+        auto bytes = remote::encode(apply_update(buffer_, stream_, u.value, owner(), local_));
         return send(bytes, from.address);
       }
       case remote::message_type::sample_request: {
@@ -367,13 +372,10 @@ class shard_server {
     (std::make_index_sequence<spec::num_columns>{});
     key stored{};
     try {
-      if constexpr (Buffer::on_device) {
-#if defined(GEAR_DEVICE_BACKEND)
-        buffer_.insert(in, std::span<key>(&stored, 1), cuda::stream_ref{this->stream()});
-#endif
-      } else {
+      if constexpr (Buffer::on_device)
+        buffer_.insert(in, std::span<key>(&stored, 1), stream_.for_buffer(buffer_));
+      else
         buffer_.insert(in, std::span<key>(&stored, 1));
-      }
       stored.shard = options_.shard;  // the local buffer's key, as remote peers name it
       stored.incarnation = incarnation_;
       const std::lock_guard held(stats_mutex_);
@@ -388,39 +390,14 @@ class shard_server {
     send(remote::encode(remote::ack{d.index, e.value.blocks, sequence, stored}), from.address);
   }
 
-  /// Applies an update's pairs of this incarnation to the buffer (keys as the buffer names them:
-  /// shard 0, incarnation 0); the others are stale. A policy without priorities applies none.
-  detail::remote::update_result apply_update(const detail::remote::update& u) {
-    detail::remote::update_result result{incarnation_, 0, 0};
-    std::vector<key> keys;
-    std::vector<float> priorities;
-    for (const auto& e : u.entries) {
-      if (e.incarnation != incarnation_) {
-        ++result.stale;
-        continue;
-      }
-      keys.push_back(key{e.ticket, 0, 0});
-      priorities.push_back(e.priority);
-    }
-    if constexpr (requires { buffer_.update_priorities(keys, priorities); }) {
-      try {
-        const priority_update_result r = buffer_.update_priorities(keys, priorities);
-        result.applied = r.applied;
-        result.stale += r.stale;
-      } catch (const error&) {
-        result.stale += static_cast<std::int64_t>(keys.size());
-      }
-    } else {
-      result.stale += static_cast<std::int64_t>(keys.size());
-    }
-    return result;
-  }
+  /// The keys this shard's peers use: its id and incarnation.
+  [[nodiscard]] key_owner owner() const noexcept { return {options_.shard, incarnation_}; }
 
   /// Serves `to`'s queued sample requests, oldest first, without ever waiting: one reply is in
   /// flight per learner (its write reads the reply memory), and a provider that asks to retry is
   /// retried by the run loop. So a learner that died with a reply in flight (its write may never
   /// complete, on shm) holds up only its own requests. Each reply is selected, gathered and
-  /// packed once (shard_sampling.hpp); a buffer that cannot sample (empty, say) answers with a
+  /// packed once (shard_operations.hpp); a buffer that cannot sample (empty, say) answers with a
   /// header of no rows, which the learner reports.
   void serve(peer& to) {
     namespace remote = detail::remote;
@@ -430,7 +407,7 @@ class shard_server {
       const std::span<std::byte> out(to.reply->data(),
                                      static_cast<std::size_t>(layout.total_bytes));
       if (!to.packed) {
-        pack_sample_reply(buffer_, r, layout, incarnation_, options_.shard, out);
+        pack_sample_reply(buffer_, stream_, r, layout, owner(), out);
         to.packed = true;
       }
       const remote::cq_data data{remote::write_kind::sample_reply, options_.shard, r.request};
@@ -461,16 +438,8 @@ class shard_server {
     return in;
   }
 
-#if defined(GEAR_DEVICE_BACKEND)
-  cudaStream_t stream() {
-    if (stream_ == nullptr)
-      GEAR_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    return stream_;
-  }
-  cudaStream_t stream_{};
-#endif
-
   Buffer& buffer_;
+  key_owner local_ = detail::owner_of(buffer_.transport());  // the keys the buffer issues
   options options_;
   fabric::host_region inbox_;
   // The progress thread's alone; a deque, so that a peer's address (its reply's write context)
@@ -485,6 +454,7 @@ class shard_server {
   std::deque<work> work_;  // the progress thread's alone
   mutable std::mutex stats_mutex_;
   counters stats_;
+  shard_stream stream_;  // GPU buffers are called on it, by the progress thread alone
   std::atomic<bool> stopping_{false};
   std::thread thread_;
 };

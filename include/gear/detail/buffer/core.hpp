@@ -37,6 +37,7 @@
 #include <gear/key.hpp>
 #include <gear/select/concept.hpp>
 #include <gear/storage/concept.hpp>
+#include <gear/transport/concept.hpp>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -62,6 +63,10 @@ inline std::uint64_t next_buffer_id() noexcept {
 
 template <class Spec, class Storage, class Selection, class Transport>
 class buffer_core {
+  static_assert(!requires { Transport::remote; },
+                "gear::replay_buffer with a remote transport (transport::libfabric) is declared "
+                "in <gear/distributed.hpp>: include it");
+
  public:
   static constexpr std::size_t num_columns = Spec::num_columns;
   static constexpr std::array<memory_kind, num_columns> placement =
@@ -106,6 +111,7 @@ class buffer_core {
   std::int64_t max_length_;
   Selection selection_settings_;  // as constructed; states with setters report their own
   Transport transport_;
+  key_owner owner_ = detail::owner_of(transport_);  ///< the keys this shard issues and accepts
   int device_;  // the GPU the buffer lives on (-1: none)
   slot_regions<Spec> regions_;
   slot_ring ring_;
@@ -230,19 +236,19 @@ class buffer_core {
   // ---- keys ----------------------------------------------------------------------------------
 
   [[nodiscard]] key key_of(std::uint64_t ticket) const noexcept {
-    return key{ticket, transport_.shard_id(), 0};
+    return key{ticket, owner_.shard, owner_.incarnation};
   }
   /// A landing insert's keys count as stored: every call that uses them publishes it first.
   [[nodiscard]] bool contains(const key& k) const noexcept {
-    return k.shard == transport_.shard_id() && k.incarnation == 0 &&
-           (ring_.holds(k.ticket) || is_landing(k.ticket));
+    return owner_.owns(k) && (ring_.holds(k.ticket) || is_landing(k.ticket));
   }
   /// Throws errc::key_out_of_range (another shard) or errc::stale_key unless contains(k).
   void check_key(const key& k) const {
-    GEAR_REQUIRE(k.shard == transport_.shard_id() && k.incarnation == 0, errc::key_out_of_range,
+    GEAR_REQUIRE(owner_.owns(k), errc::key_out_of_range,
                  "key (shard " + std::to_string(k.shard) + ", incarnation " +
                      std::to_string(k.incarnation) + ") is not of this shard (shard " +
-                     std::to_string(transport_.shard_id()) + ", incarnation 0)");
+                     std::to_string(owner_.shard) + ", incarnation " +
+                     std::to_string(owner_.incarnation) + ")");
     GEAR_REQUIRE(ring_.holds(k.ticket) || is_landing(k.ticket), errc::stale_key,
                  "key (ticket " + std::to_string(k.ticket) + ", slot " +
                      std::to_string(k.slot(capacity_)) + ") names a trajectory no longer stored");

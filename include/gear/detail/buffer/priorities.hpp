@@ -44,8 +44,7 @@ priority_update_result update_from_host(Core& b, std::span<const key> keys,
                    " keys, " + std::to_string(priorities.size()) + " priorities");
   // Every key, then every priority: the order the GPU's checks report (check_priority_pair).
   for (std::size_t i = 0; i < keys.size(); ++i)
-    GEAR_REQUIRE(keys[i].shard == b.transport_.shard_id() && keys[i].incarnation == 0,
-                 errc::key_out_of_range,
+    GEAR_REQUIRE(b.owner_.owns(keys[i]), errc::key_out_of_range,
                  "key " + std::to_string(i) + " (shard " + std::to_string(keys[i].shard) +
                      ", incarnation " + std::to_string(keys[i].incarnation) +
                      ") is not of this shard");
@@ -109,7 +108,7 @@ void update_from_device(Core& b, std::span<const key> keys, std::span<const floa
     settle_landing(b, landing_force{}, stream);
     b.order_before(stream, Core::write);
     b.enqueue([&] {
-      b.selection_->update_from_device(b.table(), b.transport_.shard_id(), keys, priorities,
+      b.selection_->update_from_device(b.table(), b.owner_, keys, priorities,
                                        stream);
       b.order_after(stream, Core::write);
     });

@@ -134,7 +134,8 @@ void sample_into(Core& b, Batch& out, const window& w, rng& g, cuda::stream_ref 
   args.slots = out.slots_data();
   args.lengths = table.lengths;
   args.tickets = table.tickets;
-  args.shard = b.transport_.shard_id();
+  args.shard = b.owner_.shard;
+  args.incarnation = b.owner_.incarnation;
   args.mask = out.mask_data();
   args.keys = out.keys_data();
   const std::int64_t* slots = out.slots_data();

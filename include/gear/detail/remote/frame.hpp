@@ -36,6 +36,7 @@ enum class message_type : std::uint16_t {
   update,
   ack,
   update_result,
+  erase,  ///< an update's body, removing the trajectories named (their priorities unused)
 };
 
 /// Why a message was refused.

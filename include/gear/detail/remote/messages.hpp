@@ -10,6 +10,8 @@
 //   status          shard -> learner  size, selection mass, max priority, counters
 //   sample_request  learner -> shard  k rows of a window, the random stream, where to write
 //   update          learner -> shard  (ticket, incarnation, priority) per key, the max priority
+//   erase           learner -> shard  the same body: remove the trajectories named
+//   update_result   shard -> learner  pairs applied (or removed) and skipped as stale
 //   ack             shard -> actor    an insert entry's blocks are free again, and its key
 
 #include <cmath>
@@ -268,6 +270,7 @@ inline constexpr std::size_t update_entry_bytes = 16;
 struct update {
   double max_priority = 0;  ///< the learner's running maximum, so that shards converge
   std::vector<update_entry> entries;
+  bool erase = false;  ///< sent as message_type::erase: remove the entries' trajectories
 };
 
 /// Entries one update message of `max_message` bytes holds.
@@ -277,7 +280,7 @@ constexpr std::size_t update_capacity(std::uint32_t max_message) noexcept {
 }
 
 inline std::vector<std::byte> encode(const update& m) {
-  wire_writer w = start_frame(message_type::update);
+  wire_writer w = start_frame(m.erase ? message_type::erase : message_type::update);
   w.put(m.max_priority);
   w.put(static_cast<std::uint32_t>(m.entries.size()));
   for (const update_entry& e : m.entries) {
@@ -290,9 +293,13 @@ inline std::vector<std::byte> encode(const update& m) {
 
 /// Refuses the whole message for a NaN, negative or infinite priority (a bug on the sender's
 /// side, not a race); stale tickets are the receiver's to skip and count.
+/// Parses an update or an erase (update::erase says which; any other type is refused).
 inline decoded<update> parse_update(std::span<const std::byte> bytes, const message_limits& lim) {
-  return parse_frame<update>(bytes, message_type::update, lim.max_message,
-                             [&](wire_reader& r, update& m, std::string& what) {
+  const auto type = frame_type(bytes, lim.max_message);
+  const bool erase = type && type.value.type == message_type::erase;
+  return parse_frame<update>(bytes, erase ? message_type::erase : message_type::update,
+                             lim.max_message, [&](wire_reader& r, update& m, std::string& what) {
+                               m.erase = erase;
                                std::uint32_t count = 0;
                                if (!read_all(r, m.max_priority, count)) return refusal::none;
                                if (!non_negative(m.max_priority))

@@ -1,0 +1,342 @@
+// The distributed buffer through replay_buffer itself (<gear/distributed.hpp>): shards
+// (replay_buffer<..., transport::libfabric> with host storage) and a client (storage::none) in one
+// process, each on its own endpoint, over loopback (tcp;ofi_rxm, shm). What is checked:
+//   - keys: a shard's keys, local or remote, name its id and its incarnation (never 0), and the
+//     other side accepts them (a local sample's key updated remotely, a remote insert's key erased
+//     locally);
+//   - insert, writer: every trajectory is stored once, at the shard the routing says (round robin,
+//     by hash: the same bytes, the same shard), with its bytes;
+//   - sample: every row holds the bytes of the trajectory its key names;
+//   - update_priorities and erase land on the shard each key names; stale keys are counted;
+//   - bad input is refused before anything moves, the shards unchanged (sizes, tickets);
+//   - a shard that is gone makes the client's next call throw errc::peer_lost, naming it, within
+//     its deadline.
+
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <gear/distributed.hpp>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "process_common.hpp"
+
+namespace {
+
+using spec = gear::spec<gear::column<"id", std::int64_t>, gear::column<"obs", float, 4>>;
+using selection = gear::select::prioritized;
+using shard_t =
+    gear::replay_buffer<spec, gear::storage::host, selection, gear::transport::libfabric>;
+using client_t =
+    gear::replay_buffer<spec, gear::storage::none, selection, gear::transport::libfabric>;
+constexpr std::int64_t max_length = 6;
+using clock_type = std::chrono::steady_clock;
+
+float obs_of(std::int64_t id, std::int64_t step, int k) {
+  return static_cast<float>(id * 1000 + step * 10 + k);
+}
+
+/// Trajectories with ids `ids`, trajectory id of length 1 + id % max_length, packed.
+struct packed {
+  std::vector<std::int64_t> lengths, id;
+  std::vector<float> obs;
+  explicit packed(const std::vector<std::int64_t>& ids) {
+    for (std::int64_t i : ids) {
+      lengths.push_back(1 + i % max_length);
+      for (std::int64_t s = 0; s < lengths.back(); ++s) {
+        id.push_back(i);
+        for (int k = 0; k < 4; ++k) obs.push_back(obs_of(i, s, k));
+      }
+    }
+  }
+  [[nodiscard]] gear::trajectories<spec> view() const {
+    return {lengths, {gear::input(id.data()), gear::input(obs.data(), {4})}};
+  }
+};
+
+gear::transport::libfabric shard_transport(const std::string& provider, std::uint32_t id) {
+  gear::transport::libfabric t;
+  t.fabric.provider = provider;
+  t.shard = id;
+  t.token = "remote-buffer-test";
+  t.block_bytes = 4096;
+  t.max_ring_blocks = 16;
+  return t;
+}
+
+gear::transport::libfabric client_transport(const std::string& provider,
+                                            const std::vector<const shard_t*>& shards) {
+  gear::transport::libfabric t;
+  t.fabric.provider = provider;
+  t.token = "remote-buffer-test";
+  t.deadline = std::chrono::milliseconds(5000);
+  t.ring_blocks = 16;
+  t.max_batch = 64;
+  t.max_window = max_length;
+  for (const shard_t* s : shards) t.shards.push_back(s->address());
+  return t;
+}
+
+/// What a shard shows from outside: its size and next ticket.
+std::pair<std::int64_t, std::uint64_t> observe(const shard_t& s) {
+  return {s.size(), s.tickets_issued()};
+}
+
+void check_rows(const client_t::batch_type& b, const std::map<std::uint64_t, std::int64_t>& ids,
+                const std::vector<const shard_t*>& shards) {
+  for (std::int64_t r = 0; r < b.batch_size(); ++r) {
+    const gear::key k = b.keys_data()[r];
+    REQUIRE(k.shard < shards.size());
+    CHECK(k.incarnation == shards[k.shard]->incarnation());
+    const std::uint64_t tag = (std::uint64_t{k.shard} << 56) ^ k.ticket;
+    REQUIRE(ids.count(tag) == 1);
+    const std::int64_t id = ids.at(tag);
+    CHECK(b.column<0>()(r, 0) == id);
+    CHECK(b.column<1>()(r, 0, 2) == obs_of(id, 0, 2));
+  }
+}
+
+void round_trip(const std::string& provider) {
+  const auto start = clock_type::now();
+  shard_t s0(gear::capacity{32}, gear::max_length{max_length}, selection{},
+             shard_transport(provider, 0));
+  shard_t s1(gear::capacity{32}, gear::max_length{max_length}, selection{},
+             shard_transport(provider, 1));
+  const std::vector<const shard_t*> shards{&s0, &s1};
+  CHECK(s0.incarnation() != 0);
+  CHECK(s1.incarnation() != 0);
+  client_t client(client_transport(provider, shards));
+  CHECK(client.capacity() == 64);
+  CHECK(client.max_length() == max_length);
+  CHECK(client.shard_count() == 2);
+
+  std::map<std::uint64_t, std::int64_t> ids;  // (shard, ticket) -> the trajectory's id
+  auto remember = [&](const gear::key& k, std::int64_t id) {
+    ids[(std::uint64_t{k.shard} << 56) ^ k.ticket] = id;
+  };
+
+  // Remote inserts, round robin: 4 to each shard, keys naming shard and incarnation.
+  const packed first({0, 1, 2, 3, 4, 5, 6, 7});
+  std::vector<gear::key> keys(8);
+  client.insert(first.view(), keys);
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    CHECK(keys[i].shard == i % 2);
+    CHECK(keys[i].incarnation == shards[i % 2]->incarnation());
+    CHECK(shards[i % 2]->contains(keys[i]));
+    remember(keys[i], static_cast<std::int64_t>(i));
+  }
+  CHECK(s0.size() == 4);
+  CHECK(s1.size() == 4);
+
+  // A local insert on a shard: its key names the shard too, and the client samples it.
+  const packed local({40});
+  gear::key local_key;
+  s1.insert(local.view(), std::span<gear::key>(&local_key, 1));
+  CHECK(local_key.shard == 1);
+  CHECK(local_key.incarnation == s1.incarnation());
+  remember(local_key, 40);
+
+  // A writer: steps gather at the client, the trajectory lands at commit.
+  auto w = client.make_writer();
+  for (std::int64_t s = 0; s < 3; ++s) {
+    const std::int64_t id = 50;
+    float obs[4];
+    for (int k = 0; k < 4; ++k) obs[k] = obs_of(50, s, k);
+    w.append(&id, obs);
+  }
+  const gear::key written = w.commit();
+  CHECK(shards[written.shard]->contains(written));
+  CHECK(shards[written.shard]->length(written.slot(32)) == 3);
+  remember(written, 50);
+  CHECK(client.size() == 10);
+
+  // Samples: every row holds the bytes of the trajectory its key names.
+  auto b = client.make_batch(gear::batch_size{32}, gear::window_length{1});
+  gear::rng g{7};
+  for (int i = 0; i < 10; ++i) {
+    client.sample(b, gear::window{1, 0}, g);
+    check_rows(b, ids, shards);
+  }
+  client.sample_begin(b, gear::window{1, 0}, g);
+  client.sample_end(b);
+  check_rows(b, ids, shards);
+  CHECK(client.stats().samples == 11);
+  CHECK(client.stats().sampled_rows == 11 * 32);
+
+  // Priorities, remotely, for keys of both shards and the local one; then a key a shard's own
+  // sample returned, updated by the client.
+  const std::vector<gear::key> to_update{keys[0], keys[1], local_key};
+  const std::vector<float> priorities{3.0f, 5.0f, 7.0f};
+  const auto applied = client.update_priorities(to_update, priorities);
+  CHECK(applied.applied == 3);
+  CHECK(applied.stale == 0);
+  auto lb = s0.make_batch(gear::batch_size{4}, gear::window_length{1});
+  s0.sample(lb, gear::window{1, 0}, g);
+  CHECK(lb.keys_data()[0].incarnation == s0.incarnation());
+  const float p9 = 9.0f;
+  CHECK(client
+            .update_priorities(std::span<const gear::key>(lb.keys_data(), 1),
+                               std::span<const float>(&p9, 1))
+            .applied == 1);
+
+  // Erase, remotely: removed at its shard; again, stale; a key of the shard's earlier
+  // incarnation, stale.
+  gear::key old = keys[2];
+  old.incarnation ^= 1;
+  const auto erased = client.erase(std::vector<gear::key>{keys[2], keys[3]});
+  CHECK(erased.applied == 2);
+  CHECK_FALSE(s0.contains(keys[2]));
+  CHECK_FALSE(s1.contains(keys[3]));
+  const auto again = client.erase(std::vector<gear::key>{keys[2], old});
+  CHECK(again.applied == 0);
+  CHECK(again.stale == 2);
+  CHECK(client.stats().erased == 2);
+  // And a remote insert's key erased locally, at its shard.
+  s0.erase(std::span<const gear::key>(&keys[4], 1));
+  CHECK_FALSE(s0.contains(keys[4]));
+  CHECK(client.size() == 7);
+
+  // Routing by hash: the same trajectory goes to the same shard, from any client.
+  auto th = client_transport(provider, shards);
+  th.route = gear::transport::routing::by_hash;
+  client_t hashed(th);
+  const packed twice({21});
+  gear::key h1, h2;
+  hashed.insert(twice.view(), std::span<gear::key>(&h1, 1));
+  hashed.insert(twice.view(), std::span<gear::key>(&h2, 1));
+  CHECK(h1.shard == h2.shard);
+  CHECK(h1.ticket != h2.ticket);
+  CHECK(clock_type::now() - start < std::chrono::seconds(60));
+}
+
+void bad_input(const std::string& provider) {
+  shard_t s0(gear::capacity{16}, gear::max_length{max_length}, selection{},
+             shard_transport(provider, 0));
+  const std::vector<const shard_t*> shards{&s0};
+  client_t client(client_transport(provider, shards));
+  const packed some({1, 2, 3});
+  std::vector<gear::key> keys(3);
+  client.insert(some.view(), keys);
+  const auto before = observe(s0);
+
+  // Construction: no shards, a blob that does not parse, a bad block size, a shard id past 4095.
+  auto none = client_transport(provider, {});
+  CHECK_THROWS_WITH_AS((client_t{none}), doctest::Contains("at least one shard"), gear::error);
+  auto garbled = client_transport(provider, shards);
+  garbled.shards[0].resize(5);
+  CHECK_THROWS_AS((client_t{garbled}), gear::error);
+  auto block = shard_transport(provider, 3);
+  block.block_bytes = 5000;
+  try {
+    shard_t bad(gear::capacity{4}, gear::max_length{2}, selection{}, block);
+    FAIL("a block size that is not a power of two was taken");
+  } catch (const gear::error& e) {
+    CHECK(e.code() == gear::errc::invalid_argument);
+    CHECK(std::string(e.what()).find("block_bytes") != std::string::npos);
+  }
+
+  auto expect = [&](gear::errc code, auto&& call) {
+    try {
+      call();
+      FAIL("no error");
+    } catch (const gear::error& e) {
+      CHECK(e.code() == code);
+    }
+    CHECK(observe(s0) == before);
+  };
+  // Inserts: keys_out too small, an empty or too long trajectory.
+  std::vector<gear::key> two(2);
+  expect(gear::errc::invalid_argument, [&] { client.insert(some.view(), two); });
+  std::int64_t lengths[] = {0};
+  expect(gear::errc::empty_trajectory, [&] {
+    gear::trajectories<spec> t{lengths,
+                               {gear::input(some.id.data()), gear::input(some.obs.data(), {4})}};
+    client.insert(t, two);
+  });
+  const packed long_one({max_length - 1});
+  std::vector<std::int64_t> too_long{max_length + 1};
+  std::vector<std::int64_t> id(max_length + 1, 0);
+  std::vector<float> obs(4 * (max_length + 1), 0);
+  expect(gear::errc::trajectory_too_long, [&] {
+    gear::trajectories<spec> t{too_long, {gear::input(id.data()), gear::input(obs.data(), {4})}};
+    client.insert(t, two);
+  });
+  // Writers: nothing to commit, past max_length.
+  auto w = client.make_writer();
+  expect(gear::errc::empty_trajectory, [&] { (void)w.commit(); });
+  float step[4] = {};
+  std::int64_t one = 1;
+  for (std::int64_t s = 0; s < max_length; ++s) w.append(&one, step);
+  expect(gear::errc::writer_full, [&] { w.append(&one, step); });
+  // Samples: more rows than max_batch, a window longer than the batch's.
+  auto big = client.make_batch(gear::batch_size{65}, gear::window_length{1});
+  gear::rng g{3};
+  expect(gear::errc::invalid_argument, [&] { client.sample(big, gear::window{1, 0}, g); });
+  auto b = client.make_batch(gear::batch_size{4}, gear::window_length{1});
+  expect(gear::errc::batch_mismatch, [&] { client.sample(b, gear::window{2, 0}, g); });
+  // Updates and erases: a key of a shard the client does not know, a NaN priority, sizes.
+  gear::key elsewhere = keys[0];
+  elsewhere.shard = 9;
+  const float p[] = {1.0f, 1.0f};
+  expect(gear::errc::key_out_of_range, [&] {
+    (void)client.update_priorities(std::vector<gear::key>{keys[0], elsewhere}, p);
+  });
+  const float nan[] = {std::nanf("")};
+  expect(gear::errc::invalid_priority,
+         [&] { (void)client.update_priorities(std::span<const gear::key>(keys.data(), 1), nan); });
+  expect(gear::errc::invalid_argument,
+         [&] { (void)client.update_priorities(std::span<const gear::key>(keys.data(), 1), p); });
+  expect(gear::errc::key_out_of_range, [&] {
+    (void)client.erase(std::vector<gear::key>{keys[0], elsewhere});
+  });
+  CHECK(s0.contains(keys[0]));
+  // The shard itself: a key of another incarnation is not its own.
+  gear::key other = keys[1];
+  other.incarnation ^= 1;
+  expect(gear::errc::key_out_of_range, [&] { s0.erase(std::span<const gear::key>(&other, 1)); });
+  CHECK(s0.contains(keys[1]));
+}
+
+void shard_lost(const std::string& provider) {
+  auto s0 = std::make_unique<shard_t>(gear::capacity{16}, gear::max_length{max_length}, selection{},
+                                      shard_transport(provider, 0));
+  shard_t s1(gear::capacity{16}, gear::max_length{max_length}, selection{},
+             shard_transport(provider, 1));
+  auto t = client_transport(provider, {s0.get(), &s1});
+  t.deadline = std::chrono::milliseconds(1500);
+  client_t client(t);
+  const packed some({1, 2});
+  std::vector<gear::key> keys(2);
+  client.insert(some.view(), keys);
+  auto b = client.make_batch(gear::batch_size{8}, gear::window_length{1});
+  gear::rng g{5};
+  client.sample(b, gear::window{1, 0}, g);
+  s0.reset();  // shard 0 is gone
+  const auto start = clock_type::now();
+  try {
+    for (int i = 0; i < 4; ++i) client.sample(b, gear::window{1, 0}, g);
+    FAIL("sampling went on with shard 0 gone");
+  } catch (const gear::error& e) {
+    CHECK(e.code() == gear::errc::peer_lost);
+    CHECK(std::string(e.what()).find("shard 0") != std::string::npos);
+  }
+  CHECK(clock_type::now() - start < std::chrono::milliseconds(4 * 1500 + 2000));
+}
+
+}  // namespace
+
+TEST_CASE("tcp;ofi_rxm: shards and a client, through replay_buffer") { round_trip("tcp;ofi_rxm"); }
+TEST_CASE("shm: shards and a client, through replay_buffer") {
+  round_trip("shm");
+  CHECK(process_test::shm_leftovers(getpid()) == 0);
+}
+TEST_CASE("tcp;ofi_rxm: bad input is refused, the shard unchanged") { bad_input("tcp;ofi_rxm"); }
+TEST_CASE("shm: bad input is refused, the shard unchanged") { bad_input("shm"); }
+TEST_CASE("tcp;ofi_rxm: a lost shard is errc::peer_lost, named, within the deadline") {
+  shard_lost("tcp;ofi_rxm");
+}
