@@ -25,10 +25,11 @@
 #include <vector>
 
 #include "process_common.hpp"
+#include "remote_common.hpp"
 
 namespace {
 
-using spec = gear::spec<gear::column<"id", std::int64_t>, gear::column<"obs", float, 4>>;
+using remote_test::spec;
 using selection = gear::select::prioritized;
 using shard_t =
     gear::replay_buffer<spec, gear::storage::host, selection, gear::transport::libfabric>;
@@ -37,26 +38,10 @@ using client_t =
 constexpr std::int64_t max_length = 6;
 using clock_type = std::chrono::steady_clock;
 
-float obs_of(std::int64_t id, std::int64_t step, int k) {
-  return static_cast<float>(id * 1000 + step * 10 + k);
-}
-
-/// Trajectories with ids `ids`, trajectory id of length 1 + id % max_length, packed.
-struct packed {
-  std::vector<std::int64_t> lengths, id;
-  std::vector<float> obs;
-  explicit packed(const std::vector<std::int64_t>& ids) {
-    for (std::int64_t i : ids) {
-      lengths.push_back(1 + i % max_length);
-      for (std::int64_t s = 0; s < lengths.back(); ++s) {
-        id.push_back(i);
-        for (int k = 0; k < 4; ++k) obs.push_back(obs_of(i, s, k));
-      }
-    }
-  }
-  [[nodiscard]] gear::trajectories<spec> view() const {
-    return {lengths, {gear::input(id.data()), gear::input(obs.data(), {4})}};
-  }
+using remote_test::obs_of;
+/// Trajectories of ids `ids` (trajectory i of length 1 + i % max_length).
+struct packed : remote_test::packed {
+  explicit packed(const std::vector<std::int64_t>& ids) : remote_test::packed(ids, max_length) {}
 };
 
 gear::transport::libfabric shard_transport(const std::string& provider, std::uint32_t id) {

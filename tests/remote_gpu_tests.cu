@@ -18,32 +18,18 @@
 #include <vector>
 
 #include "gpu_common.cuh"
+#include "remote_common.hpp"
 
 namespace {
 
-using spec = gear::spec<gear::column<"id", std::int64_t>, gear::column<"obs", float, 4>>;
+using remote_test::spec;
 using selection = gear::select::prioritized;
 constexpr std::int64_t max_length = 5;
 
-float obs_of(std::int64_t id, std::int64_t step, int k) {
-  return static_cast<float>(id * 1000 + step * 10 + k);
-}
-
-struct packed {
-  std::vector<std::int64_t> lengths, id;
-  std::vector<float> obs;
-  explicit packed(const std::vector<std::int64_t>& ids) {
-    for (std::int64_t i : ids) {
-      lengths.push_back(1 + i % max_length);
-      for (std::int64_t s = 0; s < lengths.back(); ++s) {
-        id.push_back(i);
-        for (int k = 0; k < 4; ++k) obs.push_back(obs_of(i, s, k));
-      }
-    }
-  }
-  [[nodiscard]] gear::trajectories<spec> view() const {
-    return {lengths, {gear::input(id.data()), gear::input(obs.data(), {4})}};
-  }
+using remote_test::obs_of;
+/// Trajectories of ids `ids` (trajectory i of length 1 + i % max_length).
+struct packed : remote_test::packed {
+  explicit packed(const std::vector<std::int64_t>& ids) : remote_test::packed(ids, max_length) {}
 };
 
 template <class T>
