@@ -152,6 +152,20 @@ void round_trip(const std::string& provider) {
   check_rows(b, ids, shards);
   CHECK(client.stats().samples == 11);
   CHECK(client.stats().sampled_rows == 11 * 32);
+  // Two in flight, ended out of order; a third, or a second into the same batch, is refused.
+  auto b2 = client.make_batch(gear::batch_size{16}, gear::window_length{1});
+  auto b3 = client.make_batch(gear::batch_size{8}, gear::window_length{1});
+  for (int round = 0; round < 5; ++round) {
+    client.sample_begin(b, gear::window{1, 0}, g);
+    client.sample_begin(b2, gear::window{1, 0}, g);
+    CHECK_THROWS_AS(client.sample_begin(b3, gear::window{1, 0}, g), gear::error);
+    CHECK_THROWS_AS(client.sample_end(b3), gear::error);
+    client.sample_end(b2);
+    CHECK_THROWS_AS(client.sample_begin(b, gear::window{1, 0}, g), gear::error);
+    client.sample_end(b);
+    check_rows(b, ids, shards);
+    check_rows(b2, ids, shards);
+  }
 
   // Priorities, remotely, for keys of both shards and the local one; then a key a shard's own
   // sample returned, updated by the client.

@@ -16,6 +16,7 @@
 // overlap a training step.
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -34,6 +35,9 @@
 #include <vector>
 
 namespace gear::transport {
+
+/// Samples a learner may have in flight at once (sample_begin ... sample_end).
+inline constexpr std::size_t max_samples_in_flight = 2;
 
 template <class Spec, class Selection = select::uniform>
 class remote_learner : public remote_client {
@@ -57,9 +61,10 @@ class remote_learner : public remote_client {
     namespace remote = detail::remote;
     GEAR_REQUIRE(options_.max_batch >= 1 && options_.max_window >= 1, errc::invalid_argument,
                  "max_batch and max_window must be at least 1");
-    const auto bytes = static_cast<std::size_t>(
+    reply_bytes_ = static_cast<std::size_t>(
         remote::layout_reply(Spec::step_bytes, options_.max_batch, options_.max_window)
             .total_bytes);
+    const std::size_t bytes = reply_bytes_ * max_samples_in_flight;  // a reply area per sample
     for (auto& s : slices_) {
       s.memory = std::make_unique<fabric::host_region>(bytes);
       s.region = ep_->register_memory(s.memory->data(), bytes, FI_REMOTE_WRITE);
@@ -88,16 +93,22 @@ class remote_learner : public remote_client {
   }
 
   /// Starts a sample into `out`: splits its rows across the shards and sends every request; the
-  /// shards select, gather and write meanwhile (a training step can run). One sample is in flight
-  /// at a time; `out` must stay alive until sample_end. Throws, sending nothing,
-  /// errc::invalid_argument (another in flight, a batch larger than the slices),
+  /// shards select, gather and write meanwhile (a training step can run). Up to
+  /// max_samples_in_flight samples may be in flight, into different batches, ended in any order:
+  /// with two, a shard gathers the next share while the last one is on the wire. `out` must stay
+  /// alive until sample_end. Throws, sending nothing, errc::invalid_argument (as many in flight
+  /// as allowed, or one into `out` already, a batch larger than the slices),
   /// errc::wrong_memory, errc::batch_mismatch; errc::empty_buffer when no shard holds anything;
   /// errc::peer_lost.
   void sample_begin(batch<Spec>& out, const window& w, rng& g) {
     namespace remote = detail::remote;
     const std::int64_t rows = out.batch_size(), length = out.window_length();
-    GEAR_REQUIRE(!flight_, errc::invalid_argument,
-                 "a sample is in flight: sample_end it before the next sample_begin");
+    GEAR_REQUIRE(flights_.size() < max_samples_in_flight, errc::invalid_argument,
+                 std::to_string(max_samples_in_flight) +
+                     " samples are in flight: sample_end one before the next sample_begin");
+    for (const flight& other : flights_)
+      GEAR_REQUIRE(other.out != &out, errc::invalid_argument,
+                   "a sample into this batch is in flight: sample_end it first");
     GEAR_REQUIRE(host_accessible(out.where()), errc::wrong_memory,
                  "a remote learner fills batches in host memory");
     GEAR_REQUIRE(w.length == length, errc::batch_mismatch,
@@ -120,20 +131,22 @@ class remote_learner : public remote_client {
     const rng_draw draw = g.next();
     flight f;
     f.out = &out;
+    f.area = flights_.empty() ? 0 : 1 - flights_.front().area;  // the reply area not in use
     f.share = remote::split_with_replacement(snapshot_, rows, draw);
     f.total = remote::live_mass(snapshot_);
     f.layouts.resize(links_.size());
     const auto until = clock::now() + deadline_;
     for (std::size_t s = 0; s < links_.size(); ++s) {
-      slices_[s].arrived = false;
+      slices_[s].arrived[f.area] = false;
       if (f.share[s] == 0) continue;
       f.layouts[s] = remote::layout_reply(Spec::step_bytes, f.share[s], length);
-      std::memset(slices_[s].memory->data(), 0, remote::reply_header_bytes);  // poisoned
-      std::memset(slices_[s].memory->data() + f.layouts[s].footer_at, 0,
-                  remote::reply_footer_bytes);
-      slices_[s].request = next_request_++ % remote::max_cq_index;
+      std::byte* reply = area(s, f.area);
+      std::memset(reply, 0, remote::reply_header_bytes);  // poisoned
+      std::memset(reply + f.layouts[s].footer_at, 0, remote::reply_footer_bytes);
+      slices_[s].request[f.area] = next_request_++ % remote::max_cq_index;
       remote::sample_request r;
-      r.request = slices_[s].request;
+      r.request = slices_[s].request[f.area];
+      r.reply_offset = f.area * reply_bytes_;
       r.incarnation = links_[s].blob.incarnation;
       r.rows = f.share[s];
       r.win = w;
@@ -145,40 +158,43 @@ class remote_learner : public remote_client {
       remote::stamp_sender(bytes, links_[s].welcome->peer_index);
       send(bytes, s, until);
     }
-    flight_ = std::move(f);
+    flights_.push_back(std::move(f));
   }
 
-  /// Ends the sample in flight: waits for every share (bounded by the deadline), checks every
-  /// reply (header and footer, poisoned before the request) and only then unpacks them into the
-  /// batch given to sample_begin (`out`, the same), with global probabilities and weights. Throws
-  /// errc::invalid_argument (none in flight, another batch), errc::empty_buffer (a shard could
-  /// not sample), errc::peer_lost, errc::transport_error (a reply that does not hold up); the
+  /// Ends the sample in flight into `out`: waits for every share (bounded by the deadline), checks
+  /// every reply (header and footer, poisoned before the request) and only then unpacks them into
+  /// the batch given to sample_begin (`out`, the same), with global probabilities and weights.
+  /// Throws errc::invalid_argument (none in flight, another batch), errc::empty_buffer (a shard
+  /// could not sample), errc::peer_lost, errc::transport_error (a reply that does not hold up); the
   /// sample is over either way.
   void sample_end(batch<Spec>& out) {
     namespace remote = detail::remote;
-    GEAR_REQUIRE(flight_ && flight_->out == &out, errc::invalid_argument,
+    const auto it = std::find_if(flights_.begin(), flights_.end(),
+                                 [&](const flight& f) { return f.out == &out; });
+    GEAR_REQUIRE(it != flights_.end(), errc::invalid_argument,
                  "sample_end of a batch with no sample in flight");
-    const flight f = std::move(*flight_);
-    flight_.reset();
+    const flight f = std::move(*it);
+    flights_.erase(it);
     const std::int64_t rows = out.batch_size(), length = out.window_length();
     const auto until = clock::now() + deadline_;
     for (std::size_t s = 0; s < links_.size(); ++s)
-      if (f.share[s] > 0) wait_until([&] { return slices_[s].arrived; }, until, s, "sample reply");
+      if (f.share[s] > 0)
+        wait_until([&] { return slices_[s].arrived[f.area]; }, until, s, "sample reply");
     std::vector<remote::reply_header> headers(links_.size());
     for (std::size_t s = 0; s < links_.size(); ++s) {
       if (f.share[s] == 0) continue;
-      const std::span<const std::byte> slice(slices_[s].memory->data(),
+      const std::span<const std::byte> slice(area(s, f.area),
                                              static_cast<std::size_t>(f.layouts[s].total_bytes));
       remote::reply_header h;
       std::memcpy(&h, slice.data(), sizeof(h));
-      GEAR_REQUIRE(
-          !(h.magic == remote::reply_magic && h.request == slices_[s].request && h.rows == 0),
-          errc::empty_buffer,
-          "shard " + std::to_string(links_[s].blob.shard) + " could not sample its " +
-              std::to_string(f.share[s]) + " rows");
+      GEAR_REQUIRE(!(h.magic == remote::reply_magic && h.request == slices_[s].request[f.area] &&
+                     h.rows == 0),
+                   errc::empty_buffer,
+                   "shard " + std::to_string(links_[s].blob.shard) + " could not sample its " +
+                       std::to_string(f.share[s]) + " rows");
       const auto checked =
-          remote::check_reply(slice, slices_[s].request, links_[s].blob.incarnation, f.share[s],
-                              length, Spec::step_bytes);
+          remote::check_reply(slice, slices_[s].request[f.area], links_[s].blob.incarnation,
+                              f.share[s], length, Spec::step_bytes);
       GEAR_REQUIRE(checked, errc::transport_error,
                    "shard " + std::to_string(links_[s].blob.shard) + "'s reply is refused (" +
                        std::string(remote::to_string(checked.why)) + ": " + checked.what + ")");
@@ -189,7 +205,7 @@ class remote_learner : public remote_client {
     for (const auto& m : snapshot_) union_size += m.size;
     for (std::size_t s = 0; s < links_.size(); ++s) {
       if (f.share[s] == 0) continue;
-      unpack(out, s, f.layouts[s], at, f.share[s], f.total, probabilities);
+      unpack(out, s, area(s, f.area), f.layouts[s], at, f.share[s], f.total, probabilities);
       at += f.share[s];
     }
     remote::importance_weights(probabilities, union_size, options_.beta,
@@ -267,32 +283,40 @@ class remote_learner : public remote_client {
     if (r && r.value.incarnation == awaited_incarnation_) update_answer_ = r.value;
   }
 
-  /// The sample in flight: its batch, each shard's rows and reply layout, the mass M split by.
+  /// A sample in flight: its batch, its reply area, each shard's rows and reply layout, the mass
+  /// M split by.
   struct flight {
     batch<Spec>* out = nullptr;
+    std::size_t area = 0;
     std::vector<std::int64_t> share;
     std::vector<detail::remote::reply_layout> layouts;
     double total = 0;
   };
 
+  /// A shard's slice of this learner's memory: a reply area per sample in flight, and the
+  /// request each area awaits.
   struct slice {
     std::unique_ptr<fabric::host_region> memory;
     fabric::region region{};
-    std::uint32_t request = 0;
-    bool arrived = false;
+    std::array<std::uint32_t, max_samples_in_flight> request{};
+    std::array<bool, max_samples_in_flight> arrived{};
   };
+  [[nodiscard]] std::byte* area(std::size_t s, std::size_t a) const {
+    return slices_[s].memory->data() + a * reply_bytes_;
+  }
 
   void on_remote_write(const detail::remote::cq_data& d) override {
     if (d.kind != detail::remote::write_kind::sample_reply) return;
     for (std::size_t s = 0; s < links_.size(); ++s)
-      if (links_[s].blob.shard == d.peer && slices_[s].request == d.index)
-        slices_[s].arrived = true;
+      if (links_[s].blob.shard == d.peer)  // (a reply may come before sample_begin returns)
+        for (std::size_t a = 0; a < max_samples_in_flight; ++a)
+          if (slices_[s].request[a] == d.index) slices_[s].arrived[a] = true;
   }
 
   /// Copies shard s's k rows into rows [at, at + k) of `out`, with global probabilities.
-  void unpack(batch<Spec>& out, std::size_t s, const detail::remote::reply_layout& l,
-              std::int64_t at, std::int64_t k, double total, std::vector<double>& probabilities) {
-    const std::byte* from = slices_[s].memory->data();
+  void unpack(batch<Spec>& out, std::size_t s, const std::byte* from,
+              const detail::remote::reply_layout& l, std::int64_t at, std::int64_t k, double total,
+              std::vector<double>& probabilities) {
     const auto length = static_cast<std::size_t>(out.window_length());
     const auto first = static_cast<std::size_t>(at), rows = static_cast<std::size_t>(k);
     for (std::size_t c = 0; c < Spec::num_columns; ++c) {
@@ -317,7 +341,8 @@ class remote_learner : public remote_client {
   std::uint32_t next_request_ = 0;
   std::optional<detail::remote::update_result> update_answer_;
   std::uint32_t awaited_incarnation_ = 0;  // the shard whose update answer is awaited
-  std::optional<flight> flight_;
+  std::vector<flight> flights_;            // at most max_samples_in_flight
+  std::size_t reply_bytes_ = 0;            // one reply area: max_batch rows of max_window steps
 };
 
 }  // namespace gear::transport

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -51,6 +52,8 @@ namespace gear::transport {
 inline constexpr std::uint64_t max_slice_bytes = std::uint64_t{1} << 32;
 /// Sample requests of one learner a shard queues before it refuses more.
 inline constexpr std::size_t max_deferred_requests = 64;
+/// Replies to one learner a shard has on the wire at once: it packs the next while one is written.
+inline constexpr std::size_t max_replies_in_flight = 2;
 
 template <class Buffer>
 class shard_server {
@@ -148,12 +151,17 @@ class shard_server {
     std::uint32_t ring_blocks = 0;
     std::uint64_t next_sequence = 0;  // every sequence below it was accepted
     std::set<std::uint64_t> ahead;    // accepted ones above it
-    // A learner's slice for sample replies, and the registered memory a reply is packed in
-    // (busy until its write completes).
+    // A learner's slice for sample replies, and the registered memory replies are packed in, as
+    // large as the slice: a reply at offset o of the slice is packed at o here. Each write in
+    // flight reads its range until it completes (its context is `busy`).
     std::uint64_t slice_address = 0, slice_key = 0, slice_bytes = 0;
     std::unique_ptr<fabric::host_region> reply;
     fabric::region reply_region{};
-    char reply_busy = 0;
+    struct reply_write {
+      char busy = 0;
+      std::uint64_t offset = 0, bytes = 0;
+    };
+    std::array<reply_write, max_replies_in_flight> writes{};
     std::deque<detail::remote::sample_request> deferred;  // not yet answered, oldest first
     bool packed = false;  // the front request's reply is packed, its write not yet posted
   };
@@ -202,7 +210,8 @@ class shard_server {
       } else if (c.what == kind::sent || c.what == kind::written || c.what == kind::failed) {
         if (!outbox_.completed(c.context))
           for (auto& p : peers_)
-            if (&p.reply_busy == c.context) p.reply_busy = 0;
+            for (auto& w : p.writes)
+              if (&w.busy == c.context) w.busy = 0;
         if (c.what == kind::failed) {
           {
             const std::lock_guard held(stats_mutex_);
@@ -393,19 +402,29 @@ class shard_server {
   /// The keys this shard's peers use: its id and incarnation.
   [[nodiscard]] key_owner owner() const noexcept { return {options_.shard, incarnation_}; }
 
-  /// Serves `to`'s queued sample requests, oldest first, without ever waiting: one reply is in
-  /// flight per learner (its write reads the reply memory), and a provider that asks to retry is
-  /// retried by the run loop. So a learner that died with a reply in flight (its write may never
-  /// complete, on shm) holds up only its own requests. Each reply is selected, gathered and
-  /// packed once (shard_operations.hpp); a buffer that cannot sample (empty, say) answers with a
-  /// header of no rows, which the learner reports.
+  /// Serves `to`'s queued sample requests, oldest first, without ever waiting: up to
+  /// max_replies_in_flight replies are on the wire per learner (a write reads its reply memory),
+  /// and a provider that asks to retry is retried by the run loop. So a learner that died with a
+  /// reply in flight (its write may never complete, on shm) holds up only its own requests. Each
+  /// reply is selected, gathered and packed once (shard_operations.hpp); a buffer that cannot
+  /// sample (empty, say) answers with a header of no rows, which the learner reports.
   void serve(peer& to) {
     namespace remote = detail::remote;
-    while (to.reply_busy == 0 && !to.deferred.empty()) {
+    while (!to.deferred.empty()) {
       const remote::sample_request& r = to.deferred.front();
       const auto layout = remote::layout_reply(spec::step_bytes, r.rows, r.win.length);
-      const std::span<std::byte> out(to.reply->data(),
-                                     static_cast<std::size_t>(layout.total_bytes));
+      const auto bytes = static_cast<std::uint64_t>(layout.total_bytes);
+      // A free write, and no write in flight over this reply's range (a learner reuses an area
+      // only after its reply arrived, but a rogue one may not: its replies wait, never torn).
+      typename peer::reply_write* slot = nullptr;
+      for (auto& w : to.writes) {
+        if (w.busy != 0 && w.offset < r.reply_offset + bytes && r.reply_offset < w.offset + w.bytes)
+          return;  // the run loop tries again once that write completes
+        if (w.busy == 0 && slot == nullptr) slot = &w;
+      }
+      if (slot == nullptr) return;
+      const std::span<std::byte> out(to.reply->data() + r.reply_offset,
+                                     static_cast<std::size_t>(bytes));
       if (!to.packed) {
         pack_sample_reply(buffer_, stream_, r, layout, owner(), out);
         to.packed = true;
@@ -413,9 +432,9 @@ class shard_server {
       const remote::cq_data data{remote::write_kind::sample_reply, options_.shard, r.request};
       bool posted = false;
       try {
-        posted = ep_->try_writedata(to.reply_region, 0, out.size(), to.address,
+        posted = ep_->try_writedata(to.reply_region, r.reply_offset, out.size(), to.address,
                                     to.slice_address + r.reply_offset, to.slice_key, data.encode(),
-                                    &to.reply_busy);
+                                    &slot->busy);
       } catch (const error&) {  // this learner's reply cannot go: drop it, serve the others
         to.packed = false;
         to.deferred.pop_front();
@@ -424,7 +443,7 @@ class shard_server {
         continue;
       }
       if (!posted) return;  // the run loop tries again
-      to.reply_busy = 1;
+      *slot = {1, r.reply_offset, bytes};
       to.packed = false;
       to.deferred.pop_front();
     }
