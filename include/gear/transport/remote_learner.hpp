@@ -313,6 +313,16 @@ class remote_learner : public remote_client {
           if (slices_[s].request[a] == d.index) slices_[s].arrived[a] = true;
   }
 
+  /// memcpy in pieces of 1 MiB, polling the endpoint between them: with manual progress
+  /// (tcp;ofi_rxm, shm) a reply still on the wire moves only while this side polls.
+  void copy_polling(std::byte* to, const std::byte* from, std::size_t bytes) {
+    constexpr std::size_t piece = std::size_t{1} << 20;
+    for (std::size_t done = 0; done < bytes; done += piece) {
+      std::memcpy(to + done, from + done, std::min(piece, bytes - done));
+      if (flights_.size() > 0) (void)poll();
+    }
+  }
+
   /// Copies shard s's k rows into rows [at, at + k) of `out`, with global probabilities.
   void unpack(batch<Spec>& out, std::size_t s, const std::byte* from,
               const detail::remote::reply_layout& l, std::int64_t at, std::int64_t k, double total,
@@ -321,8 +331,8 @@ class remote_learner : public remote_client {
     const auto first = static_cast<std::size_t>(at), rows = static_cast<std::size_t>(k);
     for (std::size_t c = 0; c < Spec::num_columns; ++c) {
       const auto step = static_cast<std::size_t>(Spec::step_bytes[c]);
-      std::memcpy(out.column_data(c) + first * length * step, from + l.column_at[c],
-                  rows * length * step);
+      copy_polling(out.column_data(c) + first * length * step, from + l.column_at[c],
+                   rows * length * step);
     }
     std::memcpy(out.mask_data() + first * length, from + l.mask_at, rows * length);
     std::memcpy(out.keys_data() + first, from + l.keys_at, rows * sizeof(key));

@@ -36,6 +36,7 @@
 #include <gear/priority_update.hpp>
 #include <gear/transport/fabric_memory.hpp>
 #include <gear/transport/libfabric.hpp>
+#include <gear/transport/reply_packer.hpp>
 #include <gear/transport/shard_operations.hpp>
 #include <memory>
 #include <mutex>
@@ -120,11 +121,13 @@ class shard_server {
         detail::remote::selection_fingerprint<typename Buffer::selection_type>();
     blob_ = b;
     address_ = detail::remote::encode(b);
+    packer_ = std::make_unique<reply_packer<Buffer>>(buffer_, owner());
     thread_ = std::thread([this] { run(); });
   }
   ~shard_server() {
     stop();
-    ep_.reset();  // closes every registration before the memory under them is freed
+    packer_.reset();  // its last job done: it writes into the peers' reply memory
+    ep_.reset();      // closes every registration before the memory under them is freed
   }
   shard_server(const shard_server&) = delete;
   shard_server& operator=(const shard_server&) = delete;
@@ -152,18 +155,19 @@ class shard_server {
     std::uint64_t next_sequence = 0;  // every sequence below it was accepted
     std::set<std::uint64_t> ahead;    // accepted ones above it
     // A learner's slice for sample replies, and the registered memory replies are packed in, as
-    // large as the slice: a reply at offset o of the slice is packed at o here. Each write in
-    // flight reads its range until it completes (its context is `busy`).
+    // large as the slice: a reply at offset o of the slice is packed at o here (by the packer),
+    // then written (its context is its state) and busy until the write completes.
     std::uint64_t slice_address = 0, slice_key = 0, slice_bytes = 0;
     std::unique_ptr<fabric::host_region> reply;
     fabric::region reply_region{};
     struct reply_write {
-      char busy = 0;
+      std::atomic<reply_state> state{reply_state::idle};
       std::uint64_t offset = 0, bytes = 0;
+      std::uint32_t request = 0;
     };
-    std::array<reply_write, max_replies_in_flight> writes{};
-    std::deque<detail::remote::sample_request> deferred;  // not yet answered, oldest first
-    bool packed = false;  // the front request's reply is packed, its write not yet posted
+    std::unique_ptr<std::array<reply_write, max_replies_in_flight>> writes =
+        std::make_unique<std::array<reply_write, max_replies_in_flight>>();
+    std::deque<detail::remote::sample_request> deferred;  // not yet packed, oldest first
   };
   /// A completion to act on: a control message (copied out of the receive buffer) or an entry.
   struct work {
@@ -185,10 +189,10 @@ class shard_server {
             on_message(w.message);
         }
         for (auto& p : peers_)
-          if (!p.deferred.empty()) serve(p);
+          if (p.role == detail::remote::peer_role::learner) serve(p);
         // Idle: yield at first (a busy peer's next message is microseconds away), then sleep
         // 50 us at a time, so that an idle shard does not hold a core.
-        idle = n == 0 && work_.empty() ? idle + 1 : 0;
+        idle = n == 0 && work_.empty() && !replies_pending() ? idle + 1 : 0;
         if (idle > 0 && idle < 2000)
           std::this_thread::yield();
         else if (idle >= 2000)
@@ -210,8 +214,8 @@ class shard_server {
       } else if (c.what == kind::sent || c.what == kind::written || c.what == kind::failed) {
         if (!outbox_.completed(c.context))
           for (auto& p : peers_)
-            for (auto& w : p.writes)
-              if (&w.busy == c.context) w.busy = 0;
+            for (auto& w : *p.writes)
+              if (&w.state == c.context) w.state = reply_state::idle;
         if (c.what == kind::failed) {
           {
             const std::lock_guard held(stats_mutex_);
@@ -402,51 +406,60 @@ class shard_server {
   /// The keys this shard's peers use: its id and incarnation.
   [[nodiscard]] key_owner owner() const noexcept { return {options_.shard, incarnation_}; }
 
-  /// Serves `to`'s queued sample requests, oldest first, without ever waiting: up to
-  /// max_replies_in_flight replies are on the wire per learner (a write reads its reply memory),
-  /// and a provider that asks to retry is retried by the run loop. So a learner that died with a
-  /// reply in flight (its write may never complete, on shm) holds up only its own requests. Each
-  /// reply is selected, gathered and packed once (shard_operations.hpp); a buffer that cannot
-  /// sample (empty, say) answers with a header of no rows, which the learner reports.
+  /// Serves `to`'s sample requests, oldest first, without ever waiting: the packer
+  /// (reply_packer.hpp) selects, gathers and packs each once, off this thread, and this thread
+  /// posts its write; up to max_replies_in_flight replies per learner are packed or on the wire.
+  /// A learner that died with a reply in flight (its write may never complete, on shm) holds up
+  /// only its own requests. A buffer that cannot sample answers with a header of no rows.
   void serve(peer& to) {
     namespace remote = detail::remote;
+    // Post what the packer has sealed (a provider that asks to retry is retried next time).
+    for (auto& w : *to.writes) {
+      if (w.state.load(std::memory_order_acquire) != reply_state::packed) continue;
+      const remote::cq_data data{remote::write_kind::sample_reply, options_.shard, w.request};
+      try {
+        if (ep_->try_writedata(to.reply_region, w.offset, w.bytes, to.address,
+                               to.slice_address + w.offset, to.slice_key, data.encode(), &w.state))
+          w.state = reply_state::writing;  // its completion is polled on this thread
+      } catch (const error&) {             // this learner's reply cannot go: dropped
+        w.state = reply_state::idle;
+        const std::lock_guard held(stats_mutex_);
+        ++stats_.failed_transfers;
+      }
+    }
+    // Hand queued requests to the packer: into a free write, never over a range still in use (a
+    // learner reuses a reply area only once its reply arrived; a rogue one's requests wait).
     while (!to.deferred.empty()) {
       const remote::sample_request& r = to.deferred.front();
       const auto layout = remote::layout_reply(spec::step_bytes, r.rows, r.win.length);
       const auto bytes = static_cast<std::uint64_t>(layout.total_bytes);
-      // A free write, and no write in flight over this reply's range (a learner reuses an area
-      // only after its reply arrived, but a rogue one may not: its replies wait, never torn).
       typename peer::reply_write* slot = nullptr;
-      for (auto& w : to.writes) {
-        if (w.busy != 0 && w.offset < r.reply_offset + bytes && r.reply_offset < w.offset + w.bytes)
-          return;  // the run loop tries again once that write completes
-        if (w.busy == 0 && slot == nullptr) slot = &w;
+      for (auto& w : *to.writes) {
+        const bool in_use = w.state.load(std::memory_order_acquire) != reply_state::idle;
+        if (in_use && w.offset < r.reply_offset + bytes && r.reply_offset < w.offset + w.bytes)
+          return;
+        if (!in_use && slot == nullptr) slot = &w;
       }
       if (slot == nullptr) return;
-      const std::span<std::byte> out(to.reply->data() + r.reply_offset,
-                                     static_cast<std::size_t>(bytes));
-      if (!to.packed) {
-        pack_sample_reply(buffer_, stream_, r, layout, owner(), out);
-        to.packed = true;
-      }
-      const remote::cq_data data{remote::write_kind::sample_reply, options_.shard, r.request};
-      bool posted = false;
-      try {
-        posted = ep_->try_writedata(to.reply_region, r.reply_offset, out.size(), to.address,
-                                    to.slice_address + r.reply_offset, to.slice_key, data.encode(),
-                                    &slot->busy);
-      } catch (const error&) {  // this learner's reply cannot go: drop it, serve the others
-        to.packed = false;
-        to.deferred.pop_front();
-        const std::lock_guard held(stats_mutex_);
-        ++stats_.failed_transfers;
-        continue;
-      }
-      if (!posted) return;  // the run loop tries again
-      *slot = {1, r.reply_offset, bytes};
-      to.packed = false;
+      slot->offset = r.reply_offset;
+      slot->bytes = bytes;
+      slot->request = r.request;
+      slot->state = reply_state::packing;
+      packer_->push(
+          {r, layout,
+           std::span<std::byte>(to.reply->data() + r.reply_offset, static_cast<std::size_t>(bytes)),
+           &slot->state});
       to.deferred.pop_front();
     }
+  }
+  /// A reply being packed or waiting to be posted: the run loop keeps polling for it.
+  [[nodiscard]] bool replies_pending() const {
+    for (const auto& p : peers_)
+      for (const auto& w : *p.writes) {
+        const reply_state st = w.state.load(std::memory_order_acquire);
+        if (st == reply_state::packing || st == reply_state::packed) return true;
+      }
+    return false;
   }
 
   template <std::size_t C>
@@ -474,6 +487,7 @@ class shard_server {
   mutable std::mutex stats_mutex_;
   counters stats_;
   shard_stream stream_;  // GPU buffers are called on it, by the progress thread alone
+  std::unique_ptr<reply_packer<Buffer>> packer_;  // packs replies off the progress thread
   std::atomic<bool> stopping_{false};
   std::thread thread_;
 };

@@ -1,0 +1,90 @@
+#pragma once
+// gear::transport::reply_packer: a shard's worker thread that selects, gathers and packs sample
+// replies (pack_sample_reply, shard_operations.hpp) while the shard's progress thread goes on
+// polling its endpoint. Providers with manual progress (tcp;ofi_rxm, shm) move a write's bytes
+// only while someone polls: packing on the progress thread would stall the reply already on the
+// wire, so a learner with two samples in flight would gain nothing.
+//
+// A job names its reply memory and a state the packer sets to `packed` once the reply is sealed;
+// the progress thread then posts the write. Jobs run in the order given.
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <gear/detail/remote/entry.hpp>
+#include <gear/detail/remote/messages.hpp>
+#include <gear/key.hpp>
+#include <gear/transport/shard_operations.hpp>
+#include <mutex>
+#include <span>
+#include <thread>
+
+namespace gear::transport {
+
+/// Where one reply write of a shard to a learner stands.
+enum class reply_state : int { idle, packing, packed, writing };
+
+template <class Buffer>
+class reply_packer {
+ public:
+  struct job {
+    detail::remote::sample_request request;
+    detail::remote::reply_layout layout;
+    std::span<std::byte> out;
+    std::atomic<reply_state>* state = nullptr;
+  };
+
+  reply_packer(Buffer& buffer, key_owner owner)
+      : buffer_(buffer), owner_(owner), thread_([this] { run(); }) {}
+  ~reply_packer() {
+    {
+      const std::lock_guard held(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_one();
+    thread_.join();
+  }
+  reply_packer(const reply_packer&) = delete;
+  reply_packer& operator=(const reply_packer&) = delete;
+
+  /// Queues a job; its state becomes reply_state::packed once its reply is sealed (a reply of no
+  /// rows when the buffer could not sample).
+  void push(const job& j) {
+    {
+      const std::lock_guard held(mutex_);
+      jobs_.push_back(j);
+    }
+    wake_.notify_one();
+  }
+
+ private:
+  void run() {
+    for (;;) {
+      job j;
+      {
+        std::unique_lock held(mutex_);
+        wake_.wait(held, [&] { return stopping_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;  // stopping, nothing left
+        j = jobs_.front();
+        jobs_.pop_front();
+      }
+      try {
+        pack_sample_reply(buffer_, stream_, j.request, j.layout, owner_, j.out);
+      } catch (...) {  // out of memory, say: the reply stays poisoned, which the learner refuses
+      }
+      j.state->store(reply_state::packed, std::memory_order_release);
+    }
+  }
+
+  Buffer& buffer_;
+  key_owner owner_;
+  shard_stream stream_;  // the packer's own: the progress thread calls the buffer on another
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<job> jobs_;
+  bool stopping_ = false;
+  std::thread thread_;  // last: it starts once everything above is built
+};
+
+}  // namespace gear::transport
