@@ -339,3 +339,50 @@ TEST_CASE("shm: bad input is refused, the shard unchanged") { bad_input("shm"); 
 TEST_CASE("tcp;ofi_rxm: a lost shard is errc::peer_lost, named, within the deadline") {
   shard_lost("tcp;ofi_rxm");
 }
+TEST_CASE("tcp;ofi_rxm: with skip_lost_shards, sampling goes on over the other shards") {
+  auto s0 = std::make_unique<shard_t>(gear::capacity{16}, gear::max_length{max_length}, selection{},
+                                      shard_transport("tcp;ofi_rxm", 0));
+  shard_t s1(gear::capacity{16}, gear::max_length{max_length}, selection{},
+             shard_transport("tcp;ofi_rxm", 1));
+  auto t = client_transport("tcp;ofi_rxm", {s0.get(), &s1});
+  t.deadline = std::chrono::milliseconds(1500);
+  t.skip_lost_shards = true;
+  client_t client(t);
+  const packed some({1, 2, 3, 4});  // two at each shard
+  std::vector<gear::key> keys(4);
+  client.insert(some.view(), keys);
+  auto b = client.make_batch(gear::batch_size{16}, gear::window_length{1});
+  gear::rng g{9};
+  client.sample(b, gear::window{1, 0}, g);
+  s0.reset();
+  // The sample that finds shard 0 gone cannot be completed: errc::peer_lost, naming it.
+  const auto start = clock_type::now();
+  bool thrown = false;
+  try {
+    for (int i = 0; i < 3 && !thrown; ++i) client.sample(b, gear::window{1, 0}, g);
+  } catch (const gear::error& e) {
+    thrown = true;
+    CHECK(e.code() == gear::errc::peer_lost);
+    CHECK(std::string(e.what()).find("shard 0") != std::string::npos);
+  }
+  CHECK(thrown);
+  CHECK(clock_type::now() - start < std::chrono::milliseconds(3 * 1500 + 2000));
+  // From then on: shard 1 alone, each row at probability 1/2 (its two trajectories, priorities
+  // equal), not the 1/4 of the union it was.
+  for (int i = 0; i < 5; ++i) {
+    client.sample(b, gear::window{1, 0}, g);
+    for (std::int64_t r = 0; r < 16; ++r) {
+      CHECK(b.keys_data()[r].shard == 1);
+      CHECK(b.probabilities_data()[r] == doctest::Approx(0.5));
+    }
+  }
+  // Updates and erases of shard 0's keys are stale; shard 1's land.
+  const float p[] = {2.0f, 2.0f};
+  const auto u = client.update_priorities(std::vector<gear::key>{keys[0], keys[1]}, p);
+  CHECK(u.applied == 1);
+  CHECK(u.stale == 1);
+  const auto e = client.erase(std::vector<gear::key>{keys[2], keys[3]});
+  CHECK(e.applied == 1);
+  CHECK(e.stale == 1);
+  CHECK(s1.size() == 1);
+}

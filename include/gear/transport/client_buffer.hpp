@@ -208,6 +208,7 @@ class replay_buffer<Spec, storage::none, Selection, transport::libfabric> {
       o.fabric = transport_.fabric;
       o.max_batch = transport_.max_batch;
       o.max_window = transport_.max_window;
+      o.skip_lost_shards = transport_.skip_lost_shards;
       if constexpr (requires { selection_.beta; }) o.beta = selection_.beta;
       o.deadline = transport_.deadline;
       o.token = transport_.token;

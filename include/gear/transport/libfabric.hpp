@@ -77,6 +77,11 @@ struct libfabric {
   std::uint32_t ring_blocks = 64;              ///< staging blocks asked of each shard
   std::int64_t max_batch = 1024;               ///< rows of one sample, at most
   std::int64_t max_window = 64;                ///< steps of its window, at most
+  /// A shard found lost (no answer by the deadline) is left out from then on: later samples go
+  /// on over the others, probabilities renormalised over their union; its keys' updates and
+  /// erases count as stale. The call that finds it lost still throws errc::peer_lost. False:
+  /// every call needs every shard.
+  bool skip_lost_shards = false;
 
   [[nodiscard]] std::uint32_t shard_id() const noexcept { return shard; }
   [[nodiscard]] std::uint32_t shard_count() const noexcept {

@@ -30,6 +30,7 @@
 #include <gear/transport/remote_client.hpp>
 #include <gear/window.hpp>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -49,6 +50,12 @@ class remote_learner : public remote_client {
     double beta = 0;                ///< importance-sampling exponent (0: weights all 1)
     std::chrono::milliseconds deadline{30000};
     std::string token;  ///< the shards' handshake token
+    /// A shard found lost (no answer by the deadline, a failed transfer) is left out from then
+    /// on: later samples split over the other shards, with probabilities and weights over their
+    /// union, and its keys' updates and erases count as stale. The call that finds it lost still
+    /// throws errc::peer_lost (its sample cannot be completed), unless it was a status request
+    /// of sample_begin, which then goes on without it. False: every call needs every shard.
+    bool skip_lost_shards = false;
   };
 
   /// Connects to every shard whose address blob is given (same spec and selection policy).
@@ -57,7 +64,8 @@ class remote_learner : public remote_client {
       : remote_client(shard_blobs, o.fabric, o.deadline, detail::remote::spec_fingerprint<Spec>(),
                       detail::remote::selection_fingerprint<Selection>(), o.token),
         options_(std::move(o)),
-        slices_(links_.size()) {
+        slices_(links_.size()),
+        lost_(links_.size(), false) {
     namespace remote = detail::remote;
     GEAR_REQUIRE(options_.max_batch >= 1 && options_.max_window >= 1, errc::invalid_argument,
                  "max_batch and max_window must be at least 1");
@@ -122,12 +130,18 @@ class remote_learner : public remote_client {
     // has none for (the first sample; a shard that was empty, and so got no rows to say more).
     std::vector<remote::shard_share> snapshot = snapshot_;
     snapshot.resize(links_.size(), {0, 0, true});
-    for (std::size_t s = 0; s < links_.size(); ++s)
-      if (snapshot_.size() != links_.size() || snapshot[s].mass <= 0) {
-        const remote::status st = status(s);
-        snapshot[s] = {st.mass, st.size, true};
+    for (std::size_t s = 0; s < links_.size(); ++s) {
+      if (lost_[s]) {
+        snapshot[s] = {0, 0, false};
+      } else if (snapshot_.size() != links_.size() || snapshot[s].mass <= 0) {
+        const auto st = guarded(s, [&] { return status(s); });
+        snapshot[s] =
+            st ? remote::shard_share{st->mass, st->size, true} : remote::shard_share{0, 0, false};
       }
+    }
     snapshot_ = std::move(snapshot);
+    GEAR_REQUIRE(std::find(lost_.begin(), lost_.end(), false) != lost_.end(), errc::peer_lost,
+                 "every shard of this learner is lost");
     const rng_draw draw = g.next();
     flight f;
     f.out = &out;
@@ -156,7 +170,8 @@ class remote_learner : public remote_client {
       r.reply_bytes = static_cast<std::uint64_t>(f.layouts[s].total_bytes);
       auto bytes = remote::encode(r);
       remote::stamp_sender(bytes, links_[s].welcome->peer_index);
-      send(bytes, s, until);
+      guarded(
+          s, [&] { return send(bytes, s, until), true; }, true);
     }
     flights_.push_back(std::move(f));
   }
@@ -179,7 +194,13 @@ class remote_learner : public remote_client {
     const auto until = clock::now() + deadline_;
     for (std::size_t s = 0; s < links_.size(); ++s)
       if (f.share[s] > 0)
-        wait_until([&] { return slices_[s].arrived[f.area]; }, until, s, "sample reply");
+        guarded(
+            s,
+            [&] {
+              wait_until([&] { return slices_[s].arrived[f.area]; }, until, s, "sample reply");
+              return true;
+            },
+            true);
     std::vector<remote::reply_header> headers(links_.size());
     for (std::size_t s = 0; s < links_.size(); ++s) {
       if (f.share[s] == 0) continue;
@@ -256,6 +277,11 @@ class remote_learner : public remote_client {
           {keys[i].ticket, keys[i].incarnation, erase ? 0.0f : priorities[i]});
     }
     priority_update_result total;
+    for (std::size_t s = 0; s < links_.size(); ++s)
+      if (lost_[s]) {  // left out (skip_lost_shards): its keys are stale
+        total.stale += static_cast<std::int64_t>(updates[s].entries.size());
+        updates[s].entries.clear();
+      }
     const auto until = clock::now() + deadline_;
     const std::size_t per_message = remote::update_capacity(remote::default_max_message);
     for (std::size_t s = 0; s < links_.size(); ++s)
@@ -269,8 +295,14 @@ class remote_learner : public remote_client {
         remote::stamp_sender(bytes, links_[s].welcome->peer_index);
         update_answer_.reset();
         awaited_incarnation_ = links_[s].blob.incarnation;
-        send(bytes, s, until);
-        wait_until([&] { return update_answer_.has_value(); }, until, s, "update result");
+        guarded(
+            s,
+            [&] {
+              send(bytes, s, until);
+              wait_until([&] { return update_answer_.has_value(); }, until, s, "update result");
+              return true;
+            },
+            true);
         total.applied += update_answer_->applied;
         total.stale += update_answer_->stale;
       }
@@ -313,6 +345,23 @@ class remote_learner : public remote_client {
           if (slices_[s].request[a] == d.index) slices_[s].arrived[a] = true;
   }
 
+  /// Runs `call` for shard s. When it throws errc::peer_lost and options.skip_lost_shards is
+  /// set, shard s is lost from then on, and the error is thrown again if `rethrow`, else an
+  /// empty result is returned.
+  template <class Call>
+  auto guarded(std::size_t s, Call&& call, bool rethrow = false)
+      -> std::optional<decltype(call())> {
+    try {
+      return call();
+    } catch (const error& e) {
+      if (e.code() != errc::peer_lost || !options_.skip_lost_shards) throw;
+      lost_[s] = true;
+      if (s < snapshot_.size()) snapshot_[s] = {0, 0, false};
+      if (rethrow) throw;
+      return std::nullopt;
+    }
+  }
+
   /// memcpy in pieces of 1 MiB, polling the endpoint between them: with manual progress
   /// (tcp;ofi_rxm, shm) a reply still on the wire moves only while this side polls.
   void copy_polling(std::byte* to, const std::byte* from, std::size_t bytes) {
@@ -347,6 +396,7 @@ class remote_learner : public remote_client {
 
   options options_;
   std::vector<slice> slices_;  // their memory outlives the endpoint (reset by remote_client)
+  std::vector<bool> lost_;     // shards left out (options.skip_lost_shards)
   std::vector<detail::remote::shard_share> snapshot_;
   std::uint32_t next_request_ = 0;
   std::optional<detail::remote::update_result> update_answer_;
