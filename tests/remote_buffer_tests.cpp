@@ -265,6 +265,29 @@ void bad_input(const std::string& provider) {
     gear::trajectories<spec> t{too_long, {gear::input(id.data()), gear::input(obs.data(), {4})}};
     client.insert(t, two);
   });
+  // Columns: null, wrong type, wrong shape; device memory; by hash too (it reads the bytes).
+  for (auto route : {gear::transport::routing::round_robin, gear::transport::routing::by_hash}) {
+    auto rt = client_transport(provider, shards);
+    rt.route = route;
+    client_t routed(rt);
+    std::vector<gear::key> three(3);
+    gear::trajectories<spec> t = some.view();
+    t.columns[1].data = nullptr;
+    expect(gear::errc::null_pointer, [&] { routed.insert(t, three); });
+    t = some.view();
+    t.columns[1].type = gear::dtype::f64;
+    expect(gear::errc::wrong_type, [&] { routed.insert(t, three); });
+    t = some.view();
+    t.columns[1].shape[0] = 5;
+    expect(gear::errc::wrong_shape, [&] { routed.insert(t, three); });
+    t = some.view();
+    t.source = gear::memory_kind::device;
+    expect(gear::errc::wrong_memory, [&] { routed.insert(t, three); });
+    const std::int64_t bad_lengths[] = {1, -3, 1};
+    t = some.view();
+    t.lengths = bad_lengths;
+    expect(gear::errc::empty_trajectory, [&] { routed.insert(t, three); });
+  }
   // Writers: nothing to commit, past max_length.
   auto w = client.make_writer();
   expect(gear::errc::empty_trajectory, [&] { (void)w.commit(); });

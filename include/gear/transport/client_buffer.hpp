@@ -100,9 +100,7 @@ class replay_buffer<Spec, storage::none, Selection, transport::libfabric> {
   /// Throws errc::peer_lost.
   [[nodiscard]] std::int64_t size() {
     const std::lock_guard held(learner_mutex_);
-    std::int64_t total = 0;
-    for (std::size_t s = 0; s < transport_.shards.size(); ++s) total += learner().status(s).size;
-    return total;
+    return learner().size();
   }
   [[nodiscard]] counters stats() const {
     const std::lock_guard held(stats_mutex_);

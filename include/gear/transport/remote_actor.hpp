@@ -67,14 +67,27 @@ class remote_actor : public remote_client {
 
   /// Inserts the trajectories (host memory, packed as for replay_buffer::insert), each to the
   /// next shard in turn, and writes their keys (which name the shard) once all are stored.
-  /// Throws errc::timeout (no ring space by the deadline), errc::peer_lost, or the error a shard's
-  /// buffer gave (errc::invalid_argument: the entry was refused).
+  /// Throws, sending nothing: errc::invalid_argument (keys_out too small), errc::wrong_memory
+  /// (not host memory), errc::null_pointer, errc::wrong_type, errc::wrong_shape,
+  /// errc::misaligned_pointer, errc::empty_trajectory, errc::trajectory_too_long; then
+  /// errc::timeout (no ring space by the deadline), errc::peer_lost, or errc::invalid_argument
+  /// (a shard's buffer refused the entry).
   void insert(const trajectories<Spec>& in, std::span<key> keys_out) {
     namespace remote = detail::remote;
     const std::size_t count = in.lengths.size();
     GEAR_REQUIRE(keys_out.size() >= count, errc::invalid_argument,
                  "keys_out holds " + std::to_string(keys_out.size()) + " keys, need " +
                      std::to_string(count));
+    GEAR_REQUIRE(in.source == memory_kind::host, errc::wrong_memory,
+                 "a remote insert reads its trajectories from host memory");
+    [&]<std::size_t... C>(std::index_sequence<C...>) {
+      (detail::check_column_input<Spec, C>(in.columns[C]), ...);
+    }
+    (std::make_index_sequence<Spec::num_columns>{});
+    for (std::size_t t = 0; t < count; ++t)
+      GEAR_REQUIRE(
+          in.lengths[t] >= 1, errc::empty_trajectory,
+          "trajectory " + std::to_string(t) + " has length " + std::to_string(in.lengths[t]));
     const auto until = clock::now() + options_.deadline;
     std::vector<const std::byte*> at(Spec::num_columns);
     for (std::size_t c = 0; c < Spec::num_columns; ++c)
@@ -85,8 +98,6 @@ class remote_actor : public remote_client {
       const std::int64_t length = in.lengths[t];
       const shard& to = shards_[route[t]];
       const auto& blob = links_[route[t]].blob;
-      GEAR_REQUIRE(length >= 1, errc::empty_trajectory,
-                   "trajectory " + std::to_string(t) + " has length " + std::to_string(length));
       GEAR_REQUIRE(length <= blob.max_length &&
                        remote::layout_entry(Spec::step_bytes, length, to.block_bytes).blocks <=
                            to.ring_blocks,

@@ -122,6 +122,7 @@ class remote_client {
   }
 
   [[noreturn]] void lost(std::size_t s, const std::string& waiting_for) const {
+    last_lost_ = s;
     const auto& b = links_[s].blob;
     throw error(errc::peer_lost, "shard " + std::to_string(b.shard) + " (pid " +
                                      std::to_string(b.pid) + " on '" + b.hostname + "', " +
@@ -147,7 +148,9 @@ class remote_client {
       if (c.what == kind::failed) {  // a peer that died or refused: name it where known
         const std::optional<std::size_t> s = outbox_.tag_of(c.context);
         (void)outbox_.completed(c.context);
+        if (s && *s < links_.size() && written_off(*s)) return;  // already known lost
         if (s && *s < links_.size()) lost(*s, "delivery (" + c.detail + ")");
+        last_lost_.reset();
         throw error(errc::peer_lost, "a transfer to a shard failed: " + c.detail);
       }
       if (c.what == kind::sent) (void)outbox_.completed(c.context);
@@ -158,6 +161,11 @@ class remote_client {
   }
 
   virtual void on_message(std::span<const std::byte>, detail::remote::message_type) {}
+  /// True for a shard this client no longer counts on: its failed transfers are ignored.
+  [[nodiscard]] virtual bool written_off(std::size_t) const { return false; }
+  /// The shard the last errc::peer_lost this client threw named (none: a failure it could not
+  /// pin on one shard).
+  [[nodiscard]] std::optional<std::size_t> last_lost() const noexcept { return last_lost_; }
   virtual void on_remote_write(const detail::remote::cq_data&) {}
   virtual void on_welcome(std::size_t, const detail::remote::welcome&) {}
 
@@ -195,6 +203,7 @@ class remote_client {
       on_message(message, info.value.type);
     }
   }
+  mutable std::optional<std::size_t> last_lost_;
 };
 
 }  // namespace gear::transport

@@ -148,6 +148,7 @@ class remote_learner : public remote_client {
     f.area = flights_.empty() ? 0 : 1 - flights_.front().area;  // the reply area not in use
     f.share = remote::split_with_replacement(snapshot_, rows, draw);
     f.total = remote::live_mass(snapshot_);
+    f.split = snapshot_;
     f.layouts.resize(links_.size());
     const auto until = clock::now() + deadline_;
     for (std::size_t s = 0; s < links_.size(); ++s) {
@@ -193,6 +194,8 @@ class remote_learner : public remote_client {
     const std::int64_t rows = out.batch_size(), length = out.window_length();
     const auto until = clock::now() + deadline_;
     for (std::size_t s = 0; s < links_.size(); ++s)
+      if (f.share[s] > 0 && lost_[s]) lost(s, "sample reply (it was lost meanwhile)");
+    for (std::size_t s = 0; s < links_.size(); ++s)
       if (f.share[s] > 0)
         guarded(
             s,
@@ -223,10 +226,11 @@ class remote_learner : public remote_client {
     }
     std::vector<double> probabilities(static_cast<std::size_t>(rows));
     std::int64_t at = 0, union_size = 0;
-    for (const auto& m : snapshot_) union_size += m.size;
+    for (const auto& m : f.split) union_size += m.live ? m.size : 0;
     for (std::size_t s = 0; s < links_.size(); ++s) {
       if (f.share[s] == 0) continue;
-      unpack(out, s, area(s, f.area), f.layouts[s], at, f.share[s], f.total, probabilities);
+      unpack(out, s, area(s, f.area), f.layouts[s], at, f.share[s], f.total, f.split,
+             probabilities);
       at += f.share[s];
     }
     remote::importance_weights(probabilities, union_size, options_.beta,
@@ -250,6 +254,16 @@ class remote_learner : public remote_client {
       GEAR_REQUIRE(std::isfinite(priorities[i]) && priorities[i] >= 0, errc::invalid_priority,
                    "priority " + std::to_string(i) + " is " + std::to_string(priorities[i]));
     return send_updates(keys, priorities, false);
+  }
+
+  /// Trajectories the shards hold together, as each reports it now (lost shards left out, with
+  /// options.skip_lost_shards). Throws errc::peer_lost.
+  [[nodiscard]] std::int64_t size() {
+    std::int64_t total = 0;
+    for (std::size_t s = 0; s < links_.size(); ++s)
+      if (!lost_[s])
+        if (const auto st = guarded(s, [&] { return status(s); })) total += st->size;
+    return total;
   }
 
   /// Removes the trajectories `keys` at the shards that own them. Unlike a local erase, which
@@ -322,6 +336,7 @@ class remote_learner : public remote_client {
     std::size_t area = 0;
     std::vector<std::int64_t> share;
     std::vector<detail::remote::reply_layout> layouts;
+    std::vector<detail::remote::shard_share> split;  // the snapshot it was split by
     double total = 0;
   };
 
@@ -345,22 +360,24 @@ class remote_learner : public remote_client {
           if (slices_[s].request[a] == d.index) slices_[s].arrived[a] = true;
   }
 
-  /// Runs `call` for shard s. When it throws errc::peer_lost and options.skip_lost_shards is
-  /// set, shard s is lost from then on, and the error is thrown again if `rethrow`, else an
-  /// empty result is returned.
+  /// Runs `call` for shard s. When it throws errc::peer_lost naming a shard and
+  /// options.skip_lost_shards is set, that shard is lost from then on; the error is thrown again
+  /// unless it named s and not `rethrow`, when an empty result is returned.
   template <class Call>
   auto guarded(std::size_t s, Call&& call, bool rethrow = false)
       -> std::optional<decltype(call())> {
     try {
       return call();
     } catch (const error& e) {
-      if (e.code() != errc::peer_lost || !options_.skip_lost_shards) throw;
-      lost_[s] = true;
-      if (s < snapshot_.size()) snapshot_[s] = {0, 0, false};
-      if (rethrow) throw;
+      const std::optional<std::size_t> named = last_lost();
+      if (e.code() != errc::peer_lost || !options_.skip_lost_shards || !named) throw;
+      lost_[*named] = true;
+      if (*named < snapshot_.size()) snapshot_[*named] = {0, 0, false};
+      if (rethrow || *named != s) throw;
       return std::nullopt;
     }
   }
+  [[nodiscard]] bool written_off(std::size_t s) const override { return lost_[s]; }
 
   /// memcpy in pieces of 1 MiB, polling the endpoint between them: with manual progress
   /// (tcp;ofi_rxm, shm) a reply still on the wire moves only while this side polls.
@@ -375,6 +392,7 @@ class remote_learner : public remote_client {
   /// Copies shard s's k rows into rows [at, at + k) of `out`, with global probabilities.
   void unpack(batch<Spec>& out, std::size_t s, const std::byte* from,
               const detail::remote::reply_layout& l, std::int64_t at, std::int64_t k, double total,
+              std::span<const detail::remote::shard_share> split,
               std::vector<double>& probabilities) {
     const auto length = static_cast<std::size_t>(out.window_length());
     const auto first = static_cast<std::size_t>(at), rows = static_cast<std::size_t>(k);
@@ -388,7 +406,7 @@ class remote_learner : public remote_client {
     for (std::size_t i = 0; i < rows; ++i) {
       float local = 0;
       std::memcpy(&local, from + l.probabilities_at + i * sizeof(float), sizeof(float));
-      const double p = detail::remote::global_probability(snapshot_[s].mass, total, local);
+      const double p = detail::remote::global_probability(split[s].mass, total, local);
       probabilities[first + i] = p;
       out.probabilities_data()[first + i] = static_cast<float>(p);
     }

@@ -66,6 +66,8 @@ class remote_writer {
     for (std::size_t c = 0; c < columns; ++c)
       GEAR_REQUIRE(ptrs[c] != nullptr, errc::null_pointer,
                    "column '" + std::string(spec::names[c]) + "': step pointer is null");
+    for (std::size_t c = 0; c < columns; ++c)  // all the room first: a failure appends nothing
+      data_[c].reserve(data_[c].size() + static_cast<std::size_t>(spec::step_bytes[c]));
     for (std::size_t c = 0; c < columns; ++c) {
       const auto bytes = static_cast<std::size_t>(spec::step_bytes[c]);
       const std::size_t at = data_[c].size();
@@ -77,7 +79,9 @@ class remote_writer {
 
   /// Inserts the steps written so far as one trajectory and returns its key. Throws (the writer
   /// stays open, its steps kept) errc::empty_trajectory with no steps, and as the client's
-  /// insert does (errc::timeout, errc::peer_lost).
+  /// insert does (errc::timeout, errc::peer_lost). After errc::timeout or errc::peer_lost the
+  /// trajectory may still have been stored (its acknowledgement was what failed to come): a
+  /// commit retried then may store it twice.
   key commit() {
     check_open();
     GEAR_REQUIRE(steps_ >= 1, errc::empty_trajectory, "the writer has no steps to commit");

@@ -69,10 +69,7 @@ class reply_packer {
         j = jobs_.front();
         jobs_.pop_front();
       }
-      try {
-        pack_sample_reply(buffer_, stream_, j.request, j.layout, owner_, j.out);
-      } catch (...) {  // out of memory, say: the reply stays poisoned, which the learner refuses
-      }
+      pack_sample_reply(buffer_, stream_, j.request, j.layout, owner_, j.out);  // never throws
       j.state->store(reply_state::packed, std::memory_order_release);
     }
   }

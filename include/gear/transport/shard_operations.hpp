@@ -89,7 +89,8 @@ constexpr std::uint64_t share_seed(std::uint64_t seed, std::uint64_t call) noexc
 }
 
 /// Packs the reply to `r` into `out` (layout.total_bytes), keys named by `owner`. A buffer that
-/// cannot sample (empty, say) answers with a header of no rows.
+/// cannot sample (empty, out of memory) answers with a header of no rows: the reply is always
+/// sealed.
 template <class Buffer>
 void pack_sample_reply(Buffer& buffer, shard_stream& s, const detail::remote::sample_request& r,
                        const detail::remote::reply_layout& layout, key_owner owner,
@@ -140,7 +141,7 @@ void pack_sample_reply(Buffer& buffer, shard_stream& s, const detail::remote::sa
       k.incarnation = owner.incarnation;
       std::memcpy(at, &k, sizeof k);
     }
-  } catch (const error&) {
+  } catch (...) {  // a gear::error (an empty buffer, say) or out of memory: a reply of no rows
     h.rows = 0;
     h.mass = 0;
     h.size = 0;

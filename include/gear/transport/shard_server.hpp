@@ -445,10 +445,12 @@ class shard_server {
       slot->bytes = bytes;
       slot->request = r.request;
       slot->state = reply_state::packing;
-      packer_->push(
-          {r, layout,
-           std::span<std::byte>(to.reply->data() + r.reply_offset, static_cast<std::size_t>(bytes)),
-           &slot->state});
+      try {
+        packer_->push({r, layout, {to.reply->data() + r.reply_offset, bytes}, &slot->state});
+      } catch (...) {  // not queued (out of memory): the write is free again, the request waits
+        slot->state = reply_state::idle;
+        throw;
+      }
       to.deferred.pop_front();
     }
   }
