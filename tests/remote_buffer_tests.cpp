@@ -362,6 +362,38 @@ TEST_CASE("shm: bad input is refused, the shard unchanged") { bad_input("shm"); 
 TEST_CASE("tcp;ofi_rxm: a lost shard is errc::peer_lost, named, within the deadline") {
   shard_lost("tcp;ofi_rxm");
 }
+TEST_CASE("tcp;ofi_rxm: two samples in flight each keep the masses they were split by") {
+  // The split snapshot says {2, 2}; shard 0 then holds 8 when both samples select. Shard 0's rows
+  // have P = (2 / 4) (1 / 8) in both samples: the first one's replies (mass 8) must not leak into
+  // the second's probabilities, which would make them (8 / 4) (1 / 8).
+  shard_t s0(gear::capacity{32}, gear::max_length{max_length}, selection{},
+             shard_transport("tcp;ofi_rxm", 0));
+  shard_t s1(gear::capacity{32}, gear::max_length{max_length}, selection{},
+             shard_transport("tcp;ofi_rxm", 1));
+  client_t client(client_transport("tcp;ofi_rxm", {&s0, &s1}));
+  const packed four({1, 2, 3, 4});
+  std::vector<gear::key> keys(4);
+  client.insert(four.view(), keys);
+  auto a = client.make_batch(gear::batch_size{32}, gear::window_length{1});
+  auto b = client.make_batch(gear::batch_size{32}, gear::window_length{1});
+  gear::rng g{21};
+  client.sample(a, gear::window{1, 0}, g);  // the snapshot: {2, 2}
+  const packed six({5, 6, 7, 8, 9, 10});
+  std::vector<gear::key> more(6);
+  s0.insert(six.view(), more);
+  client.sample_begin(a, gear::window{1, 0}, g);
+  client.sample_begin(b, gear::window{1, 0}, g);
+  client.sample_end(a);
+  client.sample_end(b);
+  int from_shard0 = 0;
+  for (const auto* batch : {&a, &b})
+    for (std::int64_t r = 0; r < 32; ++r) {
+      const bool zero = batch->keys_data()[r].shard == 0;
+      from_shard0 += zero;
+      CHECK(batch->probabilities_data()[r] == doctest::Approx(zero ? 1.0 / 16 : 1.0 / 4));
+    }
+  CHECK(from_shard0 > 0);
+}
 TEST_CASE("tcp;ofi_rxm: with skip_lost_shards, sampling goes on over the other shards") {
   auto s0 = std::make_unique<shard_t>(gear::capacity{16}, gear::max_length{max_length}, selection{},
                                       shard_transport("tcp;ofi_rxm", 0));
