@@ -77,5 +77,14 @@ void check_column_input(const column_input& in) {
                "column '" + std::string(col::name) + "': data is not aligned to its element size");
 }
 
+/// The input of column C of Spec packed at `data` (its type and shape as the spec says).
+template <trajectory_spec Spec, std::size_t C>
+column_input column_input_of(const void* data) {
+  using col = typename Spec::template column_t<C>;
+  column_input in{data, col::type, static_cast<int>(col::rank), {}};
+  for (std::size_t i = 0; i < col::rank; ++i) in.shape[i] = col::shape[i];
+  return in;
+}
+
 }  // namespace detail
 }  // namespace gear

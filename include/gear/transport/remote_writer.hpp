@@ -87,7 +87,9 @@ class remote_writer {
     GEAR_REQUIRE(steps_ >= 1, errc::empty_trajectory, "the writer has no steps to commit");
     const std::int64_t lengths[] = {steps_};
     trajectories<spec> in{lengths, {}, memory_kind::host};
-    [&]<std::size_t... C>(std::index_sequence<C...>) { ((in.columns[C] = column<C>()), ...); }
+    [&]<std::size_t... C>(std::index_sequence<C...>) {
+      ((in.columns[C] = detail::column_input_of<spec, C>(data_[C].data())), ...);
+    }
     (std::make_index_sequence<columns>{});
     key k{};
     client_->insert(in, std::span<key>(&k, 1));
@@ -96,13 +98,6 @@ class remote_writer {
   }
 
  private:
-  template <std::size_t C>
-  [[nodiscard]] column_input column() const {
-    using col = typename spec::template column_t<C>;
-    column_input in{data_[C].data(), col::type, static_cast<int>(col::rank), {}};
-    for (std::size_t i = 0; i < col::rank; ++i) in.shape[i] = col::shape[i];
-    return in;
-  }
   void check_open() const {
     GEAR_REQUIRE(client_ != nullptr, errc::invalid_reservation,
                  "the writer has been committed (or moved from)");

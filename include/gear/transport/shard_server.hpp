@@ -167,6 +167,10 @@ class shard_server {
     };
     std::unique_ptr<std::array<reply_write, max_replies_in_flight>> writes =
         std::make_unique<std::array<reply_write, max_replies_in_flight>>();
+    // Replies go out on an endpoint of this learner's own (closed first, before the memory): a
+    // learner that dies with a write in flight stalls only it (shm completes writes in order).
+    std::unique_ptr<fabric::endpoint> channel;
+    fi_addr_t reply_to = FI_ADDR_UNSPEC;
     std::deque<detail::remote::sample_request> deferred;  // not yet packed, oldest first
   };
   /// A completion to act on: a control message (copied out of the receive buffer) or an entry.
@@ -189,7 +193,16 @@ class shard_server {
             on_message(w.message);
         }
         for (auto& p : peers_)
-          if (p.role == detail::remote::peer_role::learner) serve(p);
+          if (p.role == detail::remote::peer_role::learner) {
+            serve(p);
+            (void)p.channel->poll([&](const fabric::completion& c) {  // its writes' completions
+              for (auto& w : *p.writes)
+                if (&w.state == c.context) w.state = reply_state::idle;
+              if (c.what != fabric::completion::kind::failed) return;
+              const std::lock_guard held(stats_mutex_);
+              ++stats_.failed_transfers;
+            });
+          }
         // Idle: yield at first (a busy peer's next message is microseconds away), then sleep
         // 50 us at a time, so that an idle shard does not hold a core.
         idle = n == 0 && work_.empty() && !replies_pending() ? idle + 1 : 0;
@@ -212,15 +225,10 @@ class shard_server {
       } else if (c.what == kind::remote_write) {
         work_.push_back({{}, c.data});
       } else if (c.what == kind::sent || c.what == kind::written || c.what == kind::failed) {
-        if (!outbox_.completed(c.context))
-          for (auto& p : peers_)
-            for (auto& w : *p.writes)
-              if (&w.state == c.context) w.state = reply_state::idle;
+        (void)outbox_.completed(c.context);
         if (c.what == kind::failed) {
-          {
-            const std::lock_guard held(stats_mutex_);
-            ++stats_.failed_transfers;
-          }
+          const std::lock_guard held(stats_mutex_);
+          ++stats_.failed_transfers;
         }
       }
     });
@@ -334,7 +342,9 @@ class shard_server {
       std::memcpy(&p.slice_key, h.value.slice_key.data(), sizeof(p.slice_key));
       p.slice_bytes = h.value.slice_bytes;
       p.reply = std::make_unique<fabric::host_region>(p.slice_bytes);
-      p.reply_region = ep_->register_memory(p.reply->data(), p.reply->size(), FI_WRITE);
+      p.channel = std::make_unique<fabric::endpoint>(options_.fabric);
+      p.reply_region = p.channel->register_memory(p.reply->data(), p.reply->size(), FI_WRITE);
+      p.reply_to = p.channel->insert_peer(a);
     }
     if (p.role == remote::peer_role::actor && h.value.ring_blocks > 0) {
       p.ring_blocks =
@@ -380,7 +390,7 @@ class shard_server {
     const std::int64_t lengths[] = {e.value.length};
     trajectories<spec> in{lengths, {}, memory_kind::host};
     [&]<std::size_t... C>(std::index_sequence<C...>) {
-      ((in.columns[C] = column_of<C>(at + layout.column_at[C])), ...);
+      ((in.columns[C] = detail::column_input_of<spec, C>(at + layout.column_at[C])), ...);
     }
     (std::make_index_sequence<spec::num_columns>{});
     key stored{};
@@ -418,8 +428,9 @@ class shard_server {
       if (w.state.load(std::memory_order_acquire) != reply_state::packed) continue;
       const remote::cq_data data{remote::write_kind::sample_reply, options_.shard, w.request};
       try {
-        if (ep_->try_writedata(to.reply_region, w.offset, w.bytes, to.address,
-                               to.slice_address + w.offset, to.slice_key, data.encode(), &w.state))
+        if (to.channel->try_writedata(to.reply_region, w.offset, w.bytes, to.reply_to,
+                                      to.slice_address + w.offset, to.slice_key, data.encode(),
+                                      &w.state))
           w.state = reply_state::writing;  // its completion is polled on this thread
       } catch (const error&) {             // this learner's reply cannot go: dropped
         w.state = reply_state::idle;
@@ -462,14 +473,6 @@ class shard_server {
         if (st == reply_state::packing || st == reply_state::packed) return true;
       }
     return false;
-  }
-
-  template <std::size_t C>
-  static column_input column_of(const std::byte* data) {
-    using col = typename spec::template column_t<C>;
-    column_input in{data, col::type, static_cast<int>(col::rank), {}};
-    for (std::size_t i = 0; i < col::rank; ++i) in.shape[i] = col::shape[i];
-    return in;
   }
 
   Buffer& buffer_;
