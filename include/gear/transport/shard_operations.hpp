@@ -170,11 +170,14 @@ detail::remote::update_result apply_update(Buffer& buffer, shard_stream& s,
   if (u.erase) {
     // The live keys, each once; a key another caller removes meanwhile makes erase refuse them
     // all (nothing removed), so the live ones are looked for again, a bounded number of times.
+    std::vector<key> distinct = keys;  // a key named twice is stale the second time
+    std::sort(distinct.begin(), distinct.end(),
+              [](const key& a, const key& b) { return a.ticket < b.ticket; });
+    distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
     for (std::size_t attempt = 0; attempt <= keys.size(); ++attempt) {
       std::vector<key> live;
-      for (const key& k : keys)
-        if (buffer.contains(k) && std::find(live.begin(), live.end(), k) == live.end())
-          live.push_back(k);
+      for (const key& k : distinct)
+        if (buffer.contains(k)) live.push_back(k);
       try {
         if (live.empty()) {
         } else if constexpr (Buffer::on_device) {
