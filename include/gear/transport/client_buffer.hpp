@@ -165,11 +165,7 @@ class replay_buffer<Spec, storage::none, Selection, transport::libfabric> {
   priority_update_result update_priorities(std::span<const key> keys,
                                            std::span<const float> priorities) {
     const std::lock_guard held(learner_mutex_);
-    const priority_update_result r = learner().update_priorities(keys, priorities);
-    const std::lock_guard count(stats_mutex_);
-    stats_.updated += static_cast<std::uint64_t>(r.applied);
-    stats_.stale += static_cast<std::uint64_t>(r.stale);
-    return r;
+    return tally(learner().update_priorities(keys, priorities), stats_.updated);
   }
   /// Removes the trajectories `keys` at the shards they name. Each shard removes what it still
   /// holds and counts the rest stale (a local erase refuses the whole call instead: shards
@@ -177,11 +173,7 @@ class replay_buffer<Spec, storage::none, Selection, transport::libfabric> {
   /// errc::key_out_of_range; then errc::peer_lost.
   priority_update_result erase(std::span<const key> keys) {
     const std::lock_guard held(learner_mutex_);
-    const priority_update_result r = learner().erase(keys);
-    const std::lock_guard count(stats_mutex_);
-    stats_.erased += static_cast<std::uint64_t>(r.applied);
-    stats_.stale += static_cast<std::uint64_t>(r.stale);
-    return r;
+    return tally(learner().erase(keys), stats_.erased);
   }
 
  private:
@@ -213,6 +205,13 @@ class replay_buffer<Spec, storage::none, Selection, transport::libfabric> {
       learner_ = std::make_unique<learner_type>(transport_.shards, std::move(o));
     }
     return *learner_;
+  }
+  /// Counts an update's (or erase's) pairs: applied into `applied`, the rest as stale.
+  priority_update_result tally(const priority_update_result& r, std::uint64_t& applied) {
+    const std::lock_guard count(stats_mutex_);
+    applied += static_cast<std::uint64_t>(r.applied);
+    stats_.stale += static_cast<std::uint64_t>(r.stale);
+    return r;
   }
   void count_sample(const batch_type& out) {
     const std::lock_guard count(stats_mutex_);

@@ -16,7 +16,6 @@
 #include <gear/transport/libfabric.hpp>
 #include <gear/transport/shard_server.hpp>
 #include <memory>
-#include <random>
 #include <utility>
 #include <vector>
 
@@ -30,14 +29,6 @@ struct shard_view {
   [[nodiscard]] std::uint32_t shard_count() const noexcept { return 1; }
   [[nodiscard]] std::uint32_t incarnation() const noexcept { return owner.incarnation; }
 };
-
-/// A random incarnation, never 0 (0 is transport::local's).
-inline std::uint32_t draw_incarnation() {
-  std::random_device seed;
-  std::uint32_t n = 0;
-  while (n == 0) n = seed();
-  return n;
-}
 
 }  // namespace transport
 

@@ -46,21 +46,26 @@ class shard_stream {
   ~shard_stream() {
     if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
   }
-  /// The stream, made on the buffer's device the first time. Throws errc::cuda_error.
+  /// The stream to pass `buffer`'s calls: for a GPU buffer this shard's own, made on the
+  /// buffer's device the first time (throws errc::cuda_error); for a host buffer none.
   template <class Buffer>
   cuda::stream_ref for_buffer(const Buffer& buffer) {
+    if constexpr (!Buffer::on_device) {
+      (void)buffer;
+      return detail::no_stream();
+    } else {
 #if defined(GEAR_DEVICE_BACKEND)
-    if (stream_ == nullptr) {
-      const detail::device_scope scope(buffer.device());
-      GEAR_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    }
+      if (stream_ == nullptr) {
+        const detail::device_scope scope(buffer.device());
+        GEAR_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+      }
 #else
-    static_assert(gpu_buffer_needs_backend<Buffer>,
-                  "a shard of a GPU buffer needs <gear/gear.cuh> included before the transport "
-                  "headers, in a file compiled by nvcc");
-    (void)buffer;
+      static_assert(gpu_buffer_needs_backend<Buffer>,
+                    "a shard of a GPU buffer needs <gear/gear.cuh> included before the "
+                    "transport headers, in a file compiled by nvcc");
 #endif
-    return cuda::stream_ref{stream_};
+      return cuda::stream_ref{stream_};
+    }
   }
 
  private:
@@ -73,7 +78,7 @@ template <class Buffer>
 double selection_mass(Buffer& buffer, shard_stream& s) {
   const auto& state = buffer.selection_state();
   if constexpr (Buffer::on_device && requires { state.total(s.for_buffer(buffer)); })
-    return static_cast<double>(state.total(s.for_buffer(buffer)));
+    return static_cast<double>(state.total(s.for_buffer(buffer)));  // the sum tree's root
   else if constexpr (!Buffer::on_device && requires { state.total(); })
     return static_cast<double>(state.total());
   else
@@ -179,12 +184,7 @@ detail::remote::update_result apply_update(Buffer& buffer, shard_stream& s,
       for (const key& k : distinct)
         if (buffer.contains(k)) live.push_back(k);
       try {
-        if (live.empty()) {
-        } else if constexpr (Buffer::on_device) {
-          buffer.erase(live, s.for_buffer(buffer));
-        } else {
-          buffer.erase(live);
-        }
+        if (!live.empty()) buffer.erase(live, s.for_buffer(buffer));
         result.applied = static_cast<std::int64_t>(live.size());
         result.stale += static_cast<std::int64_t>(keys.size() - live.size());
         return result;
@@ -197,11 +197,8 @@ detail::remote::update_result apply_update(Buffer& buffer, shard_stream& s,
   }
   if constexpr (host_priority_update<typename Buffer::state_type>) {
     try {
-      priority_update_result r;
-      if constexpr (Buffer::on_device)
-        r = buffer.update_priorities(keys, priorities, s.for_buffer(buffer));
-      else
-        r = buffer.update_priorities(keys, priorities);
+      const priority_update_result r =
+          buffer.update_priorities(keys, priorities, s.for_buffer(buffer));
       result.applied = r.applied;
       result.stale += r.stale;
     } catch (const error&) {

@@ -56,6 +56,14 @@ inline constexpr std::size_t max_deferred_requests = 64;
 /// Replies to one learner a shard has on the wire at once: it packs the next while one is written.
 inline constexpr std::size_t max_replies_in_flight = 2;
 
+/// A random incarnation, never 0 (0 is transport::local's).
+inline std::uint32_t draw_incarnation() {
+  std::random_device seed;
+  std::uint32_t n = 0;
+  while (n == 0) n = seed();
+  return n;
+}
+
 template <class Buffer>
 class shard_server {
  public:
@@ -90,16 +98,11 @@ class shard_server {
     GEAR_REQUIRE(options_.shard < detail::remote::max_peers, errc::invalid_argument,
                  "shard ids go up to " + std::to_string(detail::remote::max_peers - 1) +
                      " (the completion data's 12 bits), got " + std::to_string(options_.shard));
+    GEAR_REQUIRE(local_.incarnation == 0 || local_.shard == options_.shard, errc::invalid_argument,
+                 "the buffer is shard " + std::to_string(local_.shard) + ", the options say " +
+                     std::to_string(options_.shard));
+    incarnation_ = local_.incarnation != 0 ? local_.incarnation : draw_incarnation();
     std::random_device seed;
-    if (local_.incarnation != 0) {  // a shard of a distributed buffer: its keys are the remote ones
-      GEAR_REQUIRE(local_.shard == options_.shard, errc::invalid_argument,
-                   "the buffer is shard " + std::to_string(local_.shard) + ", the options say " +
-                       std::to_string(options_.shard));
-      incarnation_ = local_.incarnation;
-    } else {
-      do incarnation_ = seed();
-      while (incarnation_ == 0);
-    }
     inbox_region_ = ep_->register_memory(inbox_.data(), inbox_.size(), FI_RECV);
     ep_->receive_into(inbox_region_, detail::remote::default_max_message);
     detail::remote::address_blob b;
@@ -395,10 +398,7 @@ class shard_server {
     (std::make_index_sequence<spec::num_columns>{});
     key stored{};
     try {
-      if constexpr (Buffer::on_device)
-        buffer_.insert(in, std::span<key>(&stored, 1), stream_.for_buffer(buffer_));
-      else
-        buffer_.insert(in, std::span<key>(&stored, 1));
+      buffer_.insert(in, std::span<key>(&stored, 1), stream_.for_buffer(buffer_));
       stored.shard = options_.shard;  // the local buffer's key, as remote peers name it
       stored.incarnation = incarnation_;
       const std::lock_guard held(stats_mutex_);
