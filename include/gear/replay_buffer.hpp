@@ -56,11 +56,11 @@
 //
 //   Host inserts that land: once a buffer whose columns are all in device memory has been used
 //   from a second stream, an insert of host data only copies it into pinned staging (with the
-//   CPU, during the call) and reserves its slots: it makes no CUDA call. Later calls (a sample, or
-//   any call but another such insert) publish it: one copies the inserts waiting into their
-//   slots with the copy engines, on the buffer's own stream, after the samples that may still
-//   read the evicted slots; a later one, once that copy has finished, commits them with one
-//   journal apply on its own stream (detail/buffer/landing.hpp).
+//   CPU, during the call) and reserves its slots. Later calls publish it: one copies the inserts
+//   waiting into their slots with the copy engines, on the buffer's own stream, after the samples
+//   that may still read the evicted slots (a sample, or another such insert once the copies before
+//   have finished); a later call but such an insert, once that copy has finished, commits them
+//   with one journal apply on its own stream (detail/buffer/landing.hpp).
 //   Actors inserting so never wait for a learner's samples, and a learner sampling on another
 //   stream never waits for bytes still crossing PCIe: its sample sees the inserts an earlier
 //   call had copied into their slots (typically those that had landed two samples before), every

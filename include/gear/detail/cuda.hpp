@@ -83,6 +83,18 @@ inline int multiprocessors() {
   return count;
 }
 
+/// True once the work before the event's last record has finished (or it was never recorded).
+/// Throws errc::cuda_error.
+inline bool event_reached(cudaEvent_t e) {
+  const cudaError_t status = cudaEventQuery(e);
+  if (status == cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  GEAR_CUDA_TRY(status);
+  return true;
+}
+
 /// An owned CUDA event (timing disabled), created on demand.
 class event {
  public:

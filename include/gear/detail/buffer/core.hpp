@@ -198,8 +198,8 @@ class buffer_core {
   void order_before(cuda::stream_ref stream, stream_order::access a) {
     if constexpr (on_device) order_.before(stream.get(), a);
   }
-  void order_after(cuda::stream_ref stream, stream_order::access a) {
-    if constexpr (on_device) order_.after(stream.get(), a);
+  void order_after(cuda::stream_ref stream, stream_order::access a, bool bytes = true) {
+    if constexpr (on_device) order_.after(stream.get(), a, bytes);
   }
   static constexpr auto read = stream_order::access::read;
   static constexpr auto write = stream_order::access::write;

@@ -7,9 +7,10 @@
 // and no stream waits for it. Its bytes are *published* later, by calls that settle, in two steps:
 //   copy    from the pinned staging straight into the slots, by the copy engines, on the buffer's
 //           own stream (publisher_), after the reads enqueued before the insert evicted the
-//           slots' occupants (each insert keeps those read marks); settled by another call, not
-//           after the reads enqueued since: it overlaps a learner's gathers and takes none of
-//           their multiprocessors (a settle on publisher_ itself follows every read);
+//           slots' occupants (each insert keeps those read marks) and the last write of slot
+//           bytes; started by another call, not after the reads enqueued since nor after the
+//           metadata writes of a learner's settles: it overlaps a learner's gathers and takes
+//           none of their multiprocessors (a settle on publisher_ itself follows every read);
 //   commit  once a later settle sees that copy finished (an event query): one journal apply, on
 //           the settling call's stream, brings the commit records to the mirror, with the
 //           reservations' eviction records (applied at every settle).
@@ -23,7 +24,9 @@
 // When: every call but a landing insert settles first (settle_landing), on its own stream. A
 // landing insert settles on the buffer's own stream only while no sample is in flight (actors
 // inserting alone), once alone_batch inserts wait for their copy, or past max_landing inserts in
-// flight. A settle
+// flight; while a sample is in flight it only starts the copies waiting, once the buffer's stream
+// has finished the copies before (start_landing_copies: the copy engines keep busy between a
+// learner's calls, in batches as large as what arrived meanwhile). A settle
 //   - commits the inserts whose copy has finished;
 //   - starts the copy of every insert not yet copying, in one batch (no wait);
 //   - copies and commits the inserts the call must see, whatever their progress (its stream then
@@ -126,6 +129,124 @@ inline void copy_to_device(std::span<void* const> dst, std::span<const void* con
 #endif
 }
 
+/// The host-to-device copies of the landing inserts `copy[i]` names: the bytes of their tickets
+/// still pending, from the staging into the slots.
+struct landing_copies {
+  std::vector<void*> dst;
+  std::vector<const void*> src;
+  std::vector<std::size_t> bytes;
+};
+
+template <class Core>
+landing_copies list_landing_copies(const Core& b, std::span<const char> copy) {
+  using spec = typename Core::spec_type;
+  landing_copies out;
+  for (std::size_t i = 0; i < copy.size(); ++i) {
+    if (!copy[i]) continue;
+    const auto& l = b.landing_[i];
+    std::int64_t at = 0;  // the trajectory's first step in the staging
+    for (std::size_t t = 0; t < l.lengths.size(); ++t) {
+      const std::uint64_t ticket = l.first_ticket + t;
+      std::int64_t column_at = 0;  // column c's staging: the columns before it, each aligned
+      for (std::size_t c = 0; c < Core::num_columns && b.ring_.is_pending(ticket); ++c) {
+        const std::int64_t step = spec::step_bytes[c];
+        out.dst.push_back(b.regions_.kernel[c].base +
+                          b.ring_.slot_of(ticket) * b.regions_.kernel[c].slot_stride);
+        out.src.push_back(l.lease.host + column_at + at * step);
+        out.bytes.push_back(static_cast<std::size_t>(l.lengths[t] * step));
+        column_at += align_up(l.steps * step, segment_alignment);
+      }
+      at += l.lengths[t];
+    }
+  }
+  return out;
+}
+
+/// Makes the buffer's own stream wait for what the copies of `copy[i]` must follow: the reads
+/// enqueued before their inserts evicted the slots' occupants, and the last write of slot bytes
+/// (not every read since, nor the metadata writes of a learner's settles: the copies overlap the
+/// gathers enqueued after). Throws errc::cuda_error before enqueueing anything that matters.
+template <class Core>
+void order_landing_copies(Core& b, std::span<const char> copy) {
+  const cuda::stream_ref p = b.publisher();
+  if (b.copied_.get() == nullptr) b.copied_ = event::make();
+  b.order_.join(p.get());
+  std::vector<stream_order::read_mark> reads;
+  for (std::size_t i = 0; i < copy.size(); ++i)
+    if (copy[i])
+      for (const auto& m : b.landing_[i].reads) {
+        auto same = std::find_if(reads.begin(), reads.end(),
+                                 [&](const auto& r) { return r.lane == m.lane; });
+        if (same == reads.end())
+          reads.push_back(m);
+        else
+          same->count = std::max(same->count, m.count);
+      }
+  b.order_.wait_reads(p.get(), reads);
+  b.order_.wait_last_bytes_write(p.get());
+}
+
+/// Enqueues the copies (after order_landing_copies) on the buffer's own stream, in one batch;
+/// each copied insert's event, and copied_, follow them. Call it inside Core::enqueue.
+template <class Core>
+void enqueue_landing_copies(Core& b, const landing_copies& list, std::span<const char> copy) {
+  const cudaStream_t p = b.publisher_;
+  copy_to_device(list.dst, list.src, list.bytes, p);
+  GEAR_CUDA_TRY(cudaEventRecord(b.copied_.get(), p));
+  ++b.copy_batches_;
+  for (std::size_t i = 0; i < copy.size(); ++i)
+    if (copy[i]) {
+      auto& l = b.landing_[i];
+      GEAR_CUDA_TRY(cudaEventRecord(b.staging_.marked(l.lease), p));
+      b.staging_.note_marked(l.lease);
+      l.batch = b.copy_batches_;
+    }
+}
+
+/// True when some landing insert of `b` has not started its copy.
+template <class Core>
+bool landing_waits(const Core& b) noexcept {
+  return std::any_of(b.landing_.begin(), b.landing_.end(),
+                     [](const auto& l) { return l.batch == 0; });
+}
+
+/// Starts the copy of every landing insert not copying yet, commits nothing: what an insert does
+/// while a sample is in flight once the copies enqueued before have finished (so that the copy
+/// engines do not idle until the learner's next call). Expects the mutex held. Throws
+/// (errc::cuda_error) before changing anything; a failure while enqueueing makes the buffer
+/// unusable.
+template <class Core>
+void start_landing_copies(Core& b) {
+  const std::size_t n = b.landing_.size();
+  std::vector<char> copy(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto& l = b.landing_[i];
+    for (std::size_t t = 0; t < l.lengths.size() && l.batch == 0 && !copy[i]; ++t)
+      copy[i] = b.ring_.is_pending(l.first_ticket + t);
+  }
+  const landing_copies list = list_landing_copies(b, copy);
+  if (list.dst.empty()) return;
+  order_landing_copies(b, copy);
+  b.enqueue([&] { enqueue_landing_copies(b, list, copy); });
+}
+
+/// Marks the landing inserts whose copy has finished (copied). Copies run in order on one
+/// stream, and the events of one batch's inserts are recorded together: one query answers for a
+/// whole batch, and a finished one for every earlier batch. Throws errc::cuda_error.
+template <class Core>
+void note_finished_copies(Core& b) {
+  std::uint64_t finished_upto = 0, unfinished_from = ~std::uint64_t{0};
+  for (auto& l : b.landing_) {
+    if (l.batch == 0 || l.copied) continue;
+    if (l.batch <= finished_upto) {
+      l.copied = true;
+    } else if (unfinished_from > l.batch) {
+      l.copied = b.staging_.reached(l.lease);
+      (l.copied ? finished_upto : unfinished_from) = l.batch;
+    }
+  }
+}
+
 /// Publishes what `force` names and every landing insert whose copy has finished, starts the copy
 /// of every other one, and applies the pending records of every landing reservation (see the top
 /// of this file). Expects the mutex held. Throws (errc::out_of_memory, errc::cuda_error) before
@@ -136,56 +257,26 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
 #if defined(GEAR_DEVICE_BACKEND)
     if (b.landing_.empty() && b.landing_records_.empty() && b.ring_.pending_index_changes() == 0)
       return;
-    // Which copies have finished. Copies run in order on one stream, and the events of one
-    // batch's inserts are recorded together: one query answers for a whole batch, and a finished
-    // one for every earlier batch.
-    std::uint64_t finished_upto = 0, unfinished_from = ~std::uint64_t{0};
-    for (auto& l : b.landing_) {
-      if (l.batch == 0 || l.copied) continue;
-      if (l.batch <= finished_upto) {
-        l.copied = true;
-      } else if (unfinished_from > l.batch) {
-        l.copied = b.staging_.reached(l.lease);
-        (l.copied ? finished_upto : unfinished_from) = l.batch;
-      }
-    }
+    note_finished_copies(b);
     // What goes now. Commit: every insert whose copy has finished, and those the call must see
     // (whose copy it then waits for). Copy: every insert not copying yet (on the buffer's stream:
     // it costs the calling stream nothing). An insert whose tickets newer reservations all took
     // over is dropped.
-    using spec = typename Core::spec_type;
     const std::size_t n = b.landing_.size();
     std::vector<char> commit(n), copy(n), alive(n);
     std::int64_t commits = 0;
-    std::vector<void*> dst;
-    std::vector<const void*> src;
-    std::vector<std::size_t> bytes;
     for (std::size_t i = 0; i < n; ++i) {
       const auto& l = b.landing_[i];
-      for (std::size_t t = 0; t < l.lengths.size() && !alive[i]; ++t)
-        alive[i] = b.ring_.is_pending(l.first_ticket + t);
+      std::int64_t pending = 0;
+      for (std::size_t t = 0; t < l.lengths.size(); ++t)
+        pending += b.ring_.is_pending(l.first_ticket + t);
+      alive[i] = pending > 0;
       commit[i] = alive[i] && (l.copied || force(l));
       copy[i] = alive[i] && l.batch == 0;
-      std::int64_t at = 0;  // the trajectory's first step in the staging
-      for (std::size_t t = 0; t < l.lengths.size(); ++t) {
-        const std::uint64_t ticket = l.first_ticket + t;
-        const bool pending = b.ring_.is_pending(ticket);
-        commits += commit[i] && pending;
-        std::int64_t column_at = 0;  // column c's staging: the columns before it, each aligned
-        for (std::size_t c = 0; c < Core::num_columns; ++c) {
-          const std::int64_t step = spec::step_bytes[c];
-          if (copy[i] && pending) {
-            dst.push_back(b.regions_.kernel[c].base +
-                          b.ring_.slot_of(ticket) * b.regions_.kernel[c].slot_stride);
-            src.push_back(l.lease.host + column_at + at * step);
-            bytes.push_back(static_cast<std::size_t>(l.lengths[t] * step));
-          }
-          column_at += align_up(l.steps * step, segment_alignment);
-        }
-        at += l.lengths[t];
-      }
+      commits += commit[i] ? pending : 0;
     }
-    if (dst.empty() && commits == 0 && b.landing_records_.empty() &&
+    const landing_copies list = list_landing_copies(b, copy);
+    if (list.dst.empty() && commits == 0 && b.landing_records_.empty() &&
         b.ring_.pending_index_changes() == 0 &&
         std::find(alive.begin(), alive.end(), char{0}) == alive.end())
       return;
@@ -205,31 +296,11 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
     for (const slot_record& r : b.landing_records_) records += applies(r);
     // The journal's records, read on `stream`, given back after it.
     const staging_pool::lease lease = b.staging_.acquire(b.journal_bytes(records), 0);
-    // The copies run on the buffer's own stream after the writes of the slots' earlier occupants
-    // and the reads enqueued before the inserts evicted them (not every read since: they overlap
-    // the gathers enqueued after). The journal, on `stream`, commits only what has been copied
-    // already, or what the call must see (then it waits for its copy): a sample does not wait for
-    // the copies it starts.
+    // The journal, on `stream`, commits only what has been copied already, or what the call must
+    // see (then it waits for its copy): a sample does not wait for the copies it starts.
     try {
       b.scratch_rows_.reserve(static_cast<std::size_t>(commits));
-      if (!dst.empty()) {
-        const cuda::stream_ref p = b.publisher();
-        if (b.copied_.get() == nullptr) b.copied_ = event::make();
-        b.order_.join(p.get());
-        std::vector<stream_order::read_mark> reads;
-        for (std::size_t i = 0; i < n; ++i)
-          if (copy[i])
-            for (const auto& m : b.landing_[i].reads) {
-              auto same = std::find_if(reads.begin(), reads.end(),
-                                       [&](const auto& r) { return r.lane == m.lane; });
-              if (same == reads.end())
-                reads.push_back(m);
-              else
-                same->count = std::max(same->count, m.count);
-            }
-        b.order_.wait_reads(p.get(), reads);
-        b.order_.wait_last_write(p.get());
-      }
+      if (!list.dst.empty()) order_landing_copies(b, copy);
       b.order_before(stream, Core::write);
       for (std::size_t i = 0; i < n; ++i)  // copied earlier, not seen to have finished
         if (commit[i] && b.landing_[i].batch != 0 && !b.landing_[i].copied)
@@ -246,24 +317,14 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
         if (applies(r)) *record++ = r;
       for (const auto& [first, count] : b.landing_evictions_)
         run_evict_hook(b, first, count, stream);
-      // The copies, on the buffer's own stream; each copied insert's event follows them.
-      bool waits_for_copy = false;
-      if (!dst.empty()) {
-        const cudaStream_t p = b.publisher_;
-        copy_to_device(dst, src, bytes, p);
-        GEAR_CUDA_TRY(cudaEventRecord(b.copied_.get(), p));
-        ++b.copy_batches_;
+      // The copies, on the buffer's own stream; only what the call must see waits for them.
+      if (!list.dst.empty()) {
+        enqueue_landing_copies(b, list, copy);
+        bool waits_for_copy = false;
         for (std::size_t i = 0; i < n; ++i)
-          if (copy[i]) {
-            auto& l = b.landing_[i];
-            GEAR_CUDA_TRY(cudaEventRecord(b.staging_.marked(l.lease), p));
-            b.staging_.note_marked(l.lease);
-            l.batch = b.copy_batches_;
-            waits_for_copy = waits_for_copy || commit[i];
-          }
+          waits_for_copy = waits_for_copy || (copy[i] && commit[i]);
+        if (waits_for_copy) GEAR_CUDA_TRY(cudaStreamWaitEvent(stream.get(), b.copied_.get(), 0));
       }
-      // Only what the call must see waits for the copies just started.
-      if (waits_for_copy) GEAR_CUDA_TRY(cudaStreamWaitEvent(stream.get(), b.copied_.get(), 0));
       // The commit: the ring, then one journal apply of its records with the evictions'.
       std::vector<std::int64_t>& committed = b.scratch_rows_;  // tickets, for the commit hook
       committed.clear();
@@ -287,7 +348,7 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
                         static_cast<std::int64_t>(end - i), stream);
         i = end;
       }
-      b.order_after(stream, Core::write);
+      b.order_after(stream, Core::write, /*bytes=*/false);
       drop_landing(b, [&](std::size_t i) { return commit[i] || !alive[i]; });
       b.landing_records_.clear();
       b.landing_evictions_.clear();
@@ -311,7 +372,9 @@ void land_trajectories(Core& b, std::unique_lock<std::mutex>& held, const trajec
   const auto count = static_cast<std::int64_t>(in.lengths.size());
   // Inserts publish only while no sample is in flight (with actors alone, say), on the buffer's
   // own stream, once alone_batch wait for their copy. With a sample in flight the learner's next
-  // call publishes, on its stream. Past max_landing, everything goes.
+  // call publishes, on its stream, and an insert only starts the copies waiting once the buffer's
+  // stream has finished those before (so the copy engines do not idle until that call). Past
+  // max_landing, everything goes.
   if (b.landing_.size() >= max_landing) {
     settle_landing(b, landing_force{landing_force::kind::all}, b.publisher());
   } else if (!b.order_.reads_pending()) {
@@ -319,6 +382,8 @@ void land_trajectories(Core& b, std::unique_lock<std::mutex>& held, const trajec
                                        [](const auto& l) { return l.batch == 0; });
     if (static_cast<std::size_t>(waiting) + 1 >= alone_batch)
       settle_landing(b, landing_force{}, b.publisher());
+  } else if (landing_waits(b) && (b.copied_.get() == nullptr || event_reached(b.copied_.get()))) {
+    start_landing_copies(b);
   }
   // The lease is this call's alone: leasing it (the staging pool has its own mutex) and the CPU
   // copy into it need no buffer mutex.

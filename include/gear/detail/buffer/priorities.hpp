@@ -84,7 +84,7 @@ priority_update_result update_from_host(Core& b, std::span<const key> keys,
       b.selection_->update(b.table(), keys, priorities, stream);
     else if (!live_keys.empty())
       b.selection_->update(b.table(), live_keys, live_priorities, stream);
-    b.order_after(stream, Core::write);
+    b.order_after(stream, Core::write, /*bytes=*/false);
   });
   return {n - stale, stale};
 }
@@ -110,7 +110,7 @@ void update_from_device(Core& b, std::span<const key> keys, std::span<const floa
     b.enqueue([&] {
       b.selection_->update_from_device(b.table(), b.owner_, keys, priorities,
                                        stream);
-      b.order_after(stream, Core::write);
+      b.order_after(stream, Core::write, /*bytes=*/false);
     });
   } else {
     (void)keys, (void)priorities, (void)stream;

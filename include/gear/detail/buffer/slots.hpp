@@ -111,7 +111,7 @@ void remove_tickets(Core& b, std::span<const std::uint64_t> tickets, cuda::strea
     }
     b.ring_.remove(tickets, b.records_of(lease));
     b.publish(lease, n, stream);
-    b.order_after(stream, Core::write);
+    b.order_after(stream, Core::write, /*bytes=*/false);
   });
 }
 

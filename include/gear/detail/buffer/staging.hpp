@@ -180,13 +180,7 @@ class staging_pool {
       e.unsafe = false;
       return true;
     }
-    const cudaError_t status = cudaEventQuery(e.done.get());
-    if (status == cudaErrorNotReady) {
-      (void)cudaGetLastError();
-      return false;
-    }
-    GEAR_CUDA_TRY(status);
-    return true;
+    return event_reached(e.done.get());
   }
 
   /// Asks the `count` oldest entries in flight whether their work has finished: the finished

@@ -63,10 +63,11 @@ class stream_order {
       GEAR_CUDA_TRY(cudaStreamWaitEvent(s, l.read_event(at), 0));
     }
   }
-  /// Makes `s` wait for the last write, unless it was s's own.
-  void wait_last_write(cudaStream_t s) {
-    if (last_writer_ != nullptr && last_writer_->stream != s)
-      GEAR_CUDA_TRY(cudaStreamWaitEvent(s, last_writer_->write.get(), 0));
+  /// Makes `s` wait for the last write of slot bytes (see after()), unless it was s's own. Every
+  /// write follows the one before it, so this covers every earlier write of slot bytes.
+  void wait_last_bytes_write(cudaStream_t s) {
+    if (last_bytes_writer_ != nullptr && last_bytes_writer_->stream != s)
+      GEAR_CUDA_TRY(cudaStreamWaitEvent(s, last_bytes_writer_->write.get(), 0));
   }
   /// Counts `s` among the streams that use the buffer, so that every other stream's accesses are
   /// recorded from now on (a stream that only copies bytes for the buffer, say).
@@ -84,13 +85,17 @@ class stream_order {
     return lanes_.empty() || (lanes_.size() == 1 && lanes_.front()->stream == s);
   }
 
-  /// Records the position of an access just enqueued on `s` (it must follow before(s, a)).
-  void after(cudaStream_t s, access a) {
+  /// Records the position of an access just enqueued on `s` (it must follow before(s, a)). A
+  /// write with `bytes` false changed metadata only (the mirror, the selection state), no slot
+  /// bytes: wait_last_bytes_write need not wait for it.
+  void after(cudaStream_t s, access a, bool bytes = true) {
     lane& self = lane_of(s);
     if (a == access::write) {
       // This write followed every pending read: later writes follow them through it.
       for (auto& l : lanes_) l->read_pending = false;
       last_writer_ = &self;
+      // The lane's write event moves on with its later writes: still after its bytes.
+      if (bytes) last_bytes_writer_ = &self;
       if (lanes_.size() > 1) GEAR_CUDA_TRY(cudaEventRecord(self.write.get(), s));
     } else {
       self.read_pending = true;
@@ -128,7 +133,7 @@ class stream_order {
       // longer exist. Waiting once for the whole device covers them.
       GEAR_CUDA_TRY(cudaDeviceSynchronize());
       lanes_.front()->read_pending = false;
-      last_writer_ = nullptr;
+      last_writer_ = last_bytes_writer_ = nullptr;
     }
     lanes_.push_back(std::move(fresh));
     return *lanes_.back();
@@ -136,6 +141,7 @@ class stream_order {
 
   std::vector<std::unique_ptr<lane>> lanes_;
   lane* last_writer_ = nullptr;
+  lane* last_bytes_writer_ = nullptr;  // the last write of slot bytes was on it (or later)
 };
 
 }  // namespace gear::detail
