@@ -60,6 +60,7 @@ remote::welcome some_welcome() {
   w.ring_key = {1, 2, 3, 4, 5, 6, 7, 8};
   w.block_bytes = 65536;
   w.ring_blocks = 64;
+  w.intake = {127, 0, 0, 1, 0x30, 0x3a};
   return w;
 }
 remote::status some_status() { return {0xBEEF, 900, 1234.5, 17.25, 10000, 5000, 3}; }
@@ -160,6 +161,7 @@ TEST_CASE("every message round-trips") {
   CHECK(w.value.ring_key == some_welcome().ring_key);
   CHECK(w.value.incarnation == 0xBEEF);
   CHECK(w.value.ring_address == some_welcome().ring_address);
+  CHECK(w.value.intake == some_welcome().intake);
   const auto s = remote::parse_status(remote::encode(some_status()), l);
   REQUIRE(s);
   CHECK(s.value.mass == 1234.5);
@@ -253,6 +255,9 @@ TEST_CASE("every field out of range is refused, naming the field") {
   w = some_welcome();
   w.ring_key.assign(remote::max_mr_key + 1, 1);
   check(remote::parse_welcome(remote::encode(w), l), "ring key");
+  w = some_welcome();
+  w.intake.assign(remote::max_hello_address + 1, 1);
+  check(remote::parse_welcome(remote::encode(w), l), "intake length");
   auto s = some_status();
   s.size = l.capacity + 1;
   check(remote::parse_status(remote::encode(s), l), "size");

@@ -184,8 +184,9 @@ int run_rogue(int fd, const gear::transport::libfabric_config& config) {
 
 /// A rogue actor: welcomed properly, then writes into its ring entries a real actor never would:
 /// another actor's id, a sequence already used, one far past what its ring holds, a length past
-/// max_length, and a completion naming a block outside its ring; two valid entries between them
-/// are stored and acknowledged.
+/// max_length, a completion naming a block outside its ring, and one publishing in another
+/// actor's name (through this actor's intake); two valid entries between them are stored and
+/// acknowledged.
 int run_rogue_actor(int fd, const gear::transport::libfabric_config& config) {
   const auto blob = remote::parse_blob(receive_frame(fd));
   if (!blob) return 60;
@@ -209,14 +210,19 @@ int run_rogue_actor(int fd, const gear::transport::libfabric_config& config) {
   std::vector<float> obs(4 * 8, 2.5f);
   const std::span<const std::byte> columns[] = {std::as_bytes(std::span(obs))};
   int context = 0;
-  // Writes an entry at `at` (its header as given), published for block `named`.
-  auto write_entry = [&](std::uint32_t at, remote::entry_header e, std::uint32_t named) {
+  if (!ep.fits_address(w.value.intake)) return 65;
+  const fi_addr_t intake = ep.insert_peer(w.value.intake);  // where this actor's ring is
+  // Writes an entry at `at` (its header as given), published for block `named` in the name of
+  // actor `as` (this one's by default).
+  auto write_entry = [&](std::uint32_t at, remote::entry_header e, std::uint32_t named,
+                         std::uint32_t as = 0) {
     std::vector<std::byte> packed;
     e.first_block = at;
     remote::pack_entry(e, columns, spec::step_bytes, static_cast<std::int64_t>(block), packed);
     std::memcpy(source.data() + at * block, packed.data(), packed.size());
-    const remote::cq_data data{remote::write_kind::insert_entry, w.value.peer_index, named};
-    while (!ep.try_writedata(source_r, at * block, packed.size(), peer.shard,
+    const remote::cq_data data{remote::write_kind::insert_entry, as != 0 ? as : w.value.peer_index,
+                               named};
+    while (!ep.try_writedata(source_r, at * block, packed.size(), intake,
                              w.value.ring_address + at * block, key, data.encode(), &context))
       if (peer.poll() == 0) std::this_thread::yield();
   };
@@ -237,8 +243,9 @@ int run_rogue_actor(int fd, const gear::transport::libfabric_config& config) {
   too_long.length = 5;
   write_entry(4, too_long, 4);  // past max_length: out of range
   e.sequence = 1;
-  write_entry(5, e, 99);  // a block outside the ring: out of range
-  write_entry(6, e, 6);   // valid: stored
+  write_entry(5, e, 99);                         // a block outside the ring: out of range
+  write_entry(7, e, 7, w.value.peer_index + 1);  // published as another actor: mismatch
+  write_entry(6, e, 6);                          // valid: stored
   int acks = 0;
   for (int i = 0; i < 2; ++i) {
     const auto a = remote::parse_ack(peer.wait_for(remote::message_type::ack), {}, 8);
@@ -291,9 +298,9 @@ void rogue(const char* provider) {
 
 void rogue_actor(const char* provider) {
   const auto counts = rogue_run(provider, run_rogue_actor);
-  CHECK(counts[remote::refusal::mismatch] == 3);      // an id; a used sequence; one too far
+  CHECK(counts[remote::refusal::mismatch] == 4);      // an id; a used sequence; one too far; a name
   CHECK(counts[remote::refusal::out_of_range] == 2);  // a length; a block outside the ring
-  CHECK(counts.total() == 5);
+  CHECK(counts.total() == 6);
 }
 
 }  // namespace

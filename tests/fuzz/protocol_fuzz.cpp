@@ -45,6 +45,7 @@ std::vector<std::byte> valid(unsigned kind) {
       w.ring_key = {1, 2, 3};
       w.block_bytes = 4096;
       w.ring_blocks = 8;
+      w.intake = {4, 5, 6};
       return remote::encode(w);
     }
     case 2:

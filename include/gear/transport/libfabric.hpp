@@ -162,6 +162,15 @@ class endpoint {
   /// This endpoint's address (fi_getname), for the address blob.
   [[nodiscard]] const std::vector<std::uint8_t>& name() const noexcept { return name_; }
 
+  /// True when `address` has the shape of an address of this provider's format: a string ends in
+  /// a NUL, others are as long as this endpoint's (fi_av_insert reads that many bytes).
+  [[nodiscard]] bool fits_address(std::span<const std::uint8_t> address) const noexcept {
+    if (address.empty()) return false;
+    return address_format() == FI_ADDR_STR
+               ? std::find(address.begin(), address.end(), std::uint8_t{0}) != address.end()
+               : address.size() == name_.size();
+  }
+
   /// Adds a peer's address (its name()); returns its handle for posts.
   fi_addr_t insert_peer(std::span<const std::uint8_t> address) {
     fi_addr_t peer = FI_ADDR_UNSPEC;

@@ -4,11 +4,14 @@
 // buffer stays the caller's: it may sample, update and insert locally at the same time (the
 // buffer is thread-safe).
 //
-// A progress thread owns the endpoint and acts on what completes, outside the poll:
+// A progress thread owns the endpoints and acts on what completes, outside the poll:
 //   hello          a welcome: an actor gets its own staging ring (a registered region only it may
-//                  write), a learner's slice (its memory for replies) is recorded;
-//   insert entry   published by remote CQ data: checked against the layout computed here (never
-//                  the sender's; detail/remote/entry.hpp), inserted into the buffer, acknowledged
+//                  write) on an intake endpoint of its own, a learner's slice (its memory for
+//                  replies) is recorded and a channel endpoint opened for its replies
+//                  (shard_peer.hpp);
+//   insert entry   published by remote CQ data on its actor's intake (one naming another actor
+//                  is refused): checked against the layout computed here (never the sender's;
+//                  detail/remote/entry.hpp), inserted into the buffer, acknowledged
 //                  with its key, which frees its blocks (the actor's credits); an entry the buffer
 //                  refuses is acknowledged with no ticket;
 //   sample request queued per learner, one reply in flight each: selected and gathered by the
@@ -38,6 +41,7 @@
 #include <gear/transport/libfabric.hpp>
 #include <gear/transport/reply_packer.hpp>
 #include <gear/transport/shard_operations.hpp>
+#include <gear/transport/shard_peer.hpp>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -53,8 +57,6 @@ namespace gear::transport {
 inline constexpr std::uint64_t max_slice_bytes = std::uint64_t{1} << 32;
 /// Sample requests of one learner a shard queues before it refuses more.
 inline constexpr std::size_t max_deferred_requests = 64;
-/// Replies to one learner a shard has on the wire at once: it packs the next while one is written.
-inline constexpr std::size_t max_replies_in_flight = 2;
 
 /// A random incarnation, never 0 (0 is transport::local's).
 inline std::uint32_t draw_incarnation() {
@@ -149,37 +151,13 @@ class shard_server {
   }
 
  private:
-  struct peer {
-    fi_addr_t address = FI_ADDR_UNSPEC;
-    detail::remote::peer_role role{};
-    std::unique_ptr<fabric::host_region> ring;
-    fabric::region ring_region{};
-    std::uint32_t ring_blocks = 0;
-    std::uint64_t next_sequence = 0;  // every sequence below it was accepted
-    std::set<std::uint64_t> ahead;    // accepted ones above it
-    // A learner's slice for sample replies, and the registered memory replies are packed in, as
-    // large as the slice: a reply at offset o of the slice is packed at o here (by the packer),
-    // then written (its context is its state) and busy until the write completes.
-    std::uint64_t slice_address = 0, slice_key = 0, slice_bytes = 0;
-    std::unique_ptr<fabric::host_region> reply;
-    fabric::region reply_region{};
-    struct reply_write {
-      std::atomic<reply_state> state{reply_state::idle};
-      std::uint64_t offset = 0, bytes = 0;
-      std::uint32_t request = 0;
-    };
-    std::unique_ptr<std::array<reply_write, max_replies_in_flight>> writes =
-        std::make_unique<std::array<reply_write, max_replies_in_flight>>();
-    // Replies go out on an endpoint of this learner's own (closed first, before the memory): a
-    // learner that dies with a write in flight stalls only it (shm completes writes in order).
-    std::unique_ptr<fabric::endpoint> channel;
-    fi_addr_t reply_to = FI_ADDR_UNSPEC;
-    std::deque<detail::remote::sample_request> deferred;  // not yet packed, oldest first
-  };
-  /// A completion to act on: a control message (copied out of the receive buffer) or an entry.
+  using peer = shard_peer;
+  /// A completion to act on: a control message (copied out of the receive buffer) or an entry
+  /// (from the intake of peer `from`).
   struct work {
     std::vector<std::byte> message;
     std::uint64_t entry = 0;
+    std::uint32_t from = 0;
   };
 
   void run() {
@@ -191,7 +169,7 @@ class shard_server {
           const work w = std::move(work_.front());
           work_.pop_front();
           if (w.message.empty())
-            on_entry(detail::remote::cq_data::decode(w.entry));
+            on_entry(detail::remote::cq_data::decode(w.entry), w.from);
           else
             on_message(w.message);
         }
@@ -220,13 +198,22 @@ class shard_server {
     }
   }
 
+  /// Polls the control endpoint and every actor's intake (their entries); returns how many
+  /// completions came.
   std::size_t poll() {
-    return ep_->poll([this](const fabric::completion& c) {
+    std::size_t n = 0;
+    for (std::size_t i = 0; i < peers_.size(); ++i)
+      if (peers_[i].intake)
+        n += peers_[i].intake->poll([&](const fabric::completion& c) {
+          if (c.what == fabric::completion::kind::remote_write)
+            work_.push_back({{}, c.data, static_cast<std::uint32_t>(i + 1)});
+        });
+    return n + ep_->poll([this](const fabric::completion& c) {
       using kind = fabric::completion::kind;
       if (c.what == kind::received) {
-        if (!c.message.empty()) work_.push_back({{c.message.begin(), c.message.end()}, 0});
-      } else if (c.what == kind::remote_write) {
-        work_.push_back({{}, c.data});
+        if (!c.message.empty()) work_.push_back({{c.message.begin(), c.message.end()}, 0, 0});
+      } else if (c.what == kind::remote_write) {  // none is granted here: refused below
+        work_.push_back({{}, c.data, 0});
       } else if (c.what == kind::sent || c.what == kind::written || c.what == kind::failed) {
         (void)outbox_.completed(c.context);
         if (c.what == kind::failed) {
@@ -323,13 +310,8 @@ class shard_server {
     if (!remote::same_proof(expected, h.value.token_proof))
       return count(remote::refusal::mismatch);  // another job's token, or none
     peer p;
-    // The address as this provider writes its own: a string ends in a NUL, others are as long as
-    // this endpoint's (fi_av_insert reads that many bytes).
     const auto& a = h.value.address;
-    const bool fits = ep_->address_format() == FI_ADDR_STR
-                          ? std::find(a.begin(), a.end(), std::uint8_t{0}) != a.end()
-                          : a.size() == ep_->name().size();
-    if (!fits) return count(remote::refusal::out_of_range);
+    if (!ep_->fits_address(a)) return count(remote::refusal::out_of_range);
     if (h.value.role == remote::peer_role::learner &&
         (h.value.slice_key.size() != sizeof(std::uint64_t) || h.value.slice_bytes == 0 ||
          h.value.slice_bytes > max_slice_bytes))
@@ -354,7 +336,9 @@ class shard_server {
           std::min({h.value.ring_blocks, options_.max_ring_blocks, remote::max_cq_index});
       p.ring =
           std::make_unique<fabric::host_region>(std::size_t{p.ring_blocks} * options_.block_bytes);
-      p.ring_region = ep_->register_memory(p.ring->data(), p.ring->size(), FI_REMOTE_WRITE);
+      p.intake = std::make_unique<fabric::endpoint>(options_.fabric);
+      p.ring_region = p.intake->register_memory(p.ring->data(), p.ring->size(), FI_REMOTE_WRITE);
+      w.intake = p.intake->name();
       w.ring_address = p.ring_region.remote_address;
       w.ring_key.resize(sizeof(p.ring_region.key));
       std::memcpy(w.ring_key.data(), &p.ring_region.key, sizeof(p.ring_region.key));
@@ -369,9 +353,12 @@ class shard_server {
     send(remote::encode(w), to);
   }
 
-  void on_entry(const detail::remote::cq_data& d) {
+  /// An entry published on the intake of peer `from` (0: on the control endpoint, which grants
+  /// no ring).
+  void on_entry(const detail::remote::cq_data& d, std::uint32_t from_peer) {
     namespace remote = detail::remote;
-    if (d.kind != remote::write_kind::insert_entry || d.peer == 0 || d.peer > peers_.size())
+    if (d.kind != remote::write_kind::insert_entry || d.peer == 0 || d.peer != from_peer ||
+        d.peer > peers_.size())
       return count(remote::refusal::mismatch);
     peer& from = peers_[d.peer - 1];
     if (!from.ring) return count(remote::refusal::mismatch);
@@ -444,7 +431,7 @@ class shard_server {
       const remote::sample_request& r = to.deferred.front();
       const auto layout = remote::layout_reply(spec::step_bytes, r.rows, r.win.length);
       const auto bytes = static_cast<std::uint64_t>(layout.total_bytes);
-      typename peer::reply_write* slot = nullptr;
+      peer::reply_write* slot = nullptr;
       for (auto& w : *to.writes) {
         const bool in_use = w.state.load(std::memory_order_acquire) != reply_state::idle;
         if (in_use && w.offset < r.reply_offset + bytes && r.reply_offset < w.offset + w.bytes)

@@ -5,7 +5,8 @@
 // (never against what the peer claims) and refuses the message otherwise.
 //
 //   hello           client -> shard   role, fingerprints, token proof, ring blocks wanted
-//   welcome         shard -> client   the client's index, the shard's incarnation, its ring
+//   welcome         shard -> client   the client's index, the shard's incarnation, its ring and
+//                                     the intake endpoint to write it through
 //   status_request  learner -> shard  (empty)
 //   status          shard -> learner  size, selection mass, max priority, counters
 //   sample_request  learner -> shard  k rows of a window, the random stream, where to write
@@ -116,6 +117,8 @@ struct welcome {
   std::uint32_t block_bytes = 0;       ///< a power of two in [4 KiB, 16 MiB]
   std::uint32_t ring_blocks = 0;
   std::uint32_t max_message = default_max_message;
+  std::vector<std::uint8_t> intake;  ///< an actor's: the address of the shard's endpoint its ring
+                                     ///< is on, to write its entries to (empty for a learner)
 };
 
 inline std::vector<std::byte> encode(const welcome& m) {
@@ -127,6 +130,7 @@ inline std::vector<std::byte> encode(const welcome& m) {
   w.put(m.block_bytes);
   w.put(m.ring_blocks);
   w.put(m.max_message);
+  w.put_counted(m.intake);
   return finish_frame(std::move(w));
 }
 
@@ -140,7 +144,12 @@ inline decoded<welcome> parse_welcome(std::span<const std::byte> bytes, const me
         if (key_bytes > max_mr_key) return what = "ring key length", refusal::out_of_range;
         m.ring_key.resize(key_bytes);
         if (!r.get_into(m.ring_key)) return refusal::none;
-        if (!read_all(r, m.block_bytes, m.ring_blocks, m.max_message)) return refusal::none;
+        std::uint16_t intake_bytes = 0;
+        if (!read_all(r, m.block_bytes, m.ring_blocks, m.max_message, intake_bytes))
+          return refusal::none;
+        if (intake_bytes > max_hello_address) return what = "intake length", refusal::out_of_range;
+        m.intake.resize(intake_bytes);
+        if (!r.get_into(m.intake)) return refusal::none;
         if (m.incarnation == 0) return what = "incarnation", refusal::out_of_range;
         if (m.block_bytes < 4096 || m.block_bytes > (16u << 20) ||
             (m.block_bytes & (m.block_bytes - 1)) != 0)
