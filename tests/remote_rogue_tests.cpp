@@ -210,8 +210,10 @@ int run_rogue_actor(int fd, const gear::transport::libfabric_config& config) {
   std::vector<float> obs(4 * 8, 2.5f);
   const std::span<const std::byte> columns[] = {std::as_bytes(std::span(obs))};
   int context = 0;
-  if (!ep.fits_address(w.value.intake)) return 65;
-  const fi_addr_t intake = ep.insert_peer(w.value.intake);  // where this actor's ring is
+  if (!w.value.intake.empty() && !ep.fits_address(w.value.intake)) return 65;
+  if (w.value.intake.empty() == gear::transport::intake_per_actor(config.provider)) return 66;
+  const fi_addr_t intake =  // where this actor's ring is: an endpoint of its own on shm
+      w.value.intake.empty() ? peer.shard : ep.insert_peer(w.value.intake);
   // Writes an entry at `at` (its header as given), published for block `named` in the name of
   // actor `as` (this one's by default).
   auto write_entry = [&](std::uint32_t at, remote::entry_header e, std::uint32_t named,

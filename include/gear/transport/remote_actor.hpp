@@ -163,7 +163,8 @@ class remote_actor : public remote_client {
 
   struct shard {  // links_[s]'s ring, once welcomed
     std::uint32_t peer_index = 0;
-    fi_addr_t intake = FI_ADDR_UNSPEC;  // the shard's endpoint this actor's ring is on
+    fi_addr_t intake = FI_ADDR_UNSPEC;  // the shard's endpoint this actor's ring is on (shm: one
+                                        // of its own; else the shard's control endpoint)
     std::uint64_t ring_address = 0, ring_key = 0;
     std::uint32_t ring_blocks = 0, block_bytes = 0;
     std::unique_ptr<fabric::host_region> staging;  // mirrors the shard's ring, block for block
@@ -184,12 +185,13 @@ class remote_actor : public remote_client {
   void on_welcome(std::size_t s, const detail::remote::welcome& w) override {
     GEAR_REQUIRE(w.ring_key.size() == sizeof(std::uint64_t) && w.ring_blocks > 0 &&
                      w.ring_blocks <= options_.ring_blocks && w.peer_index >= 1 &&
-                     w.peer_index < detail::remote::max_peers && ep_->fits_address(w.intake),
+                     w.peer_index < detail::remote::max_peers &&
+                     (w.intake.empty() || ep_->fits_address(w.intake)),
                  errc::peer_mismatch,
                  "shard " + std::to_string(links_[s].blob.shard) +
                      " granted no usable staging ring or intake, or named this actor out of range");
     shard& to = shards_[s];
-    to.intake = ep_->insert_peer(w.intake);
+    to.intake = w.intake.empty() ? links_[s].address : ep_->insert_peer(w.intake);
     to.peer_index = w.peer_index;
     to.ring_address = w.ring_address;
     std::memcpy(&to.ring_key, w.ring_key.data(), sizeof(to.ring_key));

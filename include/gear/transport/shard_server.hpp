@@ -6,12 +6,13 @@
 //
 // A progress thread owns the endpoints and acts on what completes, outside the poll:
 //   hello          a welcome: an actor gets its own staging ring (a registered region only it may
-//                  write) on an intake endpoint of its own, a learner's slice (its memory for
-//                  replies) is recorded and a channel endpoint opened for its replies
+//                  write; on shm, on an intake endpoint of its own), a learner's slice (its
+//                  memory for replies) is recorded and a channel endpoint opened for its replies
 //                  (shard_peer.hpp);
-//   insert entry   published by remote CQ data on its actor's intake (one naming another actor
-//                  is refused): checked against the layout computed here (never the sender's;
-//                  detail/remote/entry.hpp), inserted into the buffer, acknowledged
+//   insert entry   published by remote CQ data (through its actor's intake where it has one; one
+//                  naming another actor is refused): checked against the layout computed here
+//                  (never the sender's; detail/remote/entry.hpp), inserted into the buffer,
+//                  acknowledged
 //                  with its key, which frees its blocks (the actor's credits); an entry the buffer
 //                  refuses is acknowledged with no ticket;
 //   sample request queued per learner, one reply in flight each: selected and gathered by the
@@ -198,8 +199,7 @@ class shard_server {
     }
   }
 
-  /// Polls the control endpoint and every actor's intake (their entries); returns how many
-  /// completions came.
+  /// Polls the control endpoint and every actor's intake; returns how many completions came.
   std::size_t poll() {
     std::size_t n = 0;
     for (std::size_t i = 0; i < peers_.size(); ++i)
@@ -212,7 +212,7 @@ class shard_server {
       using kind = fabric::completion::kind;
       if (c.what == kind::received) {
         if (!c.message.empty()) work_.push_back({{c.message.begin(), c.message.end()}, 0, 0});
-      } else if (c.what == kind::remote_write) {  // none is granted here: refused below
+      } else if (c.what == kind::remote_write) {  // an entry of an actor with no intake
         work_.push_back({{}, c.data, 0});
       } else if (c.what == kind::sent || c.what == kind::written || c.what == kind::failed) {
         (void)outbox_.completed(c.context);
@@ -336,9 +336,12 @@ class shard_server {
           std::min({h.value.ring_blocks, options_.max_ring_blocks, remote::max_cq_index});
       p.ring =
           std::make_unique<fabric::host_region>(std::size_t{p.ring_blocks} * options_.block_bytes);
-      p.intake = std::make_unique<fabric::endpoint>(options_.fabric);
-      p.ring_region = p.intake->register_memory(p.ring->data(), p.ring->size(), FI_REMOTE_WRITE);
-      w.intake = p.intake->name();
+      if (intake_per_actor(ep_->provider())) {
+        p.intake = std::make_unique<fabric::endpoint>(options_.fabric);
+        w.intake = p.intake->name();
+      }
+      fabric::endpoint& on = p.intake ? *p.intake : *ep_;
+      p.ring_region = on.register_memory(p.ring->data(), p.ring->size(), FI_REMOTE_WRITE);
       w.ring_address = p.ring_region.remote_address;
       w.ring_key.resize(sizeof(p.ring_region.key));
       std::memcpy(w.ring_key.data(), &p.ring_region.key, sizeof(p.ring_region.key));
@@ -353,12 +356,12 @@ class shard_server {
     send(remote::encode(w), to);
   }
 
-  /// An entry published on the intake of peer `from` (0: on the control endpoint, which grants
-  /// no ring).
+  /// An entry published on the intake of peer `from_peer`, or on the control endpoint (0): only
+  /// an actor with no intake publishes there.
   void on_entry(const detail::remote::cq_data& d, std::uint32_t from_peer) {
     namespace remote = detail::remote;
-    if (d.kind != remote::write_kind::insert_entry || d.peer == 0 || d.peer != from_peer ||
-        d.peer > peers_.size())
+    if (d.kind != remote::write_kind::insert_entry || d.peer == 0 || d.peer > peers_.size() ||
+        (from_peer != 0 ? d.peer != from_peer : peers_[d.peer - 1].intake != nullptr))
       return count(remote::refusal::mismatch);
     peer& from = peers_[d.peer - 1];
     if (!from.ring) return count(remote::refusal::mismatch);

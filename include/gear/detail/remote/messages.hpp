@@ -118,7 +118,7 @@ struct welcome {
   std::uint32_t ring_blocks = 0;
   std::uint32_t max_message = default_max_message;
   std::vector<std::uint8_t> intake;  ///< an actor's: the address of the shard's endpoint its ring
-                                     ///< is on, to write its entries to (empty for a learner)
+                                     ///< is on, to write its entries to (empty: the shard's own)
 };
 
 inline std::vector<std::byte> encode(const welcome& m) {
