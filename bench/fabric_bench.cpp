@@ -10,14 +10,18 @@
 //   insert          2 and 8 actor processes insert trajectories of 16 steps of 4 KiB into one
 //                   shard: GB/s together, against raw writedata of an entry's size
 //
-//   gear_fabric_bench [provider] [seconds per phase]      (default tcp;ofi_rxm, 1)
+//   gear_fabric_bench [provider] [seconds per phase] [rounds]   (default tcp;ofi_rxm, 1, 3)
 //
-// Every figure is printed with the reference it is a ratio of, measured in the same run.
+// Every figure is printed with the reference it is a ratio of, measured in the same run. The
+// sampling figures and their raw reference are measured in `rounds` interleaved rounds (raw, then
+// gear): each is the median of its rounds, each ratio the median of the rounds' ratios, and the
+// rounds' ratios are printed beside it (the raw reference alone moved by 25% between runs).
 
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -211,24 +215,28 @@ int main(int argc, char** argv) {
   gear::transport::libfabric_config config;
   if (argc > 1) config.provider = argv[1];
   const double seconds = argc > 2 ? std::atof(argv[2]) : 1.0;
+  const int rounds = argc > 3 ? std::max(1, std::atoi(argv[3])) : 3;
   auto progress = [](const char* what) { std::fprintf(stderr, "gear_fabric_bench: %s\n", what); };
   const std::int64_t rows = 256, window = steps;
   const std::size_t reply_bytes =
       static_cast<std::size_t>(remote::layout_reply(spec::step_bytes, rows, window).total_bytes);
   const std::size_t entry_bytes = static_cast<std::size_t>(
       remote::layout_entry(spec::step_bytes, steps, 64 * 1024).total_bytes);
-  progress("raw writedata: 64 KiB, 1 MiB, an insert entry, a sample reply");
+  progress("raw writedata: 64 KiB, 1 MiB, an insert entry");
   const raw_result raw64 = raw(config, 64 * 1024, seconds), raw1m = raw(config, 1 << 20, seconds);
   const raw_result raw_entry = raw(config, entry_bytes, seconds);
-  const raw_result raw_reply = raw(config, reply_bytes, seconds);
 
-  progress("sample: B = 256 rows of 16 steps of 4 KiB from one shard");
+  progress(("sample: B = 256 rows of 16 steps of 4 KiB from one shard, against raw writedata of "
+            "a reply, " +
+            std::to_string(rounds) + " rounds")
+               .c_str());
   int fds[2];
   socketpair(AF_UNIX, SOCK_STREAM, 0, fds);
   const pid_t shard = start_shard(config, 512, fds[0]);
   const std::vector<std::vector<std::byte>> blobs{get_bytes(fds[1])};
-  double sample_gbps = 0, sample_us = 0, pipelined_gbps = 0;
-  {
+  std::vector<double> raw_reply, sample_gbps, sample_us, pipelined_gbps;
+  for (int round = 0; round < rounds; ++round) {
+    raw_reply.push_back(raw(config, reply_bytes, seconds).gbps);
     gear::transport::remote_learner<spec>::options o;
     o.fabric = config;
     o.max_batch = rows;
@@ -245,8 +253,8 @@ int main(int argc, char** argv) {
       ++n;
     }
     const double s = seconds_since(t);
-    sample_gbps = double(n) * double(reply_bytes) / s / 1e9;
-    sample_us = s / double(n) * 1e6;
+    sample_gbps.push_back(double(n) * double(reply_bytes) / s / 1e9);
+    sample_us.push_back(s / double(n) * 1e6);
     // Two in flight, as a training loop keeps them (sample_begin the next batch, sample_end the
     // one it trains on): the shard gathers a share while the last one is on the wire.
     gear::batch<spec> other(gear::memory_kind::host, gear::batch_size{rows},
@@ -262,7 +270,7 @@ int main(int argc, char** argv) {
       learner.sample_begin(b, gear::window{.length = window}, g);
       ++n;
     }
-    pipelined_gbps = double(n) * double(reply_bytes) / seconds_since(t2) / 1e9;
+    pipelined_gbps.push_back(double(n) * double(reply_bytes) / seconds_since(t2) / 1e9);
     learner.sample_end(*pair[n % 2]);
     learner.sample_end(*pair[(n + 1) % 2]);
   }
@@ -312,13 +320,34 @@ int main(int argc, char** argv) {
   std::printf("%-52s %7.2f GB/s %16s\n", "raw fi_writedata 64 KiB, 64 in flight", raw64.gbps, "");
   std::printf("%-52s %7.2f GB/s %16s\n", "raw fi_writedata 1 MiB, 64 in flight", raw1m.gbps, "");
   std::printf("%-52s %7.1f us %16s\n", "raw 8-byte round trip", raw64.round_trip_us, "");
-  std::printf("%-52s %7.2f GB/s %11.2f GB/s %7.1f%%\n",
-              "sample B=256 x 16 x 4 KiB (16 MiB replies)", sample_gbps, raw_reply.gbps,
-              100 * sample_gbps / raw_reply.gbps);
-  std::printf("%-52s %7.2f GB/s %11.2f GB/s %7.1f%%\n", "sample, 2 in flight (sample_begin ahead)",
-              pipelined_gbps, raw_reply.gbps, 100 * pipelined_gbps / raw_reply.gbps);
+  // Medians over the rounds; a ratio's is the median of the rounds' ratios, which are listed.
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 == 1 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+  };
+  auto ratios = [&](const std::vector<double>& figure) {
+    std::vector<double> r;
+    for (std::size_t i = 0; i < figure.size(); ++i) r.push_back(100 * figure[i] / raw_reply[i]);
+    return r;
+  };
+  auto listed = [](const std::vector<double>& r) {
+    std::string out;
+    for (const double x : r) {
+      char one[32];
+      std::snprintf(one, sizeof(one), "%s%.1f%%", out.empty() ? "" : " ", x);
+      out += one;
+    }
+    return out;
+  };
+  const auto one_ratios = ratios(sample_gbps), two_ratios = ratios(pipelined_gbps);
+  std::printf("%-52s %7.2f GB/s %11.2f GB/s %7.1f%%   rounds: %s\n",
+              "sample B=256 x 16 x 4 KiB (16 MiB replies)", median(sample_gbps), median(raw_reply),
+              median(one_ratios), listed(one_ratios).c_str());
+  std::printf("%-52s %7.2f GB/s %11.2f GB/s %7.1f%%   rounds: %s\n",
+              "sample, 2 in flight (sample_begin ahead)", median(pipelined_gbps), median(raw_reply),
+              median(two_ratios), listed(two_ratios).c_str());
   std::printf("%-52s %7.0f us %13.1f us %7.1fx\n", "sample B=256 latency, against the round trip",
-              sample_us, raw64.round_trip_us, sample_us / raw64.round_trip_us);
+              median(sample_us), raw64.round_trip_us, median(sample_us) / raw64.round_trip_us);
   for (int k = 0; k < 2; ++k)
     std::printf("%-52s %7.2f GB/s %11.2f GB/s %7.1f%%\n",
                 (std::to_string(actor_counts[k]) + " actors inserting 64 KiB trajectories").c_str(),
