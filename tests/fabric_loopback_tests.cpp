@@ -4,9 +4,12 @@
 // ring (a welcome); the actor writes 9 insert entries into it with one-sided writes, each
 // published by its remote CQ data; the shard checks every entry against the layout it computes
 // and its bytes against their pattern, refusing and counting the last (forged: another actor's
-// id) and serving on; then the actor asks for the shard's status with a control message and
-// checks the answer: 8 stored, 1 refused. Every wait has a deadline; the parent kills what
-// overruns, and no process and no /dev/shm file of theirs is left behind.
+// id) and serving on; then the actor sends 4000 control messages of 300 bytes (about six times
+// the shard's receive buffer, which the provider releases when full and the endpoint posts
+// again: on shm the release comes as a completion of its own) and asks for the shard's status
+// with one more, and checks the answer: 8 stored, 1 refused, every message received. Every wait has
+// a deadline; the parent kills what overruns, and no process and no /dev/shm file of theirs is left
+// behind.
 
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
@@ -43,6 +46,8 @@ constexpr std::int64_t block_bytes = 64 * 1024, ring_blocks = 9, max_length = 64
 constexpr std::int64_t step_bytes[] = {1000, 8};
 constexpr std::uint32_t incarnation = 0x5eed;
 constexpr auto deadline = std::chrono::seconds(20);
+constexpr int chatter = 4000;  // control messages before the status request
+constexpr std::size_t chatter_bytes = 300;
 
 /// Byte j of column c of entry i.
 std::byte pattern(int i, std::size_t c, std::size_t j) {
@@ -119,7 +124,7 @@ int run_shard(int fd, const gear::transport::libfabric_config& config) {
 
   // Entries, each published by its remote CQ data (its block); any order.
   const std::span<const std::byte> ring_bytes(ring.data, ring_blocks * block_bytes);
-  int good = 0, bad = 0;
+  int good = 0, bad = 0, received = 0;
   bool asked = false;
   remote::message_limits limits;
   limits.capacity = ring_blocks;
@@ -141,6 +146,7 @@ int run_shard(int fd, const gear::transport::libfabric_config& config) {
                                  l.column_at[col] + j] == pattern(int(block), col, std::size_t(j));
               (ok ? good : bad) += 1;
             } else if (c.what == fabric::completion::kind::received) {
+              ++received;
               asked = asked || static_cast<bool>(remote::parse_status_request(c.message, limits));
             }
           }))
@@ -162,6 +168,7 @@ int run_shard(int fd, const gear::transport::libfabric_config& config) {
   // Wait for the actor to read it before closing (it says so on the socket).
   char byte = 0;
   if (read(fd, &byte, 1) != 1) return 17;
+  if (received != chatter + 1) return 19;
   return bad == 1 && good == entries - 1 ? 0 : 18;
 }
 
@@ -215,9 +222,23 @@ int run_actor(int fd, const gear::transport::libfabric_config& config) {
       });
     }
   }
+  // Chatter: messages enough to fill the shard's receive buffer several times over.
+  aligned_buffer many(chatter * chatter_bytes);
+  fabric::region many_r = ep.register_memory(many.data, chatter * chatter_bytes, FI_SEND);
+  std::vector<int> chatter_context(chatter);
+  const auto until = clock_type::now() + deadline;
+  for (int i = 0; i < chatter; ++i) {
+    std::memset(many.data + i * chatter_bytes, i & 0xff, chatter_bytes);
+    while (!ep.try_send(many_r, i * chatter_bytes, chatter_bytes, peer,
+                        &chatter_context[std::size_t(i)])) {
+      if (clock_type::now() > until) return 31;
+      ep.poll([&](const fabric::completion& c) {
+        written += c.what == fabric::completion::kind::written;
+      });
+    }
+  }
   const auto ask = remote::encode_status_request();
   std::memcpy(outbox.data, ask.data(), ask.size());
-  const auto until = clock_type::now() + deadline;
   while (!ep.try_send(outbox_r, 0, ask.size(), peer, &send_context)) {
     if (clock_type::now() > until) return 27;
     ep.poll([&](const fabric::completion& c) {

@@ -291,6 +291,10 @@ class endpoint {
     if (n < 0) fail("fi_cq_read", n, provider_);
     for (ssize_t i = 0; i < n; ++i) {
       const fi_cq_data_entry& e = entries[i];
+      // The provider is done with the receive buffer: tcp;ofi_rxm says so with the last message
+      // into it, shm in an entry of its own (FI_MULTI_RECV alone, no message), to hand on none.
+      released = released || (e.flags & FI_MULTI_RECV) != 0;
+      if ((e.flags & FI_MULTI_RECV) != 0 && (e.flags & FI_RECV) == 0) continue;
       completion c;
       c.context = e.op_context;
       c.data = e.data;
@@ -299,7 +303,6 @@ class endpoint {
         c.context = nullptr;                      // may be 0: never read it)
       } else if ((e.flags & FI_RECV) != 0) {
         c.what = completion::kind::received;
-        released = released || (e.flags & FI_MULTI_RECV) != 0;
         if (e.len > 0) c.message = {static_cast<const std::byte*>(e.buf), e.len};
       } else if ((e.flags & FI_SEND) != 0) {
         c.what = completion::kind::sent;
