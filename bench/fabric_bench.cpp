@@ -3,10 +3,11 @@
 //   raw writedata   process A writes messages of a size into process B's registered memory with
 //                   fi_writedata, 64 in flight; B counts the remote completions: GB/s
 //   raw round trip  an 8-byte writedata and its echo: microseconds
-//   sample          a learner samples B rows of a window from one shard (host storage, steps of
-//                   4 KiB): GB/s of reply bytes, one sample at a time and with two in flight,
-//                   against raw writedata of the reply's size, and microseconds per sample
-//                   against the raw round trip
+//   sample          a learner samples B rows (256, 16, 1: replies of 16 MiB, 1 MiB, 64 KiB) of
+//                   a 16-step window from one shard (host storage, steps of 4 KiB): GB/s of
+//                   reply bytes, one sample at a time and with two in flight, against raw
+//                   writedata of the reply's size, and microseconds per sample against the raw
+//                   round trip
 //   insert          2 and 8 actor processes insert trajectories of 16 steps of 4 KiB into one
 //                   shard: GB/s together, against raw writedata of an entry's size
 //
@@ -217,63 +218,76 @@ int main(int argc, char** argv) {
   const double seconds = argc > 2 ? std::atof(argv[2]) : 1.0;
   const int rounds = argc > 3 ? std::max(1, std::atoi(argv[3])) : 3;
   auto progress = [](const char* what) { std::fprintf(stderr, "gear_fabric_bench: %s\n", what); };
-  const std::int64_t rows = 256, window = steps;
-  const std::size_t reply_bytes =
-      static_cast<std::size_t>(remote::layout_reply(spec::step_bytes, rows, window).total_bytes);
+  const std::int64_t window = steps;
   const std::size_t entry_bytes = static_cast<std::size_t>(
       remote::layout_entry(spec::step_bytes, steps, 64 * 1024).total_bytes);
   progress("raw writedata: 64 KiB, 1 MiB, an insert entry");
   const raw_result raw64 = raw(config, 64 * 1024, seconds), raw1m = raw(config, 1 << 20, seconds);
   const raw_result raw_entry = raw(config, entry_bytes, seconds);
 
-  progress(("sample: B = 256 rows of 16 steps of 4 KiB from one shard, against raw writedata of "
-            "a reply, " +
-            std::to_string(rounds) + " rounds")
-               .c_str());
   int fds[2];
   socketpair(AF_UNIX, SOCK_STREAM, 0, fds);
   const pid_t shard = start_shard(config, 512, fds[0]);
   const std::vector<std::vector<std::byte>> blobs{get_bytes(fds[1])};
-  std::vector<double> raw_reply, sample_gbps, sample_us, pipelined_gbps;
-  for (int round = 0; round < rounds; ++round) {
-    raw_reply.push_back(raw(config, reply_bytes, seconds).gbps);
-    gear::transport::remote_learner<spec>::options o;
-    o.fabric = config;
-    o.max_batch = rows;
-    o.max_window = window;
-    gear::transport::remote_learner<spec> learner(blobs, o);
-    gear::batch<spec> out(gear::memory_kind::host, gear::batch_size{rows},
-                          gear::window_length{window});
-    gear::rng g{1};
-    for (int i = 0; i < 5; ++i) learner.sample(out, gear::window{.length = window}, g);
-    std::int64_t n = 0;
-    const auto t = clock_type::now();
-    while (seconds_since(t) < seconds) {
-      learner.sample(out, gear::window{.length = window}, g);
-      ++n;
-    }
-    const double s = seconds_since(t);
-    sample_gbps.push_back(double(n) * double(reply_bytes) / s / 1e9);
-    sample_us.push_back(s / double(n) * 1e6);
-    // Two in flight, as a training loop keeps them (sample_begin the next batch, sample_end the
-    // one it trains on): the shard gathers a share while the last one is on the wire.
-    gear::batch<spec> other(gear::memory_kind::host, gear::batch_size{rows},
+  // Sampling B rows of 16 steps of 4 KiB from one shard, one at a time and two in flight, each
+  // round against raw writedata of a reply's size measured just before it.
+  struct sampled {
+    std::int64_t rows = 0;
+    std::size_t reply_bytes = 0;
+    std::vector<double> raw_reply, sample_gbps, sample_us, pipelined_gbps;
+  };
+  const auto sample_rounds = [&](std::int64_t rows) {
+    sampled r;
+    r.rows = rows;
+    r.reply_bytes =
+        static_cast<std::size_t>(remote::layout_reply(spec::step_bytes, rows, window).total_bytes);
+    progress(("sample: B = " + std::to_string(rows) +
+              " rows of 16 steps of 4 KiB from one shard, against raw writedata of a reply, " +
+              std::to_string(rounds) + " rounds")
+                 .c_str());
+    for (int round = 0; round < rounds; ++round) {
+      r.raw_reply.push_back(raw(config, r.reply_bytes, seconds).gbps);
+      gear::transport::remote_learner<spec>::options o;
+      o.fabric = config;
+      o.max_batch = rows;
+      o.max_window = window;
+      gear::transport::remote_learner<spec> learner(blobs, o);
+      gear::batch<spec> out(gear::memory_kind::host, gear::batch_size{rows},
                             gear::window_length{window});
-    gear::batch<spec>* pair[2] = {&out, &other};
-    learner.sample_begin(out, gear::window{.length = window}, g);
-    learner.sample_begin(other, gear::window{.length = window}, g);
-    n = 0;
-    const auto t2 = clock_type::now();
-    while (seconds_since(t2) < seconds) {
-      gear::batch<spec>& b = *pair[n % 2];
-      learner.sample_end(b);
-      learner.sample_begin(b, gear::window{.length = window}, g);
-      ++n;
+      gear::rng g{1};
+      for (int i = 0; i < 5; ++i) learner.sample(out, gear::window{.length = window}, g);
+      std::int64_t n = 0;
+      const auto t = clock_type::now();
+      while (seconds_since(t) < seconds) {
+        learner.sample(out, gear::window{.length = window}, g);
+        ++n;
+      }
+      const double s = seconds_since(t);
+      r.sample_gbps.push_back(double(n) * double(r.reply_bytes) / s / 1e9);
+      r.sample_us.push_back(s / double(n) * 1e6);
+      // Two in flight, as a training loop keeps them (sample_begin the next batch, sample_end
+      // the one it trains on): the shard gathers a share while the last one is on the wire.
+      gear::batch<spec> other(gear::memory_kind::host, gear::batch_size{rows},
+                              gear::window_length{window});
+      gear::batch<spec>* pair[2] = {&out, &other};
+      learner.sample_begin(out, gear::window{.length = window}, g);
+      learner.sample_begin(other, gear::window{.length = window}, g);
+      n = 0;
+      const auto t2 = clock_type::now();
+      while (seconds_since(t2) < seconds) {
+        gear::batch<spec>& b = *pair[n % 2];
+        learner.sample_end(b);
+        learner.sample_begin(b, gear::window{.length = window}, g);
+        ++n;
+      }
+      r.pipelined_gbps.push_back(double(n) * double(r.reply_bytes) / seconds_since(t2) / 1e9);
+      learner.sample_end(*pair[n % 2]);
+      learner.sample_end(*pair[(n + 1) % 2]);
     }
-    pipelined_gbps.push_back(double(n) * double(reply_bytes) / seconds_since(t2) / 1e9);
-    learner.sample_end(*pair[n % 2]);
-    learner.sample_end(*pair[(n + 1) % 2]);
-  }
+    return r;
+  };
+  std::vector<sampled> samples;
+  for (const std::int64_t rows : {256, 16, 1}) samples.push_back(sample_rounds(rows));
 
   double insert_gbps[2] = {0, 0};
   const int actor_counts[2] = {2, 8};
@@ -325,9 +339,9 @@ int main(int argc, char** argv) {
     std::sort(v.begin(), v.end());
     return v.size() % 2 == 1 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
   };
-  auto ratios = [&](const std::vector<double>& figure) {
+  auto ratios = [&](const std::vector<double>& figure, const std::vector<double>& reference) {
     std::vector<double> r;
-    for (std::size_t i = 0; i < figure.size(); ++i) r.push_back(100 * figure[i] / raw_reply[i]);
+    for (std::size_t i = 0; i < figure.size(); ++i) r.push_back(100 * figure[i] / reference[i]);
     return r;
   };
   auto listed = [](const std::vector<double>& r) {
@@ -339,15 +353,22 @@ int main(int argc, char** argv) {
     }
     return out;
   };
-  const auto one_ratios = ratios(sample_gbps), two_ratios = ratios(pipelined_gbps);
-  std::printf("%-52s %7.2f GB/s %11.2f GB/s %7.1f%%   rounds: %s\n",
-              "sample B=256 x 16 x 4 KiB (16 MiB replies)", median(sample_gbps), median(raw_reply),
-              median(one_ratios), listed(one_ratios).c_str());
-  std::printf("%-52s %7.2f GB/s %11.2f GB/s %7.1f%%   rounds: %s\n",
-              "sample, 2 in flight (sample_begin ahead)", median(pipelined_gbps), median(raw_reply),
-              median(two_ratios), listed(two_ratios).c_str());
-  std::printf("%-52s %7.0f us %13.1f us %7.1fx\n", "sample B=256 latency, against the round trip",
-              median(sample_us), raw64.round_trip_us, median(sample_us) / raw64.round_trip_us);
+  for (const sampled& m : samples) {
+    const auto one_ratios = ratios(m.sample_gbps, m.raw_reply),
+               two_ratios = ratios(m.pipelined_gbps, m.raw_reply);
+    char what[64];
+    std::snprintf(what, sizeof what, "sample B=%lld x 16 x 4 KiB (%.0f KiB replies)",
+                  static_cast<long long>(m.rows), double(m.reply_bytes) / 1024);
+    std::printf("%-52s %7.2f GB/s %11.2f GB/s %7.1f%%   rounds: %s\n", what, median(m.sample_gbps),
+                median(m.raw_reply), median(one_ratios), listed(one_ratios).c_str());
+    std::printf("%-52s %7.2f GB/s %11.2f GB/s %7.1f%%   rounds: %s\n",
+                "  2 in flight (sample_begin ahead)", median(m.pipelined_gbps), median(m.raw_reply),
+                median(two_ratios), listed(two_ratios).c_str());
+    std::snprintf(what, sizeof what, "  latency B=%lld, against the round trip",
+                  static_cast<long long>(m.rows));
+    std::printf("%-52s %7.0f us %13.1f us %7.1fx\n", what, median(m.sample_us), raw64.round_trip_us,
+                median(m.sample_us) / raw64.round_trip_us);
+  }
   for (int k = 0; k < 2; ++k)
     std::printf("%-52s %7.2f GB/s %11.2f GB/s %7.1f%%\n",
                 (std::to_string(actor_counts[k]) + " actors inserting 64 KiB trajectories").c_str(),

@@ -50,6 +50,8 @@ remote::hello some_hello() {
   for (std::size_t i = 0; i < h.token_proof.size(); ++i) h.token_proof[i] = std::uint8_t(i * 7);
   h.ring_blocks = 64;
   h.address = {127, 0, 0, 1, 0x30, 0x39};
+  h.max_rows = 1024;
+  h.max_window = 64;
   return h;
 }
 remote::welcome some_welcome() {
@@ -75,6 +77,10 @@ remote::sample_request some_request() {
   r.mass_used = 321.0;
   r.reply_offset = 4096;
   r.reply_bytes = 1 << 20;
+  r.batch_address = 1 << 30;
+  r.batch_key = 0xFEED;
+  r.batch_bytes = 1 << 24;
+  r.column_address = {(1 << 30) + 4096, (1 << 30) + (1 << 23)};
   return r;
 }
 remote::update some_update() {
@@ -106,7 +112,8 @@ bool same(const remote::hello& a, const remote::hello& b) {
   return a.role == b.role && a.spec_fingerprint == b.spec_fingerprint &&
          a.selection_fingerprint == b.selection_fingerprint && a.pid == b.pid &&
          a.hostname == b.hostname && a.token_proof == b.token_proof &&
-         a.ring_blocks == b.ring_blocks && a.max_message == b.max_message && a.address == b.address;
+         a.ring_blocks == b.ring_blocks && a.max_message == b.max_message &&
+         a.address == b.address && a.max_rows == b.max_rows && a.max_window == b.max_window;
 }
 
 /// Every parser, each with its limits, as a function of the bytes: (accepted, refusal).
@@ -172,6 +179,9 @@ TEST_CASE("every message round-trips") {
   CHECK(r.value.win.padding == gear::pad::head);
   CHECK(r.value.rows == 256);
   CHECK(r.value.reply_bytes == (1u << 20));
+  CHECK(r.value.batch_key == 0xFEED);
+  CHECK(r.value.batch_bytes == (1u << 24));
+  CHECK(r.value.column_address == some_request().column_address);
   const auto u = remote::parse_update(remote::encode(some_update()), l);
   REQUIRE(u);
   REQUIRE(u.value.entries.size() == 10);
@@ -246,6 +256,13 @@ TEST_CASE("every field out of range is refused, naming the field") {
   h = some_hello();
   h.address.clear();
   check(remote::parse_hello(remote::encode(h), l), "address length");
+  h = some_hello();
+  h.max_rows = l.max_batch + 1;
+  check(remote::parse_hello(remote::encode(h), l), "max_rows or max_window");
+  h = some_hello();
+  h.max_rows = 1 << 12;
+  h.max_window = std::int64_t{1} << 21;  // 2^33 steps of staging
+  check(remote::parse_hello(remote::encode(h), l), "max_rows or max_window");
   auto w = some_welcome();
   w.incarnation = 0;
   check(remote::parse_welcome(remote::encode(w), l), "incarnation");
@@ -283,6 +300,9 @@ TEST_CASE("every field out of range is refused, naming the field") {
   r = some_request();
   r.win.padding = static_cast<gear::pad>(2);
   check(remote::parse_sample_request(remote::encode(r), l), "window padding");
+  r = some_request();
+  r.column_address.assign(remote::max_request_columns + 1, 0);
+  check(remote::parse_sample_request(remote::encode(r), l), "columns");
   auto u = some_update();
   u.entries[4].priority = std::nanf("");
   check(remote::parse_update(remote::encode(u), l), "priority of entry 4");
@@ -484,11 +504,16 @@ TEST_CASE(
 TEST_CASE("sample replies: sealed ones pass; a mismatch or a missing footer is refused") {
   const std::int64_t steps[] = {24, 4};
   const auto l = remote::layout_reply(steps, 32, 8);
-  CHECK(l.column_at[0] % gear::segment_alignment == 0);
-  CHECK(l.mask_at >= l.column_at[1] + 32 * 8 * 4);
+  CHECK(l.mask_at >= remote::reply_header_bytes);
   CHECK(l.keys_at >= l.mask_at + 32 * 8);
   CHECK(l.probabilities_at >= l.keys_at + 32 * 16);
-  std::vector<std::byte> slice(static_cast<std::size_t>(l.total_bytes));
+  CHECK(l.footer_at >= l.probabilities_at + 32 * 4);
+  CHECK(l.meta_bytes == l.footer_at + remote::reply_footer_bytes);
+  CHECK(l.column_at[0] >= l.meta_bytes);  // the columns follow, each aligned
+  CHECK(l.column_at[0] % gear::segment_alignment == 0);
+  CHECK(l.column_at[1] >= l.column_at[0] + 32 * 8 * 24);
+  CHECK(l.total_bytes >= l.column_at[1] + 32 * 8 * 4);
+  std::vector<std::byte> slice(static_cast<std::size_t>(l.meta_bytes));
   remote::reply_header h;
   h.request = 9;
   h.incarnation = 0xBEEF;
@@ -500,7 +525,10 @@ TEST_CASE("sample replies: sealed ones pass; a mismatch or a missing footer is r
   CHECK(remote::check_reply(slice, 9, 0xBEEF, 32, 8, steps));
   CHECK(remote::check_reply(slice, 10, 0xBEEF, 32, 8, steps).why == refusal::mismatch);
   CHECK(remote::check_reply(slice, 9, 0xBEEE, 32, 8, steps).why == refusal::mismatch);
-  CHECK(remote::check_reply(slice, 9, 0xBEEF, 31, 8, steps).why == refusal::truncated);
+  CHECK(
+      remote::check_reply(std::span(slice).first(slice.size() - 8), 9, 0xBEEF, 32, 8, steps).why ==
+      refusal::truncated);
+  CHECK(remote::check_reply(slice, 9, 0xBEEF, 31, 8, steps).why == refusal::mismatch);
   CHECK(remote::check_reply(with(slice, 40, -1.0), 9, 0xBEEF, 32, 8, steps).why ==
         refusal::out_of_range);
   CHECK(remote::check_reply(with(slice, static_cast<std::size_t>(l.footer_at), std::uint32_t{0}), 9,
@@ -711,4 +739,52 @@ TEST_CASE("the token proof: SHA-256 and HMAC-SHA-256 against published test vect
   CHECK_FALSE(remote::same_proof(p, remote::token_proof("secret", 43, 1, 7)));
   CHECK_FALSE(remote::same_proof(p, remote::token_proof("secret", 42, 2, 7)));
   CHECK_FALSE(remote::same_proof(p, remote::token_proof("secret", 42, 1, 8)));
+}
+
+TEST_CASE("a sample request's writes must stay inside what the learner granted") {
+  const std::int64_t steps[] = {24, 4};
+  const remote::reply_grant grant{1 << 20, 64, 16};
+  remote::sample_request r;
+  r.rows = 32;
+  r.win.length = 8;
+  r.reply_offset = 4096;
+  r.reply_bytes = static_cast<std::uint64_t>(remote::layout_reply(steps, 32, 8).meta_bytes);
+  r.batch_address = 1 << 20;
+  r.batch_bytes = 64 * 16 * 28;  // a batch of 64 rows of 16 steps
+  r.column_address = {(1 << 20) + 32 * 8 * 24, (1 << 20) + 64 * 16 * 24 + 32 * 8 * 4};
+  const auto fits = remote::check_request_fits(r, steps, grant);
+  REQUIRE(fits);
+  CHECK(fits.value.total_bytes == remote::layout_reply(steps, 32, 8).total_bytes);
+  const auto refused = [&](remote::sample_request bad, refusal why, const char* what) {
+    const auto d = remote::check_request_fits(bad, steps, grant);
+    CHECK(d.why == why);
+    CHECK(d.what == what);
+  };
+  auto bad = r;
+  bad.rows = 65;
+  refused(bad, refusal::out_of_range, "a share larger than the grant");
+  bad = r;
+  bad.win.length = 17;
+  refused(bad, refusal::out_of_range, "a share larger than the grant");
+  bad = r;
+  bad.column_address.pop_back();
+  refused(bad, refusal::mismatch, "column count");
+  bad = r;
+  bad.reply_bytes += 1;
+  refused(bad, refusal::out_of_range, "reply past the slice");
+  bad = r;
+  bad.reply_offset = (1 << 20) - 8;
+  refused(bad, refusal::out_of_range, "reply past the slice");
+  bad = r;
+  bad.column_address[0] = bad.batch_address - 1;  // before the batch
+  refused(bad, refusal::out_of_range, "column 0 past the batch");
+  bad = r;
+  bad.column_address[1] = bad.batch_address + bad.batch_bytes - 32 * 8 * 4 + 1;  // one byte past
+  refused(bad, refusal::out_of_range, "column 1 past the batch");
+  bad = r;
+  bad.column_address[1] = ~std::uint64_t{0};  // would wrap
+  refused(bad, refusal::out_of_range, "column 1 past the batch");
+  bad = r;
+  bad.column_address[1] = bad.batch_address + bad.batch_bytes - 32 * 8 * 4;  // the last that fits
+  CHECK(remote::check_request_fits(bad, steps, grant));
 }

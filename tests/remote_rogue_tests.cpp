@@ -4,14 +4,18 @@
 // body than it has, a hello with another spec's fingerprint, one whose fabric address is too
 // short for the provider, one with a role out of range, a
 // message from a sender the shard never welcomed, and, once welcomed, a sample request for 0 rows,
-// one whose reply would not fit its slice, and an insert entry published for a block outside its
-// ring. The shard refuses each and counts it by reason, and then still answers a valid status
-// request and welcomes a valid actor.
+// one whose reply would not fit its slice, one with a column past the batch it grants, one with a
+// column missing, one for more rows than its hello said, and an insert entry published for a
+// block outside its ring. The shard refuses each and counts it by reason, and then still answers a
+// valid status request and welcomes a valid actor.
 
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 #include <sys/socket.h>
 
+#include <algorithm>
+#include <array>
+#include <cstring>
 #include <gear/detail/remote/hmac.hpp>
 #include <gear/gear.hpp>
 #include <gear/transport/remote_actor.hpp>
@@ -103,6 +107,8 @@ int run_rogue(int fd, const gear::transport::libfabric_config& config) {
   fabric::endpoint& ep = peer.ep;
   fabric::host_region slice(1 << 16);
   fabric::region slice_r = ep.register_memory(slice.data(), slice.size(), FI_REMOTE_WRITE);
+  fabric::host_region batch(1 << 16);  // where the columns of its one valid request go
+  fabric::region batch_r = ep.register_memory(batch.data(), batch.size(), FI_REMOTE_WRITE);
   auto send = [&](std::span<const std::byte> m) { return peer.send(m); };
   auto wait_for = [&](remote::message_type type) { return peer.wait_for(type); };
   remote::hello h;
@@ -115,6 +121,8 @@ int run_rogue(int fd, const gear::transport::libfabric_config& config) {
   h.slice_key.resize(8);
   std::memcpy(h.slice_key.data(), &slice_r.key, 8);
   h.slice_bytes = slice.size();
+  h.max_rows = 4;
+  h.max_window = 4;
   h.token_proof =
       remote::token_proof("", blob.value.nonce, static_cast<std::uint8_t>(h.role), h.pid);
   const auto good_hello = remote::encode(h);
@@ -143,7 +151,8 @@ int run_rogue(int fd, const gear::transport::libfabric_config& config) {
   auto stranger = remote::encode_status_request();
   remote::stamp_sender(stranger, 77);
   if (!send(stranger)) return 27;
-  // Welcomed properly, then: 7. a sample of 0 rows, 8. a reply that would not fit the slice.
+  // Welcomed properly, then: 7. a sample of 0 rows, 8. a reply that would not fit the slice,
+  // 9. a column past the batch it grants, 10. a column missing, 11. more rows than its hello.
   if (!send(good_hello)) return 28;
   const auto w = remote::parse_welcome(wait_for(remote::message_type::welcome), {});
   if (!w) return 29;
@@ -152,7 +161,12 @@ int run_rogue(int fd, const gear::transport::libfabric_config& config) {
   r.rows = 1;
   r.win.length = 2;
   r.reply_bytes =
-      static_cast<std::uint64_t>(remote::layout_reply(spec::step_bytes, 1, 2).total_bytes);
+      static_cast<std::uint64_t>(remote::layout_reply(spec::step_bytes, 1, 2).meta_bytes);
+  r.batch_address = batch_r.remote_address;
+  r.batch_key = batch_r.key;
+  r.batch_bytes = batch.size();
+  for (std::size_t c = 0; c < spec::num_columns; ++c)  // each column's row apart
+    r.column_address.push_back(batch_r.remote_address + c * 4096);
   auto zero_rows = r;
   zero_rows.rows = 0;
   auto bytes = remote::encode(zero_rows);
@@ -163,7 +177,22 @@ int run_rogue(int fd, const gear::transport::libfabric_config& config) {
   bytes = remote::encode(too_far);
   remote::stamp_sender(bytes, w.value.peer_index);
   if (!send(bytes)) return 31;
-  // 9. a valid request is still served, and so is a status request.
+  auto past_batch = r;
+  past_batch.column_address.back() = r.batch_address + r.batch_bytes - 1;
+  bytes = remote::encode(past_batch);
+  remote::stamp_sender(bytes, w.value.peer_index);
+  if (!send(bytes)) return 38;
+  auto missing = r;
+  missing.column_address.pop_back();
+  bytes = remote::encode(missing);
+  remote::stamp_sender(bytes, w.value.peer_index);
+  if (!send(bytes)) return 39;
+  auto too_many = r;
+  too_many.rows = 5;
+  bytes = remote::encode(too_many);
+  remote::stamp_sender(bytes, w.value.peer_index);
+  if (!send(bytes)) return 40;
+  // 12. a valid request is still served (its columns in the batch), and so is a status request.
   bytes = remote::encode(r);
   remote::stamp_sender(bytes, w.value.peer_index);
   if (!send(bytes)) return 32;
@@ -172,10 +201,18 @@ int run_rogue(int fd, const gear::transport::libfabric_config& config) {
   if (!send(bytes)) return 33;
   const auto st = remote::parse_status(wait_for(remote::message_type::status), {.capacity = 16});
   if (!st || st.value.size != 1) return 34;
-  const auto until = clock_type::now() + std::chrono::seconds(10);  // the valid reply, in the slice
+  // The valid reply: its meta part in the slice, its one row's column (2 steps of 4 ones) in the
+  // batch.
+  const auto until = clock_type::now() + std::chrono::seconds(10);
+  const auto column_in = [&] {
+    std::array<float, 8> row{};
+    std::memcpy(row.data(), batch.data(), sizeof row);
+    return std::all_of(row.begin(), row.end(), [](float x) { return x == 1.0f; });
+  };
   while (remote::check_reply({slice.data(), static_cast<std::size_t>(r.reply_bytes)}, 0,
                              blob.value.incarnation, 1, 2, spec::step_bytes)
-             .why != remote::refusal::none) {
+                 .why != remote::refusal::none ||
+         !column_in()) {
     if (clock_type::now() > until) return 35;
     (void)peer.poll();
   }
@@ -293,9 +330,10 @@ void rogue(const char* provider) {
   const auto counts = rogue_run(provider, run_rogue);
   CHECK(counts[remote::refusal::truncated] == 2);     // the truncated hello, the short body
   CHECK(counts[remote::refusal::bad_magic] == 1);     // no frame
-  CHECK(counts[remote::refusal::mismatch] == 3);      // a token; another spec; a stranger
-  CHECK(counts[remote::refusal::out_of_range] == 4);  // an address; a role; 0 rows; the slice
-  CHECK(counts.total() == 10);
+  CHECK(counts[remote::refusal::mismatch] == 4);      // a token; another spec; a stranger; a column
+  CHECK(counts[remote::refusal::out_of_range] == 6);  // an address; a role; 0 rows; the slice;
+                                                      // the batch; rows past the hello's
+  CHECK(counts.total() == 13);
 }
 
 void rogue_actor(const char* provider) {

@@ -3,17 +3,19 @@
 // they were one buffer, with no buffer of its own (decentralised selection).
 //
 // At construction it greets every shard (hello) and grants each a slice of its own registered
-// memory that only that shard may write (its replies). A sample splits the batch's B rows across
-// the shards by their selection masses (detail/remote/split.hpp: Multinomial(B, M_s / M), from a
-// snapshot: the first sample asks every shard's status, later ones use the masses the last
-// replies carried), asks each shard for its share; each shard selects and gathers its rows with
-// its own policy and writes them into its slice with one one-sided write; the learner checks
-// every reply against the request (header and footer, poisoned before the request) and unpacks
-// them into the batch. Each row's probability is global, P_i = (M_s / M) * (p_i / M'_s): the
-// union's p_i / M when nothing changed since the snapshot. Importance weights follow the local
-// formula over the union with options.beta (0: all 1). Rows come grouped by shard.
-// sample_begin / sample_end split a sample in two, so that the shards' work and the transfers
-// overlap a training step.
+// memory that only that shard may write (the meta part of its replies). A sample splits the
+// batch's B rows across the shards by their selection masses (detail/remote/split.hpp:
+// Multinomial(B, M_s / M), from a snapshot: the first sample asks every shard's status, later
+// ones use the masses the last replies carried), registers the batch's columns for the sample
+// alone and asks each shard for its share; each shard selects and gathers its rows with its own
+// policy and writes them with one-sided writes: each column's rows straight into the batch, then
+// the rest (header, mask, keys, probabilities, footer) into its slice. The learner counts the
+// writes, checks every reply against the request (header and footer, poisoned before the
+// request) and copies the small parts into the batch. Each row's probability is global, P_i = (M_s
+// / M) * (p_i / M'_s): the union's p_i / M when nothing changed since the snapshot. Importance
+// weights follow the local formula over the union with options.beta (0: all 1). Rows come grouped
+// by shard. sample_begin / sample_end split a sample in two, so that the shards' work and the
+// transfers overlap a training step.
 
 #include <algorithm>
 #include <array>
@@ -70,8 +72,7 @@ class remote_learner : public remote_client {
     GEAR_REQUIRE(options_.max_batch >= 1 && options_.max_window >= 1, errc::invalid_argument,
                  "max_batch and max_window must be at least 1");
     reply_bytes_ = static_cast<std::size_t>(
-        remote::layout_reply(Spec::step_bytes, options_.max_batch, options_.max_window)
-            .total_bytes);
+        remote::layout_reply(Spec::step_bytes, options_.max_batch, options_.max_window).meta_bytes);
     const std::size_t bytes = reply_bytes_ * max_samples_in_flight;  // a reply area per sample
     for (auto& s : slices_) {
       s.memory = std::make_unique<fabric::host_region>(bytes);
@@ -87,6 +88,8 @@ class remote_learner : public remote_client {
       h.slice_key.resize(sizeof(std::uint64_t));
       std::memcpy(h.slice_key.data(), &slices_[s].region.key, sizeof(std::uint64_t));
       h.slice_bytes = bytes;
+      h.max_rows = options_.max_batch;
+      h.max_window = options_.max_window;
       return h;
     });
   }
@@ -104,10 +107,11 @@ class remote_learner : public remote_client {
   /// shards select, gather and write meanwhile (a training step can run). Up to
   /// max_samples_in_flight samples may be in flight, into different batches, ended in any order:
   /// with two, a shard gathers the next share while the last one is on the wire. `out` must stay
-  /// alive until sample_end. Throws, sending nothing, errc::invalid_argument (as many in flight
-  /// as allowed, or one into `out` already, a batch larger than the slices),
-  /// errc::wrong_memory, errc::batch_mismatch; errc::empty_buffer when no shard holds anything;
-  /// errc::peer_lost.
+  /// alive until sample_end; the shards write into its columns meanwhile. Throws, sending
+  /// nothing, errc::invalid_argument (as many in flight as allowed, or one into `out` already, a
+  /// batch larger than the slices), errc::wrong_memory, errc::batch_mismatch; errc::empty_buffer
+  /// when no shard holds anything; errc::transport_error (its memory cannot be registered);
+  /// errc::peer_lost (after the shards already asked have answered, or the deadline passed).
   void sample_begin(batch<Spec>& out, const window& w, rng& g) {
     namespace remote = detail::remote;
     const std::int64_t rows = out.batch_size(), length = out.window_length();
@@ -150,94 +154,82 @@ class remote_learner : public remote_client {
     f.total = remote::live_mass(snapshot_);
     f.split = snapshot_;
     f.layouts.resize(links_.size());
+    // The batch's columns, registered for this sample alone: the shards write their rows there.
+    std::byte* const columns = out.column_data(0);
+    const std::size_t last = Spec::num_columns - 1;
+    const auto column_bytes = [&](std::size_t c) {
+      return static_cast<std::size_t>(rows * length * Spec::step_bytes[c]);
+    };
+    const std::size_t granted =
+        static_cast<std::size_t>(out.column_data(last) - columns) + column_bytes(last);
+    f.grant = ep_->register_memory(columns, granted, FI_REMOTE_WRITE);
     const auto until = clock::now() + deadline_;
-    for (std::size_t s = 0; s < links_.size(); ++s) {
-      slices_[s].arrived[f.area] = false;
-      if (f.share[s] == 0) continue;
-      f.layouts[s] = remote::layout_reply(Spec::step_bytes, f.share[s], length);
-      std::byte* reply = area(s, f.area);
-      std::memset(reply, 0, remote::reply_header_bytes);  // poisoned
-      std::memset(reply + f.layouts[s].footer_at, 0, remote::reply_footer_bytes);
-      slices_[s].request[f.area] = next_request_++ % remote::max_cq_index;
-      remote::sample_request r;
-      r.request = slices_[s].request[f.area];
-      r.reply_offset = f.area * reply_bytes_;
-      r.incarnation = links_[s].blob.incarnation;
-      r.rows = f.share[s];
-      r.win = w;
-      r.seed = draw.seed;
-      r.call = draw.call * remote::max_peers + s;  // a stream of its own per shard
-      r.mass_used = snapshot_[s].mass;
-      r.reply_bytes = static_cast<std::uint64_t>(f.layouts[s].total_bytes);
-      auto bytes = remote::encode(r);
-      remote::stamp_sender(bytes, links_[s].welcome->peer_index);
-      guarded(
-          s, [&] { return send(bytes, s, until), true; }, true);
+    std::int64_t first = 0;  // the shard's first row
+    try {
+      for (std::size_t s = 0; s < links_.size(); first += f.share[s], ++s) {
+        slices_[s].arrived[f.area] = false;
+        slices_[s].columns[f.area] = 0;
+        if (f.share[s] == 0) continue;
+        f.layouts[s] = remote::layout_reply(Spec::step_bytes, f.share[s], length);
+        std::byte* reply = area(s, f.area);
+        std::memset(reply, 0, remote::reply_header_bytes);  // poisoned
+        std::memset(reply + f.layouts[s].footer_at, 0, remote::reply_footer_bytes);
+        slices_[s].request[f.area] = next_request_++ % remote::max_cq_index;
+        remote::sample_request r;
+        r.request = slices_[s].request[f.area];
+        r.reply_offset = f.area * reply_bytes_;
+        r.incarnation = links_[s].blob.incarnation;
+        r.rows = f.share[s];
+        r.win = w;
+        r.seed = draw.seed;
+        r.call = draw.call * remote::max_peers + s;  // a stream of its own per shard
+        r.mass_used = snapshot_[s].mass;
+        r.reply_bytes = static_cast<std::uint64_t>(f.layouts[s].meta_bytes);
+        r.batch_address = f.grant.remote_address;
+        r.batch_key = f.grant.key;
+        r.batch_bytes = granted;
+        for (std::size_t c = 0; c < Spec::num_columns; ++c)
+          r.column_address.push_back(
+              f.grant.remote_address +
+              static_cast<std::uint64_t>(out.column_data(c) - columns +
+                                         first * length * Spec::step_bytes[c]));
+        auto bytes = remote::encode(r);
+        remote::stamp_sender(bytes, links_[s].welcome->peer_index);
+        guarded(
+            s, [&] { return send(bytes, s, until), true; }, true);
+        f.sent.push_back(s);
+      }
+    } catch (...) {  // nothing may land in the batch once this throws
+      end_grant(f, until);
+      throw;
     }
     flights_.push_back(std::move(f));
   }
 
   /// Ends the sample in flight into `out`: waits for every share (bounded by the deadline), checks
-  /// every reply (header and footer, poisoned before the request) and only then unpacks them into
-  /// the batch given to sample_begin (`out`, the same), with global probabilities and weights.
-  /// Throws errc::invalid_argument (none in flight, another batch), errc::empty_buffer (a shard
-  /// could not sample), errc::peer_lost, errc::transport_error (a reply that does not hold up); the
-  /// sample is over either way.
+  /// every reply (header and footer, poisoned before the request) and only then completes the
+  /// batch given to sample_begin (`out`, the same: its columns are in, its keys and masks are
+  /// copied) with global probabilities and weights. Throws errc::invalid_argument (none in flight,
+  /// another batch), errc::empty_buffer (a shard could not sample), errc::peer_lost,
+  /// errc::transport_error (a reply that does not hold up); the sample is over either way, the
+  /// batch's contents are then unspecified, and nothing lands in it after the throw (a shard
+  /// whose reply comes later has it refused, and is lost to this learner).
   void sample_end(batch<Spec>& out) {
     namespace remote = detail::remote;
     const auto it = std::find_if(flights_.begin(), flights_.end(),
                                  [&](const flight& f) { return f.out == &out; });
     GEAR_REQUIRE(it != flights_.end(), errc::invalid_argument,
                  "sample_end of a batch with no sample in flight");
-    const flight f = std::move(*it);
+    flight f = std::move(*it);
     flights_.erase(it);
-    const std::int64_t rows = out.batch_size(), length = out.window_length();
     const auto until = clock::now() + deadline_;
-    for (std::size_t s = 0; s < links_.size(); ++s)
-      if (f.share[s] > 0 && lost_[s]) lost(s, "sample reply (it was lost meanwhile)");
-    for (std::size_t s = 0; s < links_.size(); ++s)
-      if (f.share[s] > 0)
-        guarded(
-            s,
-            [&] {
-              wait_until([&] { return slices_[s].arrived[f.area]; }, until, s, "sample reply");
-              return true;
-            },
-            true);
-    std::vector<remote::reply_header> headers(links_.size());
-    for (std::size_t s = 0; s < links_.size(); ++s) {
-      if (f.share[s] == 0) continue;
-      const std::span<const std::byte> slice(area(s, f.area),
-                                             static_cast<std::size_t>(f.layouts[s].total_bytes));
-      remote::reply_header h;
-      std::memcpy(&h, slice.data(), sizeof(h));
-      GEAR_REQUIRE(!(h.magic == remote::reply_magic && h.request == slices_[s].request[f.area] &&
-                     h.rows == 0),
-                   errc::empty_buffer,
-                   "shard " + std::to_string(links_[s].blob.shard) + " could not sample its " +
-                       std::to_string(f.share[s]) + " rows");
-      const auto checked =
-          remote::check_reply(slice, slices_[s].request[f.area], links_[s].blob.incarnation,
-                              f.share[s], length, Spec::step_bytes);
-      GEAR_REQUIRE(checked, errc::transport_error,
-                   "shard " + std::to_string(links_[s].blob.shard) + "'s reply is refused (" +
-                       std::string(remote::to_string(checked.why)) + ": " + checked.what + ")");
-      headers[s] = checked.value;
+    try {
+      finish(out, f, until);
+    } catch (...) {  // nothing may land in the batch once this throws
+      end_grant(f, until);
+      throw;
     }
-    std::vector<double> probabilities(static_cast<std::size_t>(rows));
-    std::int64_t at = 0, union_size = 0;
-    for (const auto& m : f.split) union_size += m.live ? m.size : 0;
-    for (std::size_t s = 0; s < links_.size(); ++s) {
-      if (f.share[s] == 0) continue;
-      unpack(out, s, area(s, f.area), f.layouts[s], at, f.share[s], f.total, f.split,
-             probabilities);
-      at += f.share[s];
-    }
-    remote::importance_weights(probabilities, union_size, options_.beta,
-                               {out.weights_data(), static_cast<std::size_t>(rows)});
-    // The next snapshot: what the replies say the shards held when they selected.
-    for (std::size_t s = 0; s < links_.size(); ++s)
-      if (f.share[s] > 0) snapshot_[s] = {headers[s].mass, headers[s].size, true};
+    end_grant(f, until);
   }
 
   /// Sets the priorities of `keys` (host spans of one size) at the shards that own them, each
@@ -334,6 +326,8 @@ class remote_learner : public remote_client {
   struct flight {
     batch<Spec>* out = nullptr;
     std::size_t area = 0;
+    fabric::region grant{};         // its batch's columns, registered for it alone
+    std::vector<std::size_t> sent;  // the shards it asked
     std::vector<std::int64_t> share;
     std::vector<detail::remote::reply_layout> layouts;
     std::vector<detail::remote::shard_share> split;  // the snapshot it was split by
@@ -346,18 +340,25 @@ class remote_learner : public remote_client {
     std::unique_ptr<fabric::host_region> memory;
     fabric::region region{};
     std::array<std::uint32_t, max_samples_in_flight> request{};
-    std::array<bool, max_samples_in_flight> arrived{};
+    std::array<bool, max_samples_in_flight> arrived{};         // the meta part
+    std::array<std::size_t, max_samples_in_flight> columns{};  // column writes in
   };
   [[nodiscard]] std::byte* area(std::size_t s, std::size_t a) const {
     return slices_[s].memory->data() + a * reply_bytes_;
   }
 
   void on_remote_write(const detail::remote::cq_data& d) override {
-    if (d.kind != detail::remote::write_kind::sample_reply) return;
+    using kind = detail::remote::write_kind;
+    if (d.kind != kind::sample_reply && d.kind != kind::sample_column) return;
     for (std::size_t s = 0; s < links_.size(); ++s)
       if (links_[s].blob.shard == d.peer)  // (a reply may come before sample_begin returns)
         for (std::size_t a = 0; a < max_samples_in_flight; ++a)
-          if (slices_[s].request[a] == d.index) slices_[s].arrived[a] = true;
+          if (slices_[s].request[a] == d.index) {
+            if (d.kind == kind::sample_reply)
+              slices_[s].arrived[a] = true;
+            else
+              ++slices_[s].columns[a];
+          }
   }
 
   /// Runs `call` for shard s. When it throws errc::peer_lost naming a shard and
@@ -379,28 +380,94 @@ class remote_learner : public remote_client {
   }
   [[nodiscard]] bool written_off(std::size_t s) const override { return lost_[s]; }
 
-  /// memcpy in pieces of 1 MiB, polling the endpoint between them: with manual progress
-  /// (tcp;ofi_rxm, shm) a reply still on the wire moves only while this side polls.
-  void copy_polling(std::byte* to, const std::byte* from, std::size_t bytes) {
-    constexpr std::size_t piece = std::size_t{1} << 20;
-    for (std::size_t done = 0; done < bytes; done += piece) {
-      std::memcpy(to + done, from + done, std::min(piece, bytes - done));
-      if (flights_.size() > 0) (void)poll();
-    }
+  /// True once shard s's reply in area a is all in: its meta part and a write per column (none
+  /// when it holds no rows: a shard that could not sample).
+  [[nodiscard]] bool reply_in(std::size_t s, std::size_t a) const {
+    if (!slices_[s].arrived[a]) return false;
+    if (slices_[s].columns[a] == Spec::num_columns) return true;
+    detail::remote::reply_header h;
+    std::memcpy(&h, area(s, a), sizeof h);
+    return h.rows == 0;
   }
 
-  /// Copies shard s's k rows into rows [at, at + k) of `out`, with global probabilities.
+  /// The body of sample_end: waits for every share, checks every reply, then completes the batch.
+  void finish(batch<Spec>& out, const flight& f, clock::time_point until) {
+    namespace remote = detail::remote;
+    const std::int64_t rows = out.batch_size(), length = out.window_length();
+    for (std::size_t s = 0; s < links_.size(); ++s)
+      if (f.share[s] > 0 && lost_[s]) lost(s, "sample reply (it was lost meanwhile)");
+    for (std::size_t s = 0; s < links_.size(); ++s)
+      if (f.share[s] > 0)
+        guarded(
+            s,
+            [&] {
+              wait_until([&] { return reply_in(s, f.area); }, until, s, "sample reply");
+              return true;
+            },
+            true);
+    std::vector<remote::reply_header> headers(links_.size());
+    for (std::size_t s = 0; s < links_.size(); ++s) {
+      if (f.share[s] == 0) continue;
+      const std::span<const std::byte> slice(area(s, f.area),
+                                             static_cast<std::size_t>(f.layouts[s].meta_bytes));
+      remote::reply_header h;
+      std::memcpy(&h, slice.data(), sizeof(h));
+      GEAR_REQUIRE(!(h.magic == remote::reply_magic && h.request == slices_[s].request[f.area] &&
+                     h.rows == 0),
+                   errc::empty_buffer,
+                   "shard " + std::to_string(links_[s].blob.shard) + " could not sample its " +
+                       std::to_string(f.share[s]) + " rows");
+      const auto checked =
+          remote::check_reply(slice, slices_[s].request[f.area], links_[s].blob.incarnation,
+                              f.share[s], length, Spec::step_bytes);
+      GEAR_REQUIRE(checked, errc::transport_error,
+                   "shard " + std::to_string(links_[s].blob.shard) + "'s reply is refused (" +
+                       std::string(remote::to_string(checked.why)) + ": " + checked.what + ")");
+      headers[s] = checked.value;
+    }
+    std::vector<double> probabilities(static_cast<std::size_t>(rows));
+    std::int64_t at = 0, union_size = 0;
+    for (const auto& m : f.split) union_size += m.live ? m.size : 0;
+    for (std::size_t s = 0; s < links_.size(); ++s) {
+      if (f.share[s] == 0) continue;
+      unpack(out, s, area(s, f.area), f.layouts[s], at, f.share[s], f.total, f.split,
+             probabilities);
+      at += f.share[s];
+    }
+    remote::importance_weights(probabilities, union_size, options_.beta,
+                               {out.weights_data(), static_cast<std::size_t>(rows)});
+    // The next snapshot: what the replies say the shards held when they selected.
+    for (std::size_t s = 0; s < links_.size(); ++s)
+      if (f.share[s] > 0) snapshot_[s] = {headers[s].mass, headers[s].size, true};
+  }
+
+  /// Ends flight f's registration of its batch, once every shard sent a request has written all
+  /// of its reply or `until` passed: a write that comes later is refused (on tcp and verbs that
+  /// ends the pair, on shm it never completes at the shard: the shard is lost to this learner)
+  /// rather than landing in a batch the caller has moved on with.
+  void end_grant(flight& f, clock::time_point until) noexcept {
+    if (!ep_) return;  // closed: its registrations with it
+    try {
+      const auto all_in = [&] {
+        for (const std::size_t s : f.sent)
+          if (!lost_[s] && !reply_in(s, f.area)) return false;
+        return true;
+      };
+      while (!all_in() && clock::now() <= until)
+        if (poll() == 0) std::this_thread::yield();
+    } catch (const error&) {  // a lost shard: its writes are refused from here on
+    }
+    ep_->deregister(f.grant);
+  }
+
+  /// Copies shard s's k rows' mask, keys and probabilities (global) into rows [at, at + k) of
+  /// `out`; their columns are there already.
   void unpack(batch<Spec>& out, std::size_t s, const std::byte* from,
               const detail::remote::reply_layout& l, std::int64_t at, std::int64_t k, double total,
               std::span<const detail::remote::shard_share> split,
               std::vector<double>& probabilities) {
     const auto length = static_cast<std::size_t>(out.window_length());
     const auto first = static_cast<std::size_t>(at), rows = static_cast<std::size_t>(k);
-    for (std::size_t c = 0; c < Spec::num_columns; ++c) {
-      const auto step = static_cast<std::size_t>(Spec::step_bytes[c]);
-      copy_polling(out.column_data(c) + first * length * step, from + l.column_at[c],
-                   rows * length * step);
-    }
     std::memcpy(out.mask_data() + first * length, from + l.mask_at, rows * length);
     std::memcpy(out.keys_data() + first, from + l.keys_at, rows * sizeof(key));
     for (std::size_t i = 0; i < rows; ++i) {

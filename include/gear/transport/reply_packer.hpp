@@ -17,6 +17,7 @@
 #include <gear/key.hpp>
 #include <gear/transport/shard_operations.hpp>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <thread>
 
@@ -69,7 +70,8 @@ class reply_packer {
         j = jobs_.front();
         jobs_.pop_front();
       }
-      pack_sample_reply(buffer_, stream_, j.request, j.layout, owner_, j.out);  // never throws
+      pack_sample_reply(buffer_, stream_, j.request, j.layout, owner_, j.out,
+                        scratch_);  // never throws
       j.state->store(reply_state::packed, std::memory_order_release);
     }
   }
@@ -77,6 +79,7 @@ class reply_packer {
   Buffer& buffer_;
   key_owner owner_;
   shard_stream stream_;  // the packer's own: the progress thread calls the buffer on another
+  std::optional<typename Buffer::batch_type> scratch_;  // the last reply's batch, reused
   std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<job> jobs_;

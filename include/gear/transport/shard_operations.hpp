@@ -26,6 +26,7 @@
 #include <gear/select/concept.hpp>
 #include <gear/strong_types.hpp>
 #include <gear/transport/concept.hpp>
+#include <optional>
 #include <span>
 #include <type_traits>
 #include <vector>
@@ -93,13 +94,15 @@ constexpr std::uint64_t share_seed(std::uint64_t seed, std::uint64_t call) noexc
   return z ^ (z >> 31);
 }
 
-/// Packs the reply to `r` into `out` (layout.total_bytes), keys named by `owner`. A buffer that
-/// cannot sample (empty, out of memory) answers with a header of no rows: the reply is always
-/// sealed.
+/// Packs the reply to `r` into `out` (layout.total_bytes), keys named by `owner`, sampling into
+/// `scratch` (made anew only when its shape differs: a fresh batch per reply costs its allocation
+/// and page faults every time). A buffer that cannot sample (empty, out of memory) answers with a
+/// header of no rows: the reply is always sealed.
 template <class Buffer>
 void pack_sample_reply(Buffer& buffer, shard_stream& s, const detail::remote::sample_request& r,
                        const detail::remote::reply_layout& layout, key_owner owner,
-                       std::span<std::byte> out) {
+                       std::span<std::byte> out,
+                       std::optional<typename Buffer::batch_type>& scratch) {
   namespace remote = detail::remote;
   using spec = typename Buffer::spec_type;
   remote::reply_header h;
@@ -108,7 +111,11 @@ void pack_sample_reply(Buffer& buffer, shard_stream& s, const detail::remote::sa
   h.rows = r.rows;
   h.window = r.win.length;
   try {
-    auto batch = buffer.make_batch(batch_size{r.rows}, window_length{r.win.length});
+    if (!scratch || scratch->batch_size() != r.rows || scratch->window_length() != r.win.length) {
+      scratch.reset();
+      scratch.emplace(buffer.make_batch(batch_size{r.rows}, window_length{r.win.length}));
+    }
+    auto& batch = *scratch;
     rng g{share_seed(r.seed, r.call)};
     h.mass = selection_mass(buffer, s);
     h.size = buffer.size();

@@ -15,13 +15,16 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <deque>
+#include <gear/detail/remote/entry.hpp>
 #include <gear/detail/remote/messages.hpp>
 #include <gear/transport/fabric_memory.hpp>
 #include <gear/transport/libfabric.hpp>
 #include <gear/transport/reply_packer.hpp>
 #include <memory>
 #include <set>
+#include <span>
 #include <string>
 
 namespace gear::transport {
@@ -46,15 +49,20 @@ struct shard_peer {
   std::unique_ptr<fabric::endpoint> intake;
   fabric::region ring_region{};
 
-  // A learner's slice for sample replies, and the registered memory replies are packed in, as
-  // large as the slice: a reply at offset o of the slice is packed at o here (by the packer),
-  // then written (its context is its state) and busy until the write completes.
-  std::uint64_t slice_address = 0, slice_key = 0, slice_bytes = 0;
+  // A learner's slice for the meta part of sample replies and the largest share it asks for,
+  // and the registered staging replies are packed in: a slot of slot_bytes per write in flight.
+  // A reply is packed by the packer, then written (a write per column into the batch region
+  // its request names, then the meta part into the slice; the writes' context is its state)
+  // and busy until every write completes.
+  std::uint64_t slice_address = 0, slice_key = 0;
+  detail::remote::reply_grant grant;
+  std::uint64_t slot_bytes = 0;
   std::unique_ptr<fabric::host_region> reply;
   struct reply_write {
     std::atomic<reply_state> state{reply_state::idle};
-    std::uint64_t offset = 0, bytes = 0;
-    std::uint32_t request = 0;
+    detail::remote::sample_request request;  // what it answers
+    detail::remote::reply_layout layout;
+    std::uint32_t to_post = 0, posted = 0, completed = 0;  // its writes
   };
   std::unique_ptr<std::array<reply_write, max_replies_in_flight>> writes =
       std::make_unique<std::array<reply_write, max_replies_in_flight>>();
@@ -62,6 +70,54 @@ struct shard_peer {
   fabric::region reply_region{};
   fi_addr_t reply_to = FI_ADDR_UNSPEC;
   std::deque<detail::remote::sample_request> deferred;  // not yet packed, oldest first
+
+  /// Posts what the packer has sealed, from shard `shard` (columns of `step_bytes`): a write per
+  /// column into the learner's batch, then the meta part into its slice; a provider that asks
+  /// to retry is retried next time. Returns the replies that could not go (dropped).
+  std::uint64_t post_replies(std::uint32_t shard, std::span<const std::int64_t> step_bytes) {
+    namespace remote = detail::remote;
+    std::uint64_t failed = 0;
+    for (std::size_t i = 0; i < writes->size(); ++i) {
+      reply_write& w = (*writes)[i];
+      if (w.state.load(std::memory_order_acquire) != reply_state::packed) continue;
+      const remote::sample_request& r = w.request;
+      const std::uint64_t staging = i * slot_bytes;
+      if (w.to_post == 0) {  // an empty reply (the buffer could not sample) has no columns
+        remote::reply_header h;
+        std::memcpy(&h, reply->data() + staging, sizeof h);
+        w.to_post = 1 + (h.rows > 0 ? static_cast<std::uint32_t>(step_bytes.size()) : 0);
+      }
+      try {
+        while (w.posted < w.to_post) {
+          const bool meta = w.posted + 1 == w.to_post;
+          const std::size_t c = w.posted;
+          const remote::cq_data data{
+              meta ? remote::write_kind::sample_reply : remote::write_kind::sample_column, shard,
+              r.request};
+          const bool posted =
+              meta ? channel->try_writedata(reply_region, staging, r.reply_bytes, reply_to,
+                                            slice_address + r.reply_offset, slice_key,
+                                            data.encode(), &w.state)
+                   : channel->try_writedata(
+                         reply_region, staging + w.layout.column_at[c],
+                         static_cast<std::size_t>(r.rows * r.win.length * step_bytes[c]), reply_to,
+                         r.column_address[c], r.batch_key, data.encode(), &w.state);
+          if (!posted) break;
+          ++w.posted;
+        }
+        if (w.posted == w.to_post) w.state = reply_state::writing;  // until its completions
+      } catch (const error&) {  // this learner's reply cannot go: the rest is dropped
+        w.to_post = w.posted;
+        w.state = w.posted == w.completed ? reply_state::idle : reply_state::writing;
+        ++failed;
+      }
+    }
+    return failed;
+  }
+  /// Counts a completion of one of the writes of reply_write `w` (its context): the last frees it.
+  static void completed(reply_write& w) noexcept {
+    if (++w.completed == w.to_post) w.state = reply_state::idle;
+  }
 };
 
 }  // namespace gear::transport

@@ -179,7 +179,7 @@ class shard_server {
             serve(p);
             (void)p.channel->poll([&](const fabric::completion& c) {  // its writes' completions
               for (auto& w : *p.writes)
-                if (&w.state == c.context) w.state = reply_state::idle;
+                if (&w.state == c.context) peer::completed(w);
               if (c.what != fabric::completion::kind::failed) return;
               const std::lock_guard held(stats_mutex_);
               ++stats_.failed_transfers;
@@ -277,15 +277,12 @@ class shard_server {
         auto l = limits();
         const auto r = remote::parse_sample_request(message, l);
         if (!r) return count(r.why);
-        const auto layout =
-            remote::layout_reply(spec::step_bytes, r.value.rows, r.value.win.length);
         if (!from.reply || r.value.incarnation != incarnation_ ||
             r.value.request >= remote::max_cq_index)
           return count(remote::refusal::mismatch);
-        if (r.value.reply_bytes != static_cast<std::uint64_t>(layout.total_bytes) ||
-            r.value.reply_offset > from.slice_bytes ||
-            from.slice_bytes - r.value.reply_offset < r.value.reply_bytes)
-          return count(remote::refusal::out_of_range);
+        if (const auto fits = remote::check_request_fits(r.value, spec::step_bytes, from.grant);
+            !fits)
+          return count(fits.why);
         if (peers_[sender - 1].deferred.size() >= max_deferred_requests)
           return count(remote::refusal::oversized);
         peers_[sender - 1].deferred.push_back(r.value);
@@ -312,9 +309,12 @@ class shard_server {
     peer p;
     const auto& a = h.value.address;
     if (!ep_->fits_address(a)) return count(remote::refusal::out_of_range);
+    const auto slot_bytes = static_cast<std::uint64_t>(
+        remote::layout_reply(spec::step_bytes, h.value.max_rows, h.value.max_window).total_bytes);
     if (h.value.role == remote::peer_role::learner &&
         (h.value.slice_key.size() != sizeof(std::uint64_t) || h.value.slice_bytes == 0 ||
-         h.value.slice_bytes > max_slice_bytes))
+         h.value.slice_bytes > max_slice_bytes || h.value.max_rows < 1 || h.value.max_window < 1 ||
+         slot_bytes * max_replies_in_flight > max_slice_bytes))
       return count(remote::refusal::out_of_range);  // no slice it could answer into
     p.address = ep_->insert_peer(a);
     p.role = h.value.role;
@@ -325,8 +325,9 @@ class shard_server {
     if (p.role == remote::peer_role::learner) {
       p.slice_address = h.value.slice_address;
       std::memcpy(&p.slice_key, h.value.slice_key.data(), sizeof(p.slice_key));
-      p.slice_bytes = h.value.slice_bytes;
-      p.reply = std::make_unique<fabric::host_region>(p.slice_bytes);
+      p.grant = {h.value.slice_bytes, h.value.max_rows, h.value.max_window};
+      p.slot_bytes = slot_bytes;
+      p.reply = std::make_unique<fabric::host_region>(slot_bytes * max_replies_in_flight);
       p.channel = std::make_unique<fabric::endpoint>(options_.fabric);
       p.reply_region = p.channel->register_memory(p.reply->data(), p.reply->size(), FI_WRITE);
       p.reply_to = p.channel->insert_peer(a);
@@ -413,43 +414,38 @@ class shard_server {
   /// only its own requests. A buffer that cannot sample answers with a header of no rows.
   void serve(peer& to) {
     namespace remote = detail::remote;
-    // Post what the packer has sealed (a provider that asks to retry is retried next time).
-    for (auto& w : *to.writes) {
-      if (w.state.load(std::memory_order_acquire) != reply_state::packed) continue;
-      const remote::cq_data data{remote::write_kind::sample_reply, options_.shard, w.request};
-      try {
-        if (to.channel->try_writedata(to.reply_region, w.offset, w.bytes, to.reply_to,
-                                      to.slice_address + w.offset, to.slice_key, data.encode(),
-                                      &w.state))
-          w.state = reply_state::writing;  // its completion is polled on this thread
-      } catch (const error&) {             // this learner's reply cannot go: dropped
-        w.state = reply_state::idle;
-        const std::lock_guard held(stats_mutex_);
-        ++stats_.failed_transfers;
-      }
+    if (const std::uint64_t failed = to.post_replies(options_.shard, spec::step_bytes)) {
+      const std::lock_guard held(stats_mutex_);
+      stats_.failed_transfers += failed;
     }
-    // Hand queued requests to the packer: into a free write, never over a range still in use (a
-    // learner reuses a reply area only once its reply arrived; a rogue one's requests wait).
+    // Hand queued requests to the packer: into a free write, never over a range of the slice
+    // still in use (a learner reuses a reply area only once its reply arrived; a rogue one's
+    // requests wait).
     while (!to.deferred.empty()) {
       const remote::sample_request& r = to.deferred.front();
-      const auto layout = remote::layout_reply(spec::step_bytes, r.rows, r.win.length);
-      const auto bytes = static_cast<std::uint64_t>(layout.total_bytes);
-      peer::reply_write* slot = nullptr;
-      for (auto& w : *to.writes) {
+      std::size_t slot = to.writes->size();
+      for (std::size_t i = 0; i < to.writes->size(); ++i) {
+        const auto& w = (*to.writes)[i];
         const bool in_use = w.state.load(std::memory_order_acquire) != reply_state::idle;
-        if (in_use && w.offset < r.reply_offset + bytes && r.reply_offset < w.offset + w.bytes)
+        if (in_use && w.request.reply_offset < r.reply_offset + r.reply_bytes &&
+            r.reply_offset < w.request.reply_offset + w.request.reply_bytes)
           return;
-        if (!in_use && slot == nullptr) slot = &w;
+        if (!in_use && slot == to.writes->size()) slot = i;
       }
-      if (slot == nullptr) return;
-      slot->offset = r.reply_offset;
-      slot->bytes = bytes;
-      slot->request = r.request;
-      slot->state = reply_state::packing;
+      if (slot == to.writes->size()) return;
+      auto& w = (*to.writes)[slot];
+      w.request = r;
+      w.layout = remote::layout_reply(spec::step_bytes, r.rows, r.win.length);
+      w.to_post = w.posted = w.completed = 0;
+      w.state = reply_state::packing;
       try {
-        packer_->push({r, layout, {to.reply->data() + r.reply_offset, bytes}, &slot->state});
+        packer_->push({r,
+                       w.layout,
+                       {to.reply->data() + slot * to.slot_bytes,
+                        static_cast<std::size_t>(w.layout.total_bytes)},
+                       &w.state});
       } catch (...) {  // not queued (out of memory): the write is free again, the request waits
-        slot->state = reply_state::idle;
+        w.state = reply_state::idle;
         throw;
       }
       to.deferred.pop_front();

@@ -6,10 +6,13 @@
 //                    header (64 B) | column 0 | column 1 | ... | footer (8 B: the sequence)
 //                  each column `length` steps, starting at a multiple of segment_alignment from
 //                  the payload's start, over ceil(bytes / block_bytes) consecutive blocks;
-//   sample reply   a shard's share of a learner's batch, written into the learner's slice:
-//                    header (48 B) | columns [k][L] | mask [k][L] | keys [k] |
-//                    probabilities [k] (f32, within the shard) | footer (8 B: the request)
-//                  each section at a multiple of segment_alignment.
+//   sample reply   a shard's share of a learner's batch, packed in the shard's staging as
+//                    header (48 B) | mask [k][L] | keys [k] | probabilities [k] (f32, within
+//                    the shard) | footer (8 B: the request) | column 0 [k][L] | column 1 ...
+//                  each section at a multiple of segment_alignment. Each column is written
+//                  straight into the learner's batch (its rows of that column), the part up to
+//                  the footer into the learner's slice, last; each write names the request in
+//                  its CQ data, and the learner counts them.
 //
 // A receiver computes the layout from what it expects (the spec, the request), never from what
 // the sender claims, and refuses an entry or a reply whose header or footer disagrees: a footer
@@ -21,6 +24,7 @@
 #include <cstdint>
 #include <cstring>
 #include <gear/detail/remote/frame.hpp>
+#include <gear/detail/remote/messages.hpp>
 #include <gear/key.hpp>
 #include <gear/layout.hpp>
 #include <span>
@@ -184,19 +188,19 @@ struct reply_header {
 };
 static_assert(sizeof(reply_header) == reply_header_bytes);
 
+/// A reply as a shard packs it in its staging: the part the learner's slice takes (header, mask,
+/// keys, probabilities, footer: meta_bytes), then the columns, which the shard writes straight
+/// into the learner's batch, a write per column.
 struct reply_layout {
+  std::int64_t mask_at = 0, keys_at = 0, probabilities_at = 0, footer_at = 0, meta_bytes = 0;
   std::vector<std::int64_t> column_at;
-  std::int64_t mask_at = 0, keys_at = 0, probabilities_at = 0, footer_at = 0, total_bytes = 0;
+  std::int64_t total_bytes = 0;
 };
 
 inline reply_layout layout_reply(std::span<const std::int64_t> step_bytes, std::int64_t rows,
                                  std::int64_t window) {
   reply_layout l;
   std::int64_t at = align_section(reply_header_bytes);
-  for (const std::int64_t s : step_bytes) {
-    l.column_at.push_back(at);
-    at += align_section(rows * window * s);
-  }
   l.mask_at = at;
   at += align_section(rows * window);
   l.keys_at = at;
@@ -204,7 +208,13 @@ inline reply_layout layout_reply(std::span<const std::int64_t> step_bytes, std::
   l.probabilities_at = at;
   at += align_section(rows * std::int64_t{sizeof(float)});
   l.footer_at = at;
-  l.total_bytes = at + reply_footer_bytes;
+  l.meta_bytes = at + reply_footer_bytes;
+  at = align_section(l.meta_bytes);
+  for (const std::int64_t s : step_bytes) {
+    l.column_at.push_back(at);
+    at += align_section(rows * window * s);
+  }
+  l.total_bytes = at;
   return l;
 }
 
@@ -214,13 +224,14 @@ inline void seal_reply(const reply_header& h, std::span<std::byte> slice, const 
   std::memcpy(slice.data() + l.footer_at, &h.request, sizeof(h.request));
 }
 
-/// Checks a reply in `slice` (exactly the layout's bytes) against the request it answers.
+/// Checks a reply's meta part in `slice` (exactly the layout's meta_bytes) against the request it
+/// answers.
 inline decoded<reply_header> check_reply(std::span<const std::byte> slice, std::uint32_t request,
                                          std::uint32_t incarnation, std::int64_t rows,
                                          std::int64_t window,
                                          std::span<const std::int64_t> step_bytes) {
   const reply_layout l = layout_reply(step_bytes, rows, window);
-  if (static_cast<std::int64_t>(slice.size()) != l.total_bytes)
+  if (static_cast<std::int64_t>(slice.size()) != l.meta_bytes)
     return refuse<reply_header>(refusal::truncated, "reply size");
   decoded<reply_header> out;
   reply_header& h = out.value;
@@ -241,6 +252,39 @@ inline decoded<reply_header> check_reply(std::span<const std::byte> slice, std::
   wire_reader f(slice.subspan(static_cast<std::size_t>(l.footer_at), 4));
   (void)f.get(footer);
   if (footer != request) return refuse<reply_header>(refusal::truncated, "footer");
+  return out;
+}
+
+/// What a learner granted a shard for its replies (its hello): its slice's size, the largest
+/// share it will ask for.
+struct reply_grant {
+  std::uint64_t slice_bytes = 0;
+  std::int64_t max_rows = 0, max_window = 0;
+};
+
+/// Checks that the writes answering `r` stay inside what its learner granted: a share no larger
+/// than the grant (the shard's staging is sized by it), the meta part inside the slice, each
+/// column's rows inside the batch region the request names. The reply's layout when they do.
+inline decoded<reply_layout> check_request_fits(const sample_request& r,
+                                                std::span<const std::int64_t> step_bytes,
+                                                const reply_grant& g) {
+  if (r.rows > g.max_rows || r.win.length > g.max_window)
+    return refuse<reply_layout>(refusal::out_of_range, "a share larger than the grant");
+  if (r.column_address.size() != step_bytes.size())
+    return refuse<reply_layout>(refusal::mismatch, "column count");
+  decoded<reply_layout> out;
+  out.value = layout_reply(step_bytes, r.rows, r.win.length);
+  if (r.reply_bytes != static_cast<std::uint64_t>(out.value.meta_bytes) ||
+      r.reply_offset > g.slice_bytes || g.slice_bytes - r.reply_offset < r.reply_bytes)
+    return refuse<reply_layout>(refusal::out_of_range, "reply past the slice");
+  for (std::size_t c = 0; c < step_bytes.size(); ++c) {
+    const auto bytes = static_cast<std::uint64_t>(r.rows * r.win.length * step_bytes[c]);
+    const std::uint64_t a = r.column_address[c];
+    if (a < r.batch_address || a - r.batch_address > r.batch_bytes ||
+        r.batch_bytes - (a - r.batch_address) < bytes)
+      return refuse<reply_layout>(refusal::out_of_range,
+                                  "column " + std::to_string(c) + " past the batch");
+  }
   return out;
 }
 

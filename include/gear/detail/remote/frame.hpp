@@ -96,7 +96,8 @@ decoded<T> refuse(refusal why, std::string what) {
 
 /// Remote CQ data of a one-sided write (32 bits: every provider carries at least 4 bytes):
 /// [kind 4 | peer 12 | block or request 16].
-enum class write_kind : std::uint32_t { insert_entry = 1, sample_reply = 2 };
+/// A sample reply is one write of its meta part (sample_reply) and one per column (sample_column).
+enum class write_kind : std::uint32_t { insert_entry = 1, sample_reply = 2, sample_column = 3 };
 struct cq_data {
   write_kind kind{};
   std::uint32_t peer = 0;   ///< the writer's index at the receiver (< 4096)

@@ -56,10 +56,12 @@ struct hello {
   std::uint32_t max_message = default_max_message;
   std::vector<std::uint8_t> address;  ///< the client's fabric address, to answer it
   // A learner's slice for this shard's sample replies (none for an actor): where it starts as
-  // the provider addresses it, its memory key and its size.
+  // the provider addresses it, its memory key and its size; and the largest share it will ask
+  // for (rows, window steps), which sizes the shard's staging for its replies.
   std::uint64_t slice_address = 0;
   std::vector<std::uint8_t> slice_key;
   std::uint64_t slice_bytes = 0;
+  std::int64_t max_rows = 0, max_window = 0;
 };
 
 inline std::vector<std::byte> encode(const hello& m) {
@@ -76,6 +78,8 @@ inline std::vector<std::byte> encode(const hello& m) {
   w.put(m.slice_address);
   w.put_counted(m.slice_key);
   w.put(m.slice_bytes);
+  w.put(m.max_rows);
+  w.put(m.max_window);
   return finish_frame(std::move(w));
 }
 
@@ -99,11 +103,15 @@ inline decoded<hello> parse_hello(std::span<const std::byte> bytes, const messag
         if (key_bytes > max_mr_key) return what = "slice key length", refusal::out_of_range;
         m.slice_key.resize(key_bytes);
         if (!r.get_into(m.slice_key)) return refusal::none;
-        if (!r.get(m.slice_bytes)) return refusal::none;
+        if (!read_all(r, m.slice_bytes, m.max_rows, m.max_window)) return refusal::none;
         m.role = static_cast<peer_role>(role);
         if (role < 1 || role > 3) return what = "role", refusal::out_of_range;
         if (m.ring_blocks > lim.max_ring_blocks) return what = "ring_blocks", refusal::out_of_range;
         if (m.max_message < 4096) return what = "max_message", refusal::out_of_range;
+        if (m.max_rows < 0 || m.max_window < 0 || m.max_rows > lim.max_batch ||
+            m.max_window > std::int64_t{1} << 32 ||
+            m.max_rows * m.max_window > std::int64_t{1} << 32)
+          return what = "max_rows or max_window", refusal::out_of_range;
         return refusal::none;
       });
 }
@@ -221,9 +229,16 @@ struct sample_request {
   window win{};
   std::uint64_t seed = 0, call = 0;  ///< the random stream (gear::rng_draw) for this share
   double mass_used = 0;              ///< the shard's mass in the learner's snapshot
-  std::uint64_t reply_offset = 0;    ///< where in the learner's slice the reply goes
-  std::uint64_t reply_bytes = 0;     ///< and its size (the reply layout's, checked by the shard)
+  std::uint64_t reply_offset = 0;    ///< where in the learner's slice the reply's meta part goes
+  std::uint64_t reply_bytes = 0;     ///< and its size (the layout's meta_bytes, checked)
+  /// The learner's batch, registered for this request: where it starts as the provider addresses
+  /// it, its key and size; and where this share's rows of each column start in it.
+  std::uint64_t batch_address = 0, batch_key = 0, batch_bytes = 0;
+  std::vector<std::uint64_t> column_address;
 };
+
+/// Columns a sample request may name (gear::max_columns).
+inline constexpr std::size_t max_request_columns = 16;
 
 inline std::vector<std::byte> encode(const sample_request& m) {
   wire_writer w = start_frame(message_type::sample_request);
@@ -239,6 +254,11 @@ inline std::vector<std::byte> encode(const sample_request& m) {
   w.put(m.mass_used);
   w.put(m.reply_offset);
   w.put(m.reply_bytes);
+  w.put(m.batch_address);
+  w.put(m.batch_key);
+  w.put(m.batch_bytes);
+  w.put(static_cast<std::uint16_t>(m.column_address.size()));
+  for (const std::uint64_t a : m.column_address) w.put(a);
   return finish_frame(std::move(w));
 }
 
@@ -249,8 +269,15 @@ inline decoded<sample_request> parse_sample_request(std::span<const std::byte> b
       [&](wire_reader& r, sample_request& m, std::string& what) {
         std::uint8_t from = 0, padding = 0;
         if (!read_all(r, m.request, m.incarnation, m.rows, m.win.length, m.win.offset, from,
-                      padding, m.seed, m.call, m.mass_used, m.reply_offset, m.reply_bytes))
+                      padding, m.seed, m.call, m.mass_used, m.reply_offset, m.reply_bytes,
+                      m.batch_address, m.batch_key, m.batch_bytes))
           return refusal::none;
+        std::uint16_t columns = 0;
+        if (!r.get(columns)) return refusal::none;
+        if (columns > max_request_columns) return what = "columns", refusal::out_of_range;
+        m.column_address.resize(columns);
+        for (std::uint64_t& a : m.column_address)
+          if (!r.get(a)) return refusal::none;
         m.win.from = static_cast<anchor>(from);
         m.win.padding = static_cast<pad>(padding);
         if (m.rows < 1 || m.rows > lim.max_batch) return what = "rows", refusal::out_of_range;
