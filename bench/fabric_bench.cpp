@@ -5,9 +5,10 @@
 //   raw round trip  an 8-byte writedata and its echo: microseconds
 //   sample          a learner samples B rows (256, 16, 1: replies of 16 MiB, 1 MiB, 64 KiB) of
 //                   a 16-step window from one shard (host storage, steps of 4 KiB): GB/s of
-//                   reply bytes, one sample at a time and with two in flight, against raw
-//                   writedata of the reply's size, and microseconds per sample against the raw
-//                   round trip
+//                   reply bytes, one sample at a time and with max_samples_in_flight in
+//                   flight, against raw writedata of the reply's size (64 in flight, and as
+//                   many as the learner has), and microseconds per sample against the raw round
+//                   trip
 //   insert          2 and 8 actor processes insert trajectories of 16 steps of 4 KiB into one
 //                   shard: GB/s together, against raw writedata of an entry's size
 //
@@ -94,12 +95,13 @@ struct raw_result {
   double gbps = 0, round_trip_us = 0;
 };
 
-/// Raw fi_writedata from a writer process into a target process: `bytes` per message, 64 in
-/// flight, for `seconds`; then 1000 8-byte round trips. Measured by the writer.
-raw_result raw(const gear::transport::libfabric_config& config, std::size_t bytes, double seconds) {
+/// Raw fi_writedata from a writer process into a target process: `bytes` per message, `window`
+/// in flight (each into its own part of the target's memory), for `seconds`; then 1000 8-byte
+/// round trips. Measured by the writer.
+raw_result raw(const gear::transport::libfabric_config& config, std::size_t bytes, double seconds,
+               int window = 64) {
   int fds[2];
   socketpair(AF_UNIX, SOCK_STREAM, 0, fds);
-  constexpr int window = 64;
   auto target = child([&] {
     fabric::endpoint ep(config);
     fabric::host_region memory(bytes * window), echo(4096);
@@ -219,6 +221,7 @@ int main(int argc, char** argv) {
   const int rounds = argc > 3 ? std::max(1, std::atoi(argv[3])) : 3;
   auto progress = [](const char* what) { std::fprintf(stderr, "gear_fabric_bench: %s\n", what); };
   const std::int64_t window = steps;
+  const std::size_t in_flight = gear::transport::max_samples_in_flight;
   const std::size_t entry_bytes = static_cast<std::size_t>(
       remote::layout_entry(spec::step_bytes, steps, 64 * 1024).total_bytes);
   progress("raw writedata: 64 KiB, 1 MiB, an insert entry");
@@ -229,12 +232,12 @@ int main(int argc, char** argv) {
   socketpair(AF_UNIX, SOCK_STREAM, 0, fds);
   const pid_t shard = start_shard(config, 512, fds[0]);
   const std::vector<std::vector<std::byte>> blobs{get_bytes(fds[1])};
-  // Sampling B rows of 16 steps of 4 KiB from one shard, one at a time and two in flight, each
-  // round against raw writedata of a reply's size measured just before it.
+  // Sampling B rows of 16 steps of 4 KiB from one shard, one at a time and as many in flight as
+  // a learner may have, each round against raw writedata of a reply's size measured just before.
   struct sampled {
     std::int64_t rows = 0;
     std::size_t reply_bytes = 0;
-    std::vector<double> raw_reply, sample_gbps, sample_us, pipelined_gbps;
+    std::vector<double> raw_reply, raw_shallow, sample_gbps, sample_us, pipelined_gbps;
   };
   const auto sample_rounds = [&](std::int64_t rows) {
     sampled r;
@@ -247,6 +250,7 @@ int main(int argc, char** argv) {
                  .c_str());
     for (int round = 0; round < rounds; ++round) {
       r.raw_reply.push_back(raw(config, r.reply_bytes, seconds).gbps);
+      r.raw_shallow.push_back(raw(config, r.reply_bytes, seconds, int(in_flight)).gbps);
       gear::transport::remote_learner<spec>::options o;
       o.fabric = config;
       o.max_batch = rows;
@@ -265,24 +269,23 @@ int main(int argc, char** argv) {
       const double s = seconds_since(t);
       r.sample_gbps.push_back(double(n) * double(r.reply_bytes) / s / 1e9);
       r.sample_us.push_back(s / double(n) * 1e6);
-      // Two in flight, as a training loop keeps them (sample_begin the next batch, sample_end
-      // the one it trains on): the shard gathers a share while the last one is on the wire.
-      gear::batch<spec> other(gear::memory_kind::host, gear::batch_size{rows},
-                              gear::window_length{window});
-      gear::batch<spec>* pair[2] = {&out, &other};
-      learner.sample_begin(out, gear::window{.length = window}, g);
-      learner.sample_begin(other, gear::window{.length = window}, g);
+      // As many in flight as a learner may have (a training loop keeps the next batches
+      // begun while it trains on one): the shard gathers a share while others are on the wire.
+      std::vector<gear::batch<spec>> batches;
+      for (std::size_t i = 0; i < in_flight; ++i)
+        batches.emplace_back(gear::memory_kind::host, gear::batch_size{rows},
+                             gear::window_length{window});
+      for (auto& b : batches) learner.sample_begin(b, gear::window{.length = window}, g);
       n = 0;
       const auto t2 = clock_type::now();
       while (seconds_since(t2) < seconds) {
-        gear::batch<spec>& b = *pair[n % 2];
+        gear::batch<spec>& b = batches[static_cast<std::size_t>(n) % in_flight];
         learner.sample_end(b);
         learner.sample_begin(b, gear::window{.length = window}, g);
         ++n;
       }
       r.pipelined_gbps.push_back(double(n) * double(r.reply_bytes) / seconds_since(t2) / 1e9);
-      learner.sample_end(*pair[n % 2]);
-      learner.sample_end(*pair[(n + 1) % 2]);
+      for (auto& b : batches) learner.sample_end(b);
     }
     return r;
   };
@@ -361,9 +364,15 @@ int main(int argc, char** argv) {
                   static_cast<long long>(m.rows), double(m.reply_bytes) / 1024);
     std::printf("%-52s %7.2f GB/s %11.2f GB/s %7.1f%%   rounds: %s\n", what, median(m.sample_gbps),
                 median(m.raw_reply), median(one_ratios), listed(one_ratios).c_str());
-    std::printf("%-52s %7.2f GB/s %11.2f GB/s %7.1f%%   rounds: %s\n",
-                "  2 in flight (sample_begin ahead)", median(m.pipelined_gbps), median(m.raw_reply),
-                median(two_ratios), listed(two_ratios).c_str());
+    std::snprintf(what, sizeof what, "  %zu in flight (sample_begin ahead)", in_flight);
+    std::printf("%-52s %7.2f GB/s %11.2f GB/s %7.1f%%   rounds: %s\n", what,
+                median(m.pipelined_gbps), median(m.raw_reply), median(two_ratios),
+                listed(two_ratios).c_str());
+    const auto same_depth = ratios(m.pipelined_gbps, m.raw_shallow);
+    std::snprintf(what, sizeof what, "  the same, against raw with %zu in flight", in_flight);
+    std::printf("%-52s %7.2f GB/s %11.2f GB/s %7.1f%%   rounds: %s\n", what,
+                median(m.pipelined_gbps), median(m.raw_shallow), median(same_depth),
+                listed(same_depth).c_str());
     std::snprintf(what, sizeof what, "  latency B=%lld, against the round trip",
                   static_cast<long long>(m.rows));
     std::printf("%-52s %7.0f us %13.1f us %7.1fx\n", what, median(m.sample_us), raw64.round_trip_us,

@@ -152,19 +152,30 @@ void round_trip(const std::string& provider) {
   check_rows(b, ids, shards);
   CHECK(client.stats().samples == 11);
   CHECK(client.stats().sampled_rows == 11 * 32);
-  // Two in flight, ended out of order; a third, or a second into the same batch, is refused.
-  auto b2 = client.make_batch(gear::batch_size{16}, gear::window_length{1});
-  auto b3 = client.make_batch(gear::batch_size{8}, gear::window_length{1});
+  // As many in flight as allowed, ended out of order (the middle ones first, reply areas
+  // reused while others are in flight); one more, or a second into the same batch, is refused.
+  constexpr std::size_t most = gear::transport::max_samples_in_flight;
+  std::vector<decltype(b)> many;
+  for (std::size_t i = 0; i <= most; ++i)
+    many.push_back(
+        client.make_batch(gear::batch_size{std::int64_t(8 + 8 * i)}, gear::window_length{1}));
+  for (std::size_t i = 0; i < most; ++i) client.sample_begin(many[i], gear::window{1, 0}, g);
   for (int round = 0; round < 5; ++round) {
-    client.sample_begin(b, gear::window{1, 0}, g);
-    client.sample_begin(b2, gear::window{1, 0}, g);
-    CHECK_THROWS_AS(client.sample_begin(b3, gear::window{1, 0}, g), gear::error);
-    CHECK_THROWS_AS(client.sample_end(b3), gear::error);
-    client.sample_end(b2);
-    CHECK_THROWS_AS(client.sample_begin(b, gear::window{1, 0}, g), gear::error);
-    client.sample_end(b);
-    check_rows(b, ids, shards);
-    check_rows(b2, ids, shards);
+    CHECK_THROWS_AS(client.sample_begin(many[most], gear::window{1, 0}, g), gear::error);
+    CHECK_THROWS_AS(client.sample_end(many[most]), gear::error);
+    CHECK_THROWS_AS(client.sample_begin(many[0], gear::window{1, 0}, g), gear::error);
+    for (std::size_t i = 1; i < most; ++i) {  // the later ones, then the first: out of order
+      client.sample_end(many[i]);
+      check_rows(many[i], ids, shards);
+      client.sample_begin(many[i], gear::window{1, 0}, g);
+    }
+    client.sample_end(many[0]);
+    check_rows(many[0], ids, shards);
+    client.sample_begin(many[0], gear::window{1, 0}, g);
+  }
+  for (std::size_t i = 0; i < most; ++i) {
+    client.sample_end(many[i]);
+    check_rows(many[i], ids, shards);
   }
 
   // Priorities, remotely, for keys of both shards and the local one; then a key a shard's own

@@ -39,8 +39,10 @@
 
 namespace gear::transport {
 
-/// Samples a learner may have in flight at once (sample_begin ... sample_end).
-inline constexpr std::size_t max_samples_in_flight = 2;
+/// Samples a learner may have in flight at once (sample_begin ... sample_end). With more than two,
+/// a shard finds the next request queued when it finishes a reply: small shares, whose transfer
+/// is shorter than a round trip, keep the shard busy.
+inline constexpr std::size_t max_samples_in_flight = 4;
 
 template <class Spec, class Selection = select::uniform>
 class remote_learner : public remote_client {
@@ -149,7 +151,9 @@ class remote_learner : public remote_client {
     const rng_draw draw = g.next();
     flight f;
     f.out = &out;
-    f.area = flights_.empty() ? 0 : 1 - flights_.front().area;  // the reply area not in use
+    while (std::any_of(flights_.begin(), flights_.end(),  // a reply area not in use
+                       [&](const flight& other) { return other.area == f.area; }))
+      ++f.area;
     f.share = remote::split_with_replacement(snapshot_, rows, draw);
     f.total = remote::live_mass(snapshot_);
     f.split = snapshot_;
