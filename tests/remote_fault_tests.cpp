@@ -5,7 +5,11 @@
 //     learner's samples hold intact trajectories only (the killed actor's half-written entries
 //     are never visible);
 //   - a shard killed while a learner samples: the learner's next sample fails with
-//     errc::peer_lost naming shard 0 within its 2 s deadline (plus a margin).
+//     errc::peer_lost naming shard 0 within its 2 s deadline (plus a margin);
+//   - a shard stopped (SIGSTOP) while a learner samples from it and another: the sample fails
+//     with errc::peer_lost by its 1 s deadline; the learner fills the batch with a pattern, the
+//     shard goes on (SIGCONT) and writes its late reply, and the batch still holds the pattern
+//     1.5 s later (the sample that threw ended the batch's registration: the write is refused).
 // Killed processes cannot remove their /dev/shm files: the test removes them (as a launcher
 // must); processes that exit normally leave none.
 
@@ -13,10 +17,12 @@
 #include <doctest/doctest.h>
 #include <sys/socket.h>
 
+#include <cstring>
 #include <gear/gear.hpp>
 #include <gear/transport/remote_actor.hpp>
 #include <gear/transport/remote_learner.hpp>
 #include <gear/transport/shard_server.hpp>
+#include <string>
 #include <vector>
 
 #include "process_common.hpp"
@@ -34,10 +40,11 @@ float obs_of(std::int64_t id, std::int64_t step, int k) {
   return static_cast<float>(id * 1000 + step * 100 + k);
 }
 
-int run_shard(int fd, const gear::transport::libfabric_config& fabric) {
+int run_shard(int fd, const gear::transport::libfabric_config& fabric, std::uint32_t id = 0) {
   buffer buf{gear::capacity{256}, gear::max_length{max_length}};
   gear::transport::shard_server<buffer>::options o;
   o.fabric = fabric;
+  o.shard = id;
   o.block_bytes = 4096;
   gear::transport::shard_server<buffer> server(buf, o);
   if (!send_frame(fd, server.address())) return 10;
@@ -108,6 +115,66 @@ int run_learner(int fd, const gear::transport::libfabric_config& fabric, std::in
   return expect_loss ? 52 : 0;
 }
 
+/// Inserts 40 trajectories into the shards whose two blobs it is given (round robin).
+int run_actor_of_two(int fd, const gear::transport::libfabric_config& fabric) {
+  const std::vector<std::vector<std::byte>> blobs{receive_frame(fd), receive_frame(fd)};
+  gear::transport::remote_actor<spec>::options o;
+  o.fabric = fabric;
+  o.ring_blocks = 16;
+  gear::transport::remote_actor<spec> actor(blobs, o);
+  for (std::int64_t id = 0; id < 40; ++id) {
+    const std::int64_t lengths[] = {max_length};
+    std::vector<std::int64_t> ids(max_length, id);
+    std::vector<float> obs(max_length * 64, 1.0f);
+    gear::key key{};
+    actor.insert({lengths, {gear::input(ids.data()), gear::input(obs.data(), {64})}},
+                 std::span(&key, 1));
+    if (key.ticket == gear::no_ticket) return 40;
+  }
+  return 0;
+}
+
+/// Samples from two shards until a sample fails (the test stops one), which must be peer_lost
+/// naming shard 1; fills the batch with a pattern and says 't'; then keeps polling (asking the
+/// shards' sizes) for 1.5 s while the stopped shard goes on, and checks the pattern is intact.
+int run_stalled_learner(int fd, const gear::transport::libfabric_config& fabric) {
+  const std::vector<std::vector<std::byte>> blobs{receive_frame(fd), receive_frame(fd)};
+  gear::transport::remote_learner<spec>::options o;
+  o.fabric = fabric;
+  o.max_batch = 64;
+  o.max_window = max_length;
+  o.deadline = std::chrono::milliseconds(1000);
+  gear::transport::remote_learner<spec> learner(blobs, o);
+  gear::batch<spec> out(gear::memory_kind::host, gear::batch_size{64},
+                        gear::window_length{max_length});
+  gear::rng g{7};
+  const std::size_t columns =
+      static_cast<std::size_t>(out.column_data(1) - out.column_data(0)) + 64 * max_length * 256;
+  for (std::int64_t b = 0;; ++b) {
+    try {
+      learner.sample(out, gear::window{.length = max_length}, g);
+    } catch (const gear::error& e) {
+      if (e.code() != gear::errc::peer_lost ||
+          std::string(e.what()).find("shard 1") == std::string::npos)
+        return 60;
+      break;
+    }
+    if (b == 0) (void)write(fd, "r", 1);
+  }
+  std::memset(out.column_data(0), 0x5a, columns);
+  (void)write(fd, "t", 1);
+  const auto start = clock_type::now();
+  while (clock_type::now() - start < std::chrono::milliseconds(1500)) {
+    try {
+      (void)learner.size();
+    } catch (const gear::error&) {  // the stopped shard, not yet going on
+    }
+  }
+  for (std::size_t i = 0; i < columns; ++i)
+    if (out.column_data(0)[i] != std::byte{0x5a}) return 61;
+  return 0;
+}
+
 struct child {
   pid_t pid;
   int fd;
@@ -175,6 +242,38 @@ void faults(const char* provider) {
     close(c->fd);
 }
 
+void stalled(const char* provider) {
+  gear::transport::libfabric_config fabric;
+  fabric.provider = provider;
+  const auto until = clock_type::now() + std::chrono::seconds(60);
+  const child first = start([&](int fd) { return run_shard(fd, fabric, 0); }, {});
+  const child second = start([&](int fd) { return run_shard(fd, fabric, 1); }, {});
+  const std::vector<std::byte> blob0 = receive_frame(first.fd), blob1 = receive_frame(second.fd);
+  REQUIRE_FALSE(blob0.empty());
+  REQUIRE_FALSE(blob1.empty());
+  const child actor = start([&](int fd) { return run_actor_of_two(fd, fabric); }, blob0);
+  (void)send_frame(actor.fd, blob1);
+  CHECK(reap(actor.pid, until) == 0);
+  const child learner = start([&](int fd) { return run_stalled_learner(fd, fabric); }, blob0);
+  (void)send_frame(learner.fd, blob1);
+  CHECK(ready(learner));
+  kill(second.pid, SIGSTOP);  // mid-stream: a share of a sample is due from it
+  char byte = 0;
+  const bool threw = read(learner.fd, &byte, 1) == 1 && byte == 't';
+  kill(second.pid, SIGCONT);  // it goes on, and writes its reply late
+  CHECK(threw);
+  CHECK(reap(learner.pid, until) == 0);
+  CHECK(shm_leftovers(learner.pid) == 0);
+  for (const child* c : {&first, &second}) {
+    (void)write(c->fd, "q", 1);
+    CHECK(reap(c->pid, until) == 0);
+    CHECK(shm_leftovers(c->pid) == 0);
+    close(c->fd);
+  }
+  close(actor.fd);
+  close(learner.fd);
+}
+
 }  // namespace
 
 TEST_CASE("tcp;ofi_rxm: killed actors, learners and shards") { faults("tcp;ofi_rxm"); }
@@ -193,5 +292,12 @@ TEST_CASE("shm: killed actors, learners and shards") {
 TEST_CASE("shm without CMA: killed actors, learners and shards") {
   no_cma = true;
   faults("shm");
+  no_cma = false;
+}
+TEST_CASE("tcp;ofi_rxm: a stalled shard's late reply lands nowhere") { stalled("tcp;ofi_rxm"); }
+TEST_CASE("shm: a stalled shard's late reply lands nowhere") { stalled("shm"); }
+TEST_CASE("shm without CMA: a stalled shard's late reply lands nowhere") {
+  no_cma = true;
+  stalled("shm");
   no_cma = false;
 }
