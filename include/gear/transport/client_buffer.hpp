@@ -148,10 +148,11 @@ class replay_buffer<Spec, storage::none, Selection, transport::libfabric> {
     const std::lock_guard held(learner_mutex_);
     learner().sample_begin(out, w, g);
   }
-  /// Waits for every share (bounded by the deadline), checks each reply and unpacks them into
-  /// `out` with global probabilities and weights. Throws errc::invalid_argument (none in flight,
-  /// another batch), errc::empty_buffer (a shard could not sample), errc::peer_lost,
-  /// errc::transport_error (a reply that does not hold up); the sample is over either way.
+  /// Waits for every share (bounded by the deadline), checks each reply and completes `out` (the
+  /// shards wrote its columns) with global probabilities and weights. Throws
+  /// errc::invalid_argument (none in flight, another batch), errc::empty_buffer (a shard could
+  /// not sample), errc::peer_lost, errc::transport_error (a reply that does not hold up); the
+  /// sample is over either way, and `out` is then as remote_learner::sample_end says.
   void sample_end(batch_type& out) {
     const std::lock_guard held(learner_mutex_);
     learner().sample_end(out);

@@ -30,19 +30,17 @@
 #include <gear/rng.hpp>
 #include <gear/select/uniform.hpp>
 #include <gear/transport/remote_client.hpp>
+#include <gear/transport/reply_slice.hpp>
 #include <gear/window.hpp>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 namespace gear::transport {
-
-/// Samples a learner may have in flight at once (sample_begin ... sample_end). With more than two,
-/// a shard finds the next request queued when it finishes a reply: small shares, whose transfer
-/// is shorter than a round trip, keep the shard busy.
-inline constexpr std::size_t max_samples_in_flight = 4;
 
 template <class Spec, class Selection = select::uniform>
 class remote_learner : public remote_client {
@@ -73,11 +71,13 @@ class remote_learner : public remote_client {
     namespace remote = detail::remote;
     GEAR_REQUIRE(options_.max_batch >= 1 && options_.max_window >= 1, errc::invalid_argument,
                  "max_batch and max_window must be at least 1");
+    flights_.reserve(max_samples_in_flight);
     reply_bytes_ = static_cast<std::size_t>(
         remote::layout_reply(Spec::step_bytes, options_.max_batch, options_.max_window).meta_bytes);
     const std::size_t bytes = reply_bytes_ * max_samples_in_flight;  // a reply area per sample
     for (auto& s : slices_) {
       s.memory = std::make_unique<fabric::host_region>(bytes);
+      s.area_bytes = reply_bytes_;
       s.region = ep_->register_memory(s.memory->data(), bytes, FI_REMOTE_WRITE);
     }
     greet([&](std::size_t s) {
@@ -111,9 +111,11 @@ class remote_learner : public remote_client {
   /// with two, a shard gathers the next share while the last one is on the wire. `out` must stay
   /// alive until sample_end; the shards write into its columns meanwhile. Throws, sending
   /// nothing, errc::invalid_argument (as many in flight as allowed, or one into `out` already, a
-  /// batch larger than the slices), errc::wrong_memory, errc::batch_mismatch; errc::empty_buffer
-  /// when no shard holds anything; errc::transport_error (its memory cannot be registered);
-  /// errc::peer_lost (after the shards already asked have answered, or the deadline passed).
+  /// batch larger than the slices, memory an earlier sample's cut-off reply may still write
+  /// into: see sample_end), errc::wrong_memory, errc::batch_mismatch; errc::empty_buffer when no
+  /// shard holds anything; errc::transport_error (its memory cannot be registered). Throws
+  /// errc::peer_lost when a request cannot go, after the shards already asked have answered (or
+  /// the deadline passed).
   void sample_begin(batch<Spec>& out, const window& w, rng& g) {
     namespace remote = detail::remote;
     const std::int64_t rows = out.batch_size(), length = out.window_length();
@@ -166,19 +168,23 @@ class remote_learner : public remote_client {
     };
     const std::size_t granted =
         static_cast<std::size_t>(out.column_data(last) - columns) + column_bytes(last);
+    for (const auto& [from, to] : tainted_)
+      GEAR_REQUIRE(to <= columns || columns + granted <= from, errc::invalid_argument,
+                   "a shard's reply to an earlier sample into this batch's memory was cut off by "
+                   "the deadline and may still land there: sample into another batch");
+    f.sent.reserve(links_.size());  // no allocation once requests are out
+    tainted_.reserve(tainted_.size() + max_samples_in_flight);  // end_grant never allocates
     f.grant = ep_->register_memory(columns, granted, FI_REMOTE_WRITE);
     const auto until = clock::now() + deadline_;
     std::int64_t first = 0;  // the shard's first row
     try {
       for (std::size_t s = 0; s < links_.size(); first += f.share[s], ++s) {
-        slices_[s].arrived[f.area] = false;
-        slices_[s].columns[f.area] = 0;
         if (f.share[s] == 0) continue;
         f.layouts[s] = remote::layout_reply(Spec::step_bytes, f.share[s], length);
         std::byte* reply = area(s, f.area);
         std::memset(reply, 0, remote::reply_header_bytes);  // poisoned
         std::memset(reply + f.layouts[s].footer_at, 0, remote::reply_footer_bytes);
-        slices_[s].request[f.area] = next_request_++ % remote::max_cq_index;
+        slices_[s].expect(f.area, next_request_++ % remote::max_cq_index);
         remote::sample_request r;
         r.request = slices_[s].request[f.area];
         r.reply_offset = f.area * reply_bytes_;
@@ -199,9 +205,9 @@ class remote_learner : public remote_client {
                                          first * length * Spec::step_bytes[c]));
         auto bytes = remote::encode(r);
         remote::stamp_sender(bytes, links_[s].welcome->peer_index);
+        f.sent.push_back(s);  // before the send: it may go out and then throw
         guarded(
             s, [&] { return send(bytes, s, until), true; }, true);
-        f.sent.push_back(s);
       }
     } catch (...) {  // nothing may land in the batch once this throws
       end_grant(f, until);
@@ -215,9 +221,12 @@ class remote_learner : public remote_client {
   /// batch given to sample_begin (`out`, the same: its columns are in, its keys and masks are
   /// copied) with global probabilities and weights. Throws errc::invalid_argument (none in flight,
   /// another batch), errc::empty_buffer (a shard could not sample), errc::peer_lost,
-  /// errc::transport_error (a reply that does not hold up); the sample is over either way, the
-  /// batch's contents are then unspecified, and nothing lands in it after the throw (a shard
-  /// whose reply comes later has it refused, and is lost to this learner).
+  /// errc::transport_error (a reply that does not hold up); the sample is over either way and the
+  /// batch's contents are then unspecified. A reply that had not started by the deadline (and a
+  /// grace of up to a second) is refused when it comes, and its shard is lost to this learner.
+  /// One cut off in the middle may still finish into the batch when this learner polls (tcp and
+  /// shm without cross-memory attach copy in pieces): this learner then refuses to sample into
+  /// that memory again, and it must stay allocated until the learner is destroyed.
   void sample_end(batch<Spec>& out) {
     namespace remote = detail::remote;
     const auto it = std::find_if(flights_.begin(), flights_.end(),
@@ -338,31 +347,14 @@ class remote_learner : public remote_client {
     double total = 0;
   };
 
-  /// A shard's slice of this learner's memory: a reply area per sample in flight, and the
-  /// request each area awaits.
-  struct slice {
-    std::unique_ptr<fabric::host_region> memory;
-    fabric::region region{};
-    std::array<std::uint32_t, max_samples_in_flight> request{};
-    std::array<bool, max_samples_in_flight> arrived{};         // the meta part
-    std::array<std::size_t, max_samples_in_flight> columns{};  // column writes in
-  };
-  [[nodiscard]] std::byte* area(std::size_t s, std::size_t a) const {
-    return slices_[s].memory->data() + a * reply_bytes_;
+  [[nodiscard]] std::byte* area(std::size_t s, std::size_t a) const { return slices_[s].area(a); }
+  [[nodiscard]] bool reply_in(std::size_t s, std::size_t a) const {
+    return slices_[s].reply_in(a, Spec::num_columns);
   }
 
   void on_remote_write(const detail::remote::cq_data& d) override {
-    using kind = detail::remote::write_kind;
-    if (d.kind != kind::sample_reply && d.kind != kind::sample_column) return;
     for (std::size_t s = 0; s < links_.size(); ++s)
-      if (links_[s].blob.shard == d.peer)  // (a reply may come before sample_begin returns)
-        for (std::size_t a = 0; a < max_samples_in_flight; ++a)
-          if (slices_[s].request[a] == d.index) {
-            if (d.kind == kind::sample_reply)
-              slices_[s].arrived[a] = true;
-            else
-              ++slices_[s].columns[a];
-          }
+      if (links_[s].blob.shard == d.peer) slices_[s].note(d);  // (maybe before sample_begin ends)
   }
 
   /// Runs `call` for shard s. When it throws errc::peer_lost naming a shard and
@@ -383,16 +375,6 @@ class remote_learner : public remote_client {
     }
   }
   [[nodiscard]] bool written_off(std::size_t s) const override { return lost_[s]; }
-
-  /// True once shard s's reply in area a is all in: its meta part and a write per column (none
-  /// when it holds no rows: a shard that could not sample).
-  [[nodiscard]] bool reply_in(std::size_t s, std::size_t a) const {
-    if (!slices_[s].arrived[a]) return false;
-    if (slices_[s].columns[a] == Spec::num_columns) return true;
-    detail::remote::reply_header h;
-    std::memcpy(&h, area(s, a), sizeof h);
-    return h.rows == 0;
-  }
 
   /// The body of sample_end: waits for every share, checks every reply, then completes the batch.
   void finish(batch<Spec>& out, const flight& f, clock::time_point until) {
@@ -445,22 +427,28 @@ class remote_learner : public remote_client {
       if (f.share[s] > 0) snapshot_[s] = {headers[s].mass, headers[s].size, true};
   }
 
-  /// Ends flight f's registration of its batch, once every shard sent a request has written all
-  /// of its reply or `until` passed: a write that comes later is refused (on tcp and verbs that
-  /// ends the pair, on shm it never completes at the shard: the shard is lost to this learner)
-  /// rather than landing in a batch the caller has moved on with.
+  /// Ends flight f's registration of its batch once every shard it asked has written all of its
+  /// reply, or a grace (up to a second) past `until` is over: a write that starts later is
+  /// refused (on tcp and verbs that ends the pair, on shm it never completes at the shard: the
+  /// shard is lost to this learner). A write already under way when the registration ends may
+  /// still finish into the batch on providers that copy in pieces (tcp, shm without CMA): the
+  /// batch's memory is then taken out of use for this learner (sample_begin refuses it).
   void end_grant(flight& f, clock::time_point until) noexcept {
     if (!ep_) return;  // closed: its registrations with it
-    try {
-      const auto all_in = [&] {
-        for (const std::size_t s : f.sent)
-          if (!lost_[s] && !reply_in(s, f.area)) return false;
-        return true;
-      };
-      while (!all_in() && clock::now() <= until)
+    const auto grace =
+        std::max(until, clock::now() + std::min(deadline_, std::chrono::milliseconds(1000)));
+    const auto all_in = [&](bool count_lost) {
+      for (const std::size_t s : f.sent)
+        if ((count_lost || !lost_[s]) && !reply_in(s, f.area)) return false;
+      return true;
+    };
+    while (!all_in(false) && clock::now() <= grace) {
+      try {
         if (poll() == 0) std::this_thread::yield();
-    } catch (const error&) {  // a lost shard: its writes are refused from here on
+      } catch (const error&) {  // a failed transfer: that shard's reply will not come
+      }
     }
+    if (!all_in(true)) tainted_.push_back({f.grant.base, f.grant.base + f.grant.bytes});
     ep_->deregister(f.grant);
   }
 
@@ -484,14 +472,17 @@ class remote_learner : public remote_client {
   }
 
   options options_;
-  std::vector<slice> slices_;  // their memory outlives the endpoint (reset by remote_client)
-  std::vector<bool> lost_;     // shards left out (options.skip_lost_shards)
+  std::vector<reply_slice> slices_;  // their memory outlives the endpoint (reset by remote_client)
+  std::vector<bool> lost_;           // shards left out (options.skip_lost_shards)
   std::vector<detail::remote::shard_share> snapshot_;
   std::uint32_t next_request_ = 0;
   std::optional<detail::remote::update_result> update_answer_;
   std::uint32_t awaited_incarnation_ = 0;  // the shard whose update answer is awaited
-  std::vector<flight> flights_;            // at most max_samples_in_flight
-  std::size_t reply_bytes_ = 0;            // one reply area: max_batch rows of max_window steps
+  std::vector<flight> flights_;  // reserved: a begun sample is recorded without allocating
+  // Batch memory a cut-off reply may still write into: [from, to) of this process's addresses.
+  std::vector<std::pair<const std::byte*, const std::byte*>>
+      tainted_;                  // at most max_samples_in_flight
+  std::size_t reply_bytes_ = 0;  // one reply area: max_batch rows of max_window steps
 };
 
 }  // namespace gear::transport

@@ -15,8 +15,9 @@
 //                  acknowledged
 //                  with its key, which frees its blocks (the actor's credits); an entry the buffer
 //                  refuses is acknowledged with no ticket;
-//   sample request queued per learner, one reply in flight each: selected and gathered by the
-//                  buffer's own policy, written into the learner's slice (shard_operations.hpp);
+//   sample request queued per learner, up to max_replies_in_flight replies in flight each:
+//                  selected and gathered by the buffer's own policy, its columns written into
+//                  the learner's batch, the rest into its slice (shard_operations.hpp);
 //   update, erase  pairs of this incarnation applied (or removed), the others counted stale;
 //   status request the buffer's size and selection mass.
 // Whatever a peer sends that does not hold up is refused and counted by reason (stats()), and
@@ -419,8 +420,8 @@ class shard_server {
       stats_.failed_transfers += failed;
     }
     // Hand queued requests to the packer: into a free write, never over a range of the slice
-    // still in use (a learner reuses a reply area only once its reply arrived; a rogue one's
-    // requests wait).
+    // still being written (a learner reuses a reply area once its reply arrived or it gave up on
+    // it; a rogue one's requests wait).
     while (!to.deferred.empty()) {
       const remote::sample_request& r = to.deferred.front();
       std::size_t slot = to.writes->size();
