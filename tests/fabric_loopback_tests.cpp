@@ -48,6 +48,11 @@ constexpr std::uint32_t incarnation = 0x5eed;
 constexpr auto deadline = std::chrono::seconds(20);
 constexpr int chatter = 4000;  // control messages before the status request
 constexpr std::size_t chatter_bytes = 300;
+// The shard acknowledges every chatter_ack messages, and the actor keeps at most twice that
+// many unacknowledged, as gear's protocol bounds what a peer has in flight: a provider holds
+// only so many messages that find no posted receive (shm: its receive queue's size, after
+// which it cannot post the next receive).
+constexpr int chatter_ack = 100;
 
 /// Byte j of column c of entry i.
 std::byte pattern(int i, std::size_t c, std::size_t j) {
@@ -124,14 +129,28 @@ int run_shard(int fd, const gear::transport::libfabric_config& config) {
 
   // Entries, each published by its remote CQ data (its block); any order.
   const std::span<const std::byte> ring_bytes(ring.data, ring_blocks * block_bytes);
-  int good = 0, bad = 0, received = 0;
+  int good = 0, bad = 0, received = 0, acked = 0;
   bool asked = false;
+  std::uint64_t ack = 0;  // the count acknowledged, sent from outbox_r's second half
+  int ack_context = 0;
+  bool ack_sending = false;
+  // Acknowledges the chatter received so far, one acknowledgement on the wire at a time.
+  const auto acknowledge = [&] {
+    if (ack_sending || received / chatter_ack == acked) return;
+    ack = std::uint64_t(received);
+    std::memcpy(outbox.data + 2048, &ack, sizeof ack);
+    if (ep.try_send(outbox_r, 2048, sizeof ack, peer, &ack_context)) {
+      ack_sending = true;
+      acked = received / chatter_ack;
+    }
+  };
   remote::message_limits limits;
   limits.capacity = ring_blocks;
   limits.max_length = max_length;
   if (!progress_until(
-          ep, [&] { return good + bad == entries && asked; },
+          ep, [&] { return acknowledge(), good + bad == entries && asked; },
           [&](const fabric::completion& c) {
+            if (c.context == &ack_context) ack_sending = false;
             if (c.what == fabric::completion::kind::remote_write) {
               const auto block = static_cast<std::uint32_t>(c.data);
               const remote::entry_expectation expect{
@@ -227,23 +246,28 @@ int run_actor(int fd, const gear::transport::libfabric_config& config) {
   fabric::region many_r = ep.register_memory(many.data, chatter * chatter_bytes, FI_SEND);
   std::vector<int> chatter_context(chatter);
   const auto until = clock_type::now() + deadline;
+  std::uint64_t acknowledged = 0;  // by the shard
+  const auto poll_once = [&] {
+    ep.poll([&](const fabric::completion& c) {
+      written += c.what == fabric::completion::kind::written;
+      if (c.what == fabric::completion::kind::received && c.message.size() == sizeof acknowledged)
+        std::memcpy(&acknowledged, c.message.data(), sizeof acknowledged);
+    });
+  };
   for (int i = 0; i < chatter; ++i) {
     std::memset(many.data + i * chatter_bytes, i & 0xff, chatter_bytes);
-    while (!ep.try_send(many_r, i * chatter_bytes, chatter_bytes, peer,
+    while (std::uint64_t(i) >= acknowledged + 2 * chatter_ack ||
+           !ep.try_send(many_r, i * chatter_bytes, chatter_bytes, peer,
                         &chatter_context[std::size_t(i)])) {
       if (clock_type::now() > until) return 31;
-      ep.poll([&](const fabric::completion& c) {
-        written += c.what == fabric::completion::kind::written;
-      });
+      poll_once();
     }
   }
   const auto ask = remote::encode_status_request();
   std::memcpy(outbox.data, ask.data(), ask.size());
   while (!ep.try_send(outbox_r, 0, ask.size(), peer, &send_context)) {
     if (clock_type::now() > until) return 27;
-    ep.poll([&](const fabric::completion& c) {
-      written += c.what == fabric::completion::kind::written;
-    });
+    poll_once();
   }
   std::int64_t reported = -1;
   std::uint64_t refused = 0;

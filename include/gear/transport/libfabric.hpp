@@ -9,8 +9,10 @@
 // Providers by configuration string, with no code change: "tcp;ofi_rxm" (the default; any IP
 // network), "shm" (processes on one host), "verbs;ofi_rxm", "efa" on clusters. What libfabric
 // 1.17 does not enforce (see the README's transport section): on shm with CMA, one-sided
-// accesses are not checked against the memory key, so gear checks every address and length
-// against the region granted before it posts; on tcp one refused access kills the pair.
+// accesses without remote CQ data are not checked against the memory key, so gear checks every
+// address and length against the region granted before it posts (gear's writes all carry CQ
+// data, which shm checks: a closed registration refuses them); on tcp one refused access kills
+// the pair.
 //
 // Threads: an endpoint is used by one thread at a time (FI_THREAD_DOMAIN); progress is manual:
 // completions, and the first contact with a peer, advance only while someone calls poll().
@@ -25,6 +27,7 @@
 #include <rdma/fi_rma.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -239,9 +242,12 @@ class endpoint {
     return true;
   }
   /// Receives control messages into `buffer`, back to back, each at most `max_message` bytes (a
-  /// larger one is refused by the provider: FI_ETRUNC). The endpoint keeps it posted: poll()
-  /// posts it again once the provider is done with it (full, or its receive failed), after the
-  /// completions that point into it were handed on. One receive buffer per endpoint.
+  /// larger one is refused by the provider: FI_ETRUNC). The buffer is posted as two halves, and
+  /// the endpoint keeps them posted: poll() posts a half again once the provider is done with it
+  /// (full, or its receive failed), after the completions that point into it were handed on;
+  /// meanwhile the other half takes what comes (with none posted, messages queue in the provider
+  /// as unexpected, and shm may then refuse the next post: -FI_ENOMEM, retried). One receive
+  /// buffer per endpoint.
   void receive_into(const region& buffer, std::size_t max_message) {
     if (buffer.bytes < 2 * max_message)
       throw error(errc::invalid_argument, "a receive buffer holds at least two messages");
@@ -250,24 +256,29 @@ class endpoint {
         fi_setopt(&ep_->fid, FI_OPT_ENDPOINT, FI_OPT_MIN_MULTI_RECV, &min_free, sizeof(min_free));
     if (rc != 0) fail("fi_setopt(FI_OPT_MIN_MULTI_RECV)", rc, provider_);
     receive_ = buffer;
-    repost_ = !post_receive();
+    for (std::size_t h = 0; h < 2; ++h) repost_[h] = !post_receive(h);
   }
 
   /// Reads up to 16 completions and hands each to `on(const completion&)`; returns how many. This
   /// is what makes progress (manual progress): call it while waiting for anything.
   template <class F>
   std::size_t poll(F&& on) {
-    if (repost_) repost_ = !post_receive();  // the provider asked to try again last time
-    // After the completions of this read are handed on (even if `on` throws), the receive buffer
-    // goes back to the provider if one of them released it.
-    bool released = false;
+    for (std::size_t h = 0; h < 2; ++h)  // the provider asked to try again last time
+      if (repost_[h]) repost_[h] = !post_receive(h);
+    // After the completions of this read are handed on (even if `on` throws), a half of the
+    // receive buffer goes back to the provider if one of them released it.
+    std::array<bool, 2> released{};
     struct repost_after {
       endpoint& ep;
-      bool& released;
+      std::array<bool, 2>& released;
       ~repost_after() {
-        if (released) ep.repost_ = !ep.post_receive_noexcept();
+        for (std::size_t h = 0; h < 2; ++h)
+          if (released[h]) ep.repost_[h] = !ep.post_receive_noexcept(h);
       }
     } guard{*this, released};
+    const auto half_of = [this](const void* context) -> std::size_t {
+      return context == &halves_[0] ? 0 : context == &halves_[1] ? 1 : 2;
+    };
     fi_cq_data_entry entries[16];
     const ssize_t n = fi_cq_read(cq_, entries, 16);
     if (n == -FI_EAGAIN) return 0;
@@ -280,8 +291,8 @@ class endpoint {
       c.context = err.op_context;
       c.error = err.err;
       // A failed receive into the buffer (a message too long, a peer gone) may end its posting:
-      // post it again rather than go deaf.
-      released = err.op_context == &receive_ || (err.flags & (FI_RECV | FI_MULTI_RECV)) != 0;
+      // post that half again rather than go deaf.
+      if (const std::size_t h = half_of(err.op_context); h < 2) released[h] = true;
       const char* text = fi_cq_strerror(cq_, err.prov_errno, err.err_data, nullptr, 0);
       c.detail =
           std::string(fi_strerror(err.err)) + (text != nullptr ? std::string(": ") + text : "");
@@ -291,9 +302,11 @@ class endpoint {
     if (n < 0) fail("fi_cq_read", n, provider_);
     for (ssize_t i = 0; i < n; ++i) {
       const fi_cq_data_entry& e = entries[i];
-      // The provider is done with the receive buffer: tcp;ofi_rxm says so with the last message
-      // into it, shm in an entry of its own (FI_MULTI_RECV alone, no message), to hand on none.
-      released = released || (e.flags & FI_MULTI_RECV) != 0;
+      // The provider is done with a half of the receive buffer (the posting the entry's context
+      // names): tcp;ofi_rxm says so with the last message into it, shm in an entry of its own
+      // (FI_MULTI_RECV alone, no message), to hand on none.
+      if (const std::size_t h = half_of(e.op_context); h < 2 && (e.flags & FI_MULTI_RECV) != 0)
+        released[h] = true;
       if ((e.flags & FI_MULTI_RECV) != 0 && (e.flags & FI_RECV) == 0) continue;
       completion c;
       c.context = e.op_context;
@@ -315,20 +328,22 @@ class endpoint {
   }
 
  private:
-  /// Posts the receive buffer; false on -FI_EAGAIN. Throws errc::transport_error.
-  bool post_receive() {
-    iovec iov{receive_.base, receive_.bytes};
+  /// Posts half h of the receive buffer; false when the provider asks to try again (-FI_EAGAIN,
+  /// or -FI_ENOMEM from shm with many messages queued). Throws errc::transport_error.
+  bool post_receive(std::size_t h) {
+    const std::size_t half = receive_.bytes / 2;
+    iovec iov{receive_.base + h * half, half};
     void* desc = receive_.desc;
-    fi_msg msg{&iov, &desc, 1, FI_ADDR_UNSPEC, &receive_, 0};
+    fi_msg msg{&iov, &desc, 1, FI_ADDR_UNSPEC, &halves_[h], 0};
     const ssize_t posted = fi_recvmsg(ep_, &msg, FI_MULTI_RECV);
-    if (posted == -FI_EAGAIN) return false;
+    if (posted == -FI_EAGAIN || posted == -FI_ENOMEM) return false;
     if (posted != 0) fail("fi_recvmsg", posted, provider_);
     return true;
   }
   /// post_receive for a destructor: a failure leaves it to the next poll.
-  bool post_receive_noexcept() noexcept {
+  bool post_receive_noexcept(std::size_t h) noexcept {
     try {
-      return post_receive();
+      return post_receive(h);
     } catch (...) {
       return false;
     }
@@ -388,8 +403,9 @@ class endpoint {
   fid_ep* ep_ = nullptr;
   std::vector<std::uint8_t> name_;
   std::vector<fid_mr*> regions_;  // registered and not yet deregistered
-  region receive_{};              // the receive buffer (its address is its posts' context)
-  bool repost_ = false;           // it is to be posted again
+  region receive_{};              // the receive buffer, posted as two halves
+  std::array<char, 2> halves_{};  // their posts' contexts
+  std::array<bool, 2> repost_{};  // to be posted again
 };
 
 }  // namespace fabric
