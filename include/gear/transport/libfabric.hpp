@@ -189,9 +189,8 @@ class endpoint {
     r.base = static_cast<std::byte*>(base);
     r.bytes = bytes;
     const std::uint64_t mode = mr_mode();
-    std::mt19937_64 keys{std::random_device{}()};
     for (int attempt = 0;; ++attempt) {
-      const std::uint64_t wanted = (mode & FI_MR_PROV_KEY) != 0 ? 0 : keys();
+      const std::uint64_t wanted = (mode & FI_MR_PROV_KEY) != 0 ? 0 : draw_key();
       const int rc = fi_mr_reg(domain_, base, bytes, access, 0, wanted, 0, &r.mr, nullptr);
       if (rc == -FI_ENOKEY && attempt < 8) continue;  // a key in use: draw another
       if (rc != 0) fail("fi_mr_reg", rc, std::to_string(bytes) + " bytes on " + provider_);
@@ -394,7 +393,14 @@ class endpoint {
     info_ = nullptr;
   }
 
+  /// A memory key no peer can guess from the keys it was given: 64 bits from the system's
+  /// entropy source, opened once (opening it costs more than a registration on shm).
+  std::uint64_t draw_key() {
+    return (std::uint64_t{entropy_()} << 32) ^ std::uint64_t{entropy_()};
+  }
+
   std::string provider_;
+  std::random_device entropy_;  // memory keys (draw_key)
   fi_info* info_ = nullptr;
   fid_fabric* fabric_ = nullptr;
   fid_domain* domain_ = nullptr;
