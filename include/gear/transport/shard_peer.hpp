@@ -12,6 +12,7 @@
 // over tcp;ofi_rxm inserted 45% less). Each endpoint is declared after the memory registered on
 // it, so that it closes first.
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -29,8 +30,20 @@
 
 namespace gear::transport {
 
-/// Replies to one learner a shard has on the wire at once: it packs the next while one is written.
-inline constexpr std::size_t max_replies_in_flight = 2;
+/// Replies to one learner a shard packs or has on the wire at once: it packs the next while
+/// others are written. Small shares want several: a share's transfer is then shorter than the
+/// time a write takes to complete back at the shard.
+inline constexpr std::size_t max_replies_in_flight = 4;
+/// The staging a shard gives one learner's replies, unless two of its largest shares need more.
+inline constexpr std::uint64_t reply_staging_bytes = std::uint64_t{64} << 20;
+
+/// Replies in flight for a learner whose largest share packs into `slot_bytes`: as many as fit
+/// reply_staging_bytes, at least 2 and at most max_replies_in_flight.
+inline std::size_t replies_in_flight(std::uint64_t slot_bytes) noexcept {
+  const std::uint64_t fit =
+      slot_bytes == 0 ? max_replies_in_flight : reply_staging_bytes / slot_bytes;
+  return static_cast<std::size_t>(std::clamp<std::uint64_t>(fit, 2, max_replies_in_flight));
+}
 
 /// True when a shard on `provider` gives each actor an intake endpoint (see the top of this file).
 inline bool intake_per_actor(const std::string& provider) noexcept {
@@ -57,6 +70,7 @@ struct shard_peer {
   std::uint64_t slice_address = 0, slice_key = 0;
   detail::remote::reply_grant grant;
   std::uint64_t slot_bytes = 0;
+  std::size_t slots = 0;  // replies in flight: the first `slots` of `writes`
   std::unique_ptr<fabric::host_region> reply;
   struct reply_write {
     std::atomic<reply_state> state{reply_state::idle};

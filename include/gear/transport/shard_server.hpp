@@ -15,7 +15,7 @@
 //                  acknowledged
 //                  with its key, which frees its blocks (the actor's credits); an entry the buffer
 //                  refuses is acknowledged with no ticket;
-//   sample request queued per learner, up to max_replies_in_flight replies in flight each:
+//   sample request queued per learner, up to 4 replies in flight each (2 for large shares):
 //                  selected and gathered by the buffer's own policy, its columns written into
 //                  the learner's batch, the rest into its slice (shard_operations.hpp);
 //   update, erase  pairs of this incarnation applied (or removed), the others counted stale;
@@ -315,7 +315,7 @@ class shard_server {
     if (h.value.role == remote::peer_role::learner &&
         (h.value.slice_key.size() != sizeof(std::uint64_t) || h.value.slice_bytes == 0 ||
          h.value.slice_bytes > max_slice_bytes || h.value.max_rows < 1 || h.value.max_window < 1 ||
-         slot_bytes * max_replies_in_flight > max_slice_bytes))
+         slot_bytes * replies_in_flight(slot_bytes) > max_slice_bytes))
       return count(remote::refusal::out_of_range);  // no slice it could answer into
     p.address = ep_->insert_peer(a);
     p.role = h.value.role;
@@ -328,7 +328,8 @@ class shard_server {
       std::memcpy(&p.slice_key, h.value.slice_key.data(), sizeof(p.slice_key));
       p.grant = {h.value.slice_bytes, h.value.max_rows, h.value.max_window};
       p.slot_bytes = slot_bytes;
-      p.reply = std::make_unique<fabric::host_region>(slot_bytes * max_replies_in_flight);
+      p.slots = replies_in_flight(slot_bytes);
+      p.reply = std::make_unique<fabric::host_region>(slot_bytes * p.slots);
       p.channel = std::make_unique<fabric::endpoint>(options_.fabric);
       p.reply_region = p.channel->register_memory(p.reply->data(), p.reply->size(), FI_WRITE);
       p.reply_to = p.channel->insert_peer(a);
@@ -410,7 +411,8 @@ class shard_server {
 
   /// Serves `to`'s sample requests, oldest first, without ever waiting: the packer
   /// (reply_packer.hpp) selects, gathers and packs each once, off this thread, and this thread
-  /// posts its write; up to max_replies_in_flight replies per learner are packed or on the wire.
+  /// posts its write; up to replies_in_flight (shard_peer.hpp) replies per learner are packed
+  /// or on the wire.
   /// A learner that died with a reply in flight (its write may never complete, on shm) holds up
   /// only its own requests. A buffer that cannot sample answers with a header of no rows.
   void serve(peer& to) {
@@ -424,16 +426,16 @@ class shard_server {
     // it; a rogue one's requests wait).
     while (!to.deferred.empty()) {
       const remote::sample_request& r = to.deferred.front();
-      std::size_t slot = to.writes->size();
-      for (std::size_t i = 0; i < to.writes->size(); ++i) {
+      std::size_t slot = to.slots;
+      for (std::size_t i = 0; i < to.slots; ++i) {
         const auto& w = (*to.writes)[i];
         const bool in_use = w.state.load(std::memory_order_acquire) != reply_state::idle;
         if (in_use && w.request.reply_offset < r.reply_offset + r.reply_bytes &&
             r.reply_offset < w.request.reply_offset + w.request.reply_bytes)
           return;
-        if (!in_use && slot == to.writes->size()) slot = i;
+        if (!in_use && slot == to.slots) slot = i;
       }
-      if (slot == to.writes->size()) return;
+      if (slot == to.slots) return;
       auto& w = (*to.writes)[slot];
       w.request = r;
       w.layout = remote::layout_reply(spec::step_bytes, r.rows, r.win.length);
