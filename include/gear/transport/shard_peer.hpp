@@ -64,9 +64,10 @@ struct shard_peer {
 
   // A learner's slice for the meta part of sample replies and the largest share it asks for,
   // and the registered staging replies are packed in: a slot of slot_bytes per write in flight.
-  // A reply is packed by the packer, then written (a write per column into the batch region
-  // its request names, then the meta part into the slice; the writes' context is its state)
-  // and busy until every write completes.
+  // A reply is packed by the packer, then written by the learner's writer thread, whose alone
+  // the channel is (reply_writer.hpp: a write per column into the batch region its request
+  // names, then the meta part into the slice; the writes' context is its state), and busy
+  // until every write completes.
   std::uint64_t slice_address = 0, slice_key = 0;
   detail::remote::reply_grant grant;
   std::uint64_t slot_bytes = 0;
@@ -127,6 +128,18 @@ struct shard_peer {
       }
     }
     return failed;
+  }
+  /// What this learner's replies wait for: the packer or posting (packing), their writes'
+  /// completions (writing), or nothing (idle).
+  enum class activity { idle, writing, packing };
+  [[nodiscard]] activity replies_activity() const noexcept {
+    activity a = activity::idle;
+    for (std::size_t i = 0; i < slots; ++i) {
+      const reply_state st = (*writes)[i].state.load(std::memory_order_acquire);
+      if (st == reply_state::packing || st == reply_state::packed) return activity::packing;
+      if (st == reply_state::writing) a = activity::writing;
+    }
+    return a;
   }
   /// Counts a completion of one of the writes of reply_write `w` (its context): the last frees it.
   static void completed(reply_write& w) noexcept {

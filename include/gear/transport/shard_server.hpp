@@ -4,7 +4,9 @@
 // buffer stays the caller's: it may sample, update and insert locally at the same time (the
 // buffer is thread-safe).
 //
-// A progress thread owns the endpoints and acts on what completes, outside the poll:
+// A progress thread owns the control endpoint and the actors' intakes, and acts on what
+// completes, outside the poll (a learner's replies are packed by the packer thread and written
+// by a thread of that learner's: reply_packer.hpp, reply_writer.hpp):
 //   hello          a welcome: an actor gets its own staging ring (a registered region only it may
 //                  write; on shm, on an intake endpoint of its own), a learner's slice (its
 //                  memory for replies) is recorded and a channel endpoint opened for its replies
@@ -42,6 +44,7 @@
 #include <gear/transport/fabric_memory.hpp>
 #include <gear/transport/libfabric.hpp>
 #include <gear/transport/reply_packer.hpp>
+#include <gear/transport/reply_writer.hpp>
 #include <gear/transport/shard_operations.hpp>
 #include <gear/transport/shard_peer.hpp>
 #include <memory>
@@ -144,12 +147,15 @@ class shard_server {
   [[nodiscard]] std::uint32_t incarnation() const noexcept { return incarnation_; }
   [[nodiscard]] counters stats() const {
     const std::lock_guard held(stats_mutex_);
-    return stats_;
+    counters c = stats_;
+    c.failed_transfers += failed_replies_.load(std::memory_order_relaxed);
+    return c;
   }
   /// Stops serving (the progress thread ends within a poll).
   void stop() {
     stopping_ = true;
     if (thread_.joinable()) thread_.join();
+    for (auto& w : writers_) w->stop();  // the progress thread, which adds them, is done
   }
 
  private:
@@ -176,16 +182,7 @@ class shard_server {
             on_message(w.message);
         }
         for (auto& p : peers_)
-          if (p.role == detail::remote::peer_role::learner) {
-            serve(p);
-            (void)p.channel->poll([&](const fabric::completion& c) {  // its writes' completions
-              for (auto& w : *p.writes)
-                if (&w.state == c.context) peer::completed(w);
-              if (c.what != fabric::completion::kind::failed) return;
-              const std::lock_guard held(stats_mutex_);
-              ++stats_.failed_transfers;
-            });
-          }
+          if (p.role == detail::remote::peer_role::learner) serve(p);
         // Idle: yield at first (a busy peer's next message is microseconds away), then sleep
         // 50 us at a time, so that an idle shard does not hold a core.
         idle = n == 0 && work_.empty() && !replies_pending() ? idle + 1 : 0;
@@ -352,6 +349,9 @@ class shard_server {
     }
     const fi_addr_t to = p.address;
     peers_.push_back(std::move(p));
+    if (peers_.back().role == remote::peer_role::learner)
+      writers_.push_back(std::make_unique<reply_writer>(peers_.back(), options_.shard,
+                                                        spec::step_bytes, failed_replies_));
     {
       const std::lock_guard held(stats_mutex_);
       ++stats_.peers;
@@ -410,17 +410,13 @@ class shard_server {
   [[nodiscard]] key_owner owner() const noexcept { return {options_.shard, incarnation_}; }
 
   /// Serves `to`'s sample requests, oldest first, without ever waiting: the packer
-  /// (reply_packer.hpp) selects, gathers and packs each once, off this thread, and this thread
-  /// posts its write; up to replies_in_flight (shard_peer.hpp) replies per learner are packed
-  /// or on the wire.
+  /// (reply_packer.hpp) selects, gathers and packs each once, off this thread, and the learner's
+  /// writer (reply_writer.hpp) writes it; up to replies_in_flight (shard_peer.hpp) replies per
+  /// learner are packed or on the wire.
   /// A learner that died with a reply in flight (its write may never complete, on shm) holds up
   /// only its own requests. A buffer that cannot sample answers with a header of no rows.
   void serve(peer& to) {
     namespace remote = detail::remote;
-    if (const std::uint64_t failed = to.post_replies(options_.shard, spec::step_bytes)) {
-      const std::lock_guard held(stats_mutex_);
-      stats_.failed_transfers += failed;
-    }
     // Hand queued requests to the packer: into a free write, never over a range of the slice
     // still being written (a learner reuses a reply area once its reply arrived or it gave up on
     // it; a rogue one's requests wait).
@@ -454,13 +450,10 @@ class shard_server {
       to.deferred.pop_front();
     }
   }
-  /// A reply being packed or waiting to be posted: the run loop keeps polling for it.
+  /// A request waiting for a free reply slot: the run loop keeps polling for one.
   [[nodiscard]] bool replies_pending() const {
     for (const auto& p : peers_)
-      for (const auto& w : *p.writes) {
-        const reply_state st = w.state.load(std::memory_order_acquire);
-        if (st == reply_state::packing || st == reply_state::packed) return true;
-      }
+      if (!p.deferred.empty()) return true;
     return false;
   }
 
@@ -471,6 +464,10 @@ class shard_server {
   // The progress thread's alone; a deque, so that a peer's address (its reply's write context)
   // stays put while others join. Their rings outlive the endpoint.
   std::deque<peer> peers_;
+  // A writer per learner, which posts its replies and polls its channel (reply_writer.hpp);
+  // stopped before the peers they write for go.
+  std::deque<std::unique_ptr<reply_writer>> writers_;
+  std::atomic<std::uint64_t> failed_replies_{0};  // counted by the writers
   std::unique_ptr<fabric::endpoint> ep_;
   fabric::region inbox_region_{};
   fabric::outbox outbox_;
