@@ -534,6 +534,22 @@ TEST_CASE("sample replies: sealed ones pass; a mismatch or a missing footer is r
   CHECK(remote::check_reply(with(slice, static_cast<std::size_t>(l.footer_at), std::uint32_t{0}), 9,
                             0xBEEF, 32, 8, steps)
             .why == refusal::truncated);
+  // The writes of columns alone it announces: at most one per column.
+  CHECK(remote::check_reply(with(slice, 6, std::uint16_t{2}), 9, 0xBEEF, 32, 8, steps));
+  CHECK(remote::check_reply(with(slice, 6, std::uint16_t{3}), 9, 0xBEEF, 32, 8, steps).why ==
+        refusal::out_of_range);
+}
+
+TEST_CASE("sample replies: as few writes as the provider allows, the meta part in the last") {
+  // columns, segments per write -> writes of columns alone before the meta part's
+  CHECK(remote::reply_column_writes(0, 1) == 0);  // a reply of no rows: the meta part alone
+  CHECK(remote::reply_column_writes(0, 4) == 0);
+  CHECK(remote::reply_column_writes(2, 1) == 2);  // one segment a write: a write per column
+  CHECK(remote::reply_column_writes(1, 4) == 0);
+  CHECK(remote::reply_column_writes(3, 4) == 0);  // 3 columns and the meta part: one write
+  CHECK(remote::reply_column_writes(4, 4) == 1);
+  CHECK(remote::reply_column_writes(7, 4) == 1);
+  CHECK(remote::reply_column_writes(8, 4) == 2);
 }
 
 namespace {

@@ -232,6 +232,45 @@ class endpoint {
     if (rc != 0) fail("fi_writedata", rc, std::to_string(bytes) + " bytes on " + provider_);
     return true;
   }
+  /// One segment of a gathered write (try_writemsg): `bytes` at `offset` in the local region,
+  /// to the peer's `remote_address` in the region of `key` (checked by the caller, as for
+  /// try_writedata).
+  struct write_segment {
+    std::size_t offset = 0, bytes = 0;
+    std::uint64_t remote_address = 0, key = 0;
+  };
+  /// Segments one write may carry: what the provider takes on both sides, at least 1 and at
+  /// most max_write_segments.
+  [[nodiscard]] std::size_t write_segments() const noexcept {
+    const std::size_t limit = std::min(info_->tx_attr->iov_limit, info_->tx_attr->rma_iov_limit);
+    return std::clamp<std::size_t>(limit, 1, max_write_segments);
+  }
+  static constexpr std::size_t max_write_segments = 8;
+  /// Writes `segments` (at most write_segments()) from `local` as one write, each to its own
+  /// remote place (regions of different keys may mix), with remote CQ data `data`: the peer's
+  /// completion comes once every segment is in. False on -FI_EAGAIN: poll, retry.
+  bool try_writemsg(const region& local, std::span<const write_segment> segments, fi_addr_t peer,
+                    std::uint64_t data, void* context) {
+    if (segments.empty() || segments.size() > write_segments())
+      throw error(errc::invalid_argument,
+                  "a write carries 1 to " + std::to_string(write_segments()) + " segments on " +
+                      provider_ + ", not " + std::to_string(segments.size()));
+    std::array<iovec, max_write_segments> iov{};
+    std::array<void*, max_write_segments> desc{};
+    std::array<fi_rma_iov, max_write_segments> rma{};
+    for (std::size_t i = 0; i < segments.size(); ++i) {
+      iov[i] = {local.base + segments[i].offset, segments[i].bytes};
+      desc[i] = local.desc;
+      rma[i] = {segments[i].remote_address, segments[i].bytes, segments[i].key};
+    }
+    const fi_msg_rma msg{iov.data(), desc.data(),     segments.size(), peer,
+                         rma.data(), segments.size(), context,         data};
+    const ssize_t rc = fi_writemsg(ep_, &msg, FI_REMOTE_CQ_DATA | FI_COMPLETION);
+    if (rc == -FI_EAGAIN) return false;
+    if (rc != 0)
+      fail("fi_writemsg", rc, std::to_string(segments.size()) + " segments on " + provider_);
+    return true;
+  }
   /// Sends `bytes` from `local` at `offset` as one control message. False on -FI_EAGAIN.
   bool try_send(const region& local, std::size_t offset, std::size_t bytes, fi_addr_t peer,
                 void* context) {
@@ -395,9 +434,7 @@ class endpoint {
 
   /// A memory key no peer can guess from the keys it was given: 64 bits from the system's
   /// entropy source, opened once (opening it costs more than a registration on shm).
-  std::uint64_t draw_key() {
-    return (std::uint64_t{entropy_()} << 32) ^ std::uint64_t{entropy_()};
-  }
+  std::uint64_t draw_key() { return (std::uint64_t{entropy_()} << 32) ^ std::uint64_t{entropy_()}; }
 
   std::string provider_;
   std::random_device entropy_;  // memory keys (draw_key)

@@ -348,9 +348,7 @@ class remote_learner : public remote_client {
   };
 
   [[nodiscard]] std::byte* area(std::size_t s, std::size_t a) const { return slices_[s].area(a); }
-  [[nodiscard]] bool reply_in(std::size_t s, std::size_t a) const {
-    return slices_[s].reply_in(a, Spec::num_columns);
-  }
+  [[nodiscard]] bool reply_in(std::size_t s, std::size_t a) const { return slices_[s].reply_in(a); }
 
   void on_remote_write(const detail::remote::cq_data& d) override {
     for (std::size_t s = 0; s < links_.size(); ++s)

@@ -3,8 +3,8 @@
 // slice of its registered memory that only that shard writes, with a reply area per sample in
 // flight (the meta part of a sample reply: header, mask, keys, probabilities, footer), the
 // request each area awaits, and which of that reply's writes have come (detail/remote/entry.hpp:
-// a write per column into the batch, then the meta part, each naming the request in its CQ
-// data).
+// writes of columns into the batch, the last one also carrying the meta part into the slice,
+// each naming the request in its CQ data).
 
 #include <array>
 #include <cstddef>
@@ -28,7 +28,7 @@ struct reply_slice {
   std::size_t area_bytes = 0;
   std::array<std::uint32_t, max_samples_in_flight> request{};
   std::array<bool, max_samples_in_flight> arrived{};         // the meta part
-  std::array<std::size_t, max_samples_in_flight> columns{};  // column writes in
+  std::array<std::size_t, max_samples_in_flight> columns{};  // writes of columns alone in
 
   [[nodiscard]] std::byte* area(std::size_t a) const { return memory->data() + a * area_bytes; }
 
@@ -47,14 +47,14 @@ struct reply_slice {
         if (d.kind == kind::sample_column) ++columns[a];
       }
   }
-  /// True once area a's reply is all in: its meta part and a write per column of `num_columns`
-  /// (none when it holds no rows: a shard that could not sample).
-  [[nodiscard]] bool reply_in(std::size_t a, std::size_t num_columns) const noexcept {
+  /// True once area a's reply is all in: the write with its meta part, and as many writes of
+  /// columns alone as its header counts (none when it holds no rows: a shard that could not
+  /// sample). finish() checks the header.
+  [[nodiscard]] bool reply_in(std::size_t a) const noexcept {
     if (!arrived[a]) return false;
-    if (columns[a] == num_columns) return true;
     detail::remote::reply_header h;
     std::memcpy(&h, area(a), sizeof h);
-    return h.rows == 0;
+    return columns[a] == h.column_writes;
   }
 };
 

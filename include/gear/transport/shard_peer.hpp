@@ -65,9 +65,9 @@ struct shard_peer {
   // A learner's slice for the meta part of sample replies and the largest share it asks for,
   // and the registered staging replies are packed in: a slot of slot_bytes per write in flight.
   // A reply is packed by the packer, then written by the learner's writer thread, whose alone
-  // the channel is (reply_writer.hpp: a write per column into the batch region its request
-  // names, then the meta part into the slice; the writes' context is its state), and busy
-  // until every write completes.
+  // the channel is (reply_writer.hpp: its columns into the batch region its request names and
+  // its meta part into the slice, as few writes as the provider allows; the writes' context is
+  // its state), and busy until every write completes.
   std::uint64_t slice_address = 0, slice_key = 0;
   detail::remote::reply_grant grant;
   std::uint64_t slot_bytes = 0;
@@ -78,6 +78,7 @@ struct shard_peer {
     detail::remote::sample_request request;  // what it answers
     detail::remote::reply_layout layout;
     std::uint32_t to_post = 0, posted = 0, completed = 0;  // its writes
+    std::uint32_t segments = 0;                            // its columns, then its meta part
   };
   std::unique_ptr<std::array<reply_write, max_replies_in_flight>> writes =
       std::make_unique<std::array<reply_write, max_replies_in_flight>>();
@@ -86,13 +87,17 @@ struct shard_peer {
   fi_addr_t reply_to = FI_ADDR_UNSPEC;
   std::deque<detail::remote::sample_request> deferred;  // not yet packed, oldest first
 
-  /// Posts what the packer has sealed, from shard `shard` (columns of `step_bytes`): a write per
-  /// column into the learner's batch, then the meta part into its slice; a provider that asks
-  /// to retry is retried next time. Returns the replies that could not go (dropped).
+  /// Posts what the packer has sealed, from shard `shard` (columns of `step_bytes`): its
+  /// segments (each column into the learner's batch, then the meta part into its slice) as few
+  /// writes as the channel allows, the header first counting the writes before the meta part's;
+  /// a provider that asks to retry is retried next time. Returns the replies that could not go
+  /// (dropped).
   std::uint64_t post_replies(std::uint32_t shard, std::span<const std::int64_t> step_bytes) {
     namespace remote = detail::remote;
+    using segment = fabric::endpoint::write_segment;
     std::uint64_t failed = 0;
-    for (std::size_t i = 0; i < writes->size(); ++i) {
+    const std::size_t per_write = channel->write_segments();
+    for (std::size_t i = 0; i < slots; ++i) {
       reply_write& w = (*writes)[i];
       if (w.state.load(std::memory_order_acquire) != reply_state::packed) continue;
       const remote::sample_request& r = w.request;
@@ -100,24 +105,31 @@ struct shard_peer {
       if (w.to_post == 0) {  // an empty reply (the buffer could not sample) has no columns
         remote::reply_header h;
         std::memcpy(&h, reply->data() + staging, sizeof h);
-        w.to_post = 1 + (h.rows > 0 ? static_cast<std::uint32_t>(step_bytes.size()) : 0);
+        w.segments = 1 + (h.rows > 0 ? static_cast<std::uint32_t>(step_bytes.size()) : 0);
+        h.column_writes = remote::reply_column_writes(w.segments - 1, per_write);
+        std::memcpy(reply->data() + staging, &h, sizeof h);
+        w.to_post = h.column_writes + 1u;
       }
+      // Segment k of the reply: column k, or the meta part after the last column.
+      const auto segment_of = [&](std::size_t k) -> segment {
+        if (k + 1 == w.segments)
+          return {staging, r.reply_bytes, slice_address + r.reply_offset, slice_key};
+        return {staging + static_cast<std::uint64_t>(w.layout.column_at[k]),
+                static_cast<std::size_t>(r.rows * r.win.length * step_bytes[k]),
+                r.column_address[k], r.batch_key};
+      };
       try {
         while (w.posted < w.to_post) {
-          const bool meta = w.posted + 1 == w.to_post;
-          const std::size_t c = w.posted;
-          const remote::cq_data data{
-              meta ? remote::write_kind::sample_reply : remote::write_kind::sample_column, shard,
-              r.request};
-          const bool posted =
-              meta ? channel->try_writedata(reply_region, staging, r.reply_bytes, reply_to,
-                                            slice_address + r.reply_offset, slice_key,
-                                            data.encode(), &w.state)
-                   : channel->try_writedata(
-                         reply_region, staging + w.layout.column_at[c],
-                         static_cast<std::size_t>(r.rows * r.win.length * step_bytes[c]), reply_to,
-                         r.column_address[c], r.batch_key, data.encode(), &w.state);
-          if (!posted) break;
+          const std::size_t first = w.posted * per_write,
+                            end = std::min<std::size_t>(first + per_write, w.segments);
+          std::array<segment, fabric::endpoint::max_write_segments> these{};
+          for (std::size_t k = first; k < end; ++k) these[k - first] = segment_of(k);
+          const remote::cq_data data{end == w.segments ? remote::write_kind::sample_reply
+                                                       : remote::write_kind::sample_column,
+                                     shard, r.request};
+          if (!channel->try_writemsg(reply_region, std::span(these.data(), end - first), reply_to,
+                                     data.encode(), &w.state))
+            break;
           ++w.posted;
         }
         if (w.posted == w.to_post) w.state = reply_state::writing;  // until its completions

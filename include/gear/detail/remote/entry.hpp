@@ -178,7 +178,7 @@ inline constexpr std::int64_t reply_header_bytes = 48, reply_footer_bytes = 8;
 struct reply_header {
   std::uint32_t magic = reply_magic;
   std::uint16_t version = wire_version;
-  std::uint16_t reserved = 0;
+  std::uint16_t column_writes = 0;  ///< writes of columns alone that come before this one's
   std::uint32_t request = 0;
   std::uint32_t incarnation = 0;
   std::int64_t rows = 0;
@@ -190,7 +190,9 @@ static_assert(sizeof(reply_header) == reply_header_bytes);
 
 /// A reply as a shard packs it in its staging: the part the learner's slice takes (header, mask,
 /// keys, probabilities, footer: meta_bytes), then the columns, which the shard writes straight
-/// into the learner's batch, a write per column.
+/// into the learner's batch. A write carries as many segments as the provider takes (columns
+/// into the batch, in order, then the meta part into the slice; reply_column_writes), each
+/// naming the request in its CQ data; the header counts the writes before the meta part's.
 struct reply_layout {
   std::int64_t mask_at = 0, keys_at = 0, probabilities_at = 0, footer_at = 0, meta_bytes = 0;
   std::vector<std::int64_t> column_at;
@@ -218,6 +220,13 @@ inline reply_layout layout_reply(std::span<const std::int64_t> step_bytes, std::
   return l;
 }
 
+/// Writes of columns alone that come before the one carrying the meta part, for `columns` columns
+/// (none in a reply of no rows) when a write carries up to `segments` (>= 1) segments.
+[[nodiscard]] constexpr std::uint16_t reply_column_writes(std::size_t columns,
+                                                          std::size_t segments) noexcept {
+  return static_cast<std::uint16_t>((columns + segments) / segments - 1);
+}
+
 /// Writes a reply's header and footer around the sections a gather filled in `slice`.
 inline void seal_reply(const reply_header& h, std::span<std::byte> slice, const reply_layout& l) {
   std::memcpy(slice.data(), &h, sizeof(h));
@@ -236,15 +245,17 @@ inline decoded<reply_header> check_reply(std::span<const std::byte> slice, std::
   decoded<reply_header> out;
   reply_header& h = out.value;
   wire_reader r(slice.first(reply_header_bytes));
-  (void)(r.get(h.magic) && r.get(h.version) && r.get(h.reserved) && r.get(h.request) &&
+  (void)(r.get(h.magic) && r.get(h.version) && r.get(h.column_writes) && r.get(h.request) &&
          r.get(h.incarnation) && r.get(h.rows) && r.get(h.window) && r.get(h.mass) &&
          r.get(h.size));
   if (h.magic != reply_magic) return refuse<reply_header>(refusal::bad_magic, "reply magic");
   if (h.version != wire_version) return refuse<reply_header>(refusal::bad_version, "reply version");
   if (h.request != request) return refuse<reply_header>(refusal::mismatch, "request");
   if (h.incarnation != incarnation) return refuse<reply_header>(refusal::mismatch, "incarnation");
-  if (h.rows != rows || h.window != window || h.reserved != 0)
+  if (h.rows != rows || h.window != window)
     return refuse<reply_header>(refusal::mismatch, "rows or window");
+  if (h.column_writes > step_bytes.size())
+    return refuse<reply_header>(refusal::out_of_range, "column writes");
   if (!(std::isfinite(h.mass) && h.mass > 0))
     return refuse<reply_header>(refusal::out_of_range, "mass");
   if (h.size < 1) return refuse<reply_header>(refusal::out_of_range, "size");

@@ -96,7 +96,8 @@ decoded<T> refuse(refusal why, std::string what) {
 
 /// Remote CQ data of a one-sided write (32 bits: every provider carries at least 4 bytes):
 /// [kind 4 | peer 12 | block or request 16].
-/// A sample reply is one write of its meta part (sample_reply) and one per column (sample_column).
+/// A sample reply is written as writes of columns alone (sample_column) and a last one that
+/// carries its meta part (sample_reply), with the columns that fit beside it.
 enum class write_kind : std::uint32_t { insert_entry = 1, sample_reply = 2, sample_column = 3 };
 struct cq_data {
   write_kind kind{};
