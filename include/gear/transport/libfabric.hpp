@@ -265,7 +265,9 @@ class endpoint {
     }
     const fi_msg_rma msg{iov.data(), desc.data(),     segments.size(), peer,
                          rma.data(), segments.size(), context,         data};
-    const ssize_t rc = fi_writemsg(ep_, &msg, FI_REMOTE_CQ_DATA | FI_COMPLETION);
+    // Explicit flags replace the endpoint's defaults (a completion semantics, say): keep them.
+    const ssize_t rc =
+        fi_writemsg(ep_, &msg, info_->tx_attr->op_flags | FI_REMOTE_CQ_DATA | FI_COMPLETION);
     if (rc == -FI_EAGAIN) return false;
     if (rc != 0)
       fail("fi_writemsg", rc, std::to_string(segments.size()) + " segments on " + provider_);

@@ -168,8 +168,9 @@ class remote_learner : public remote_client {
     };
     const std::size_t granted =
         static_cast<std::size_t>(out.column_data(last) - columns) + column_bytes(last);
+    const auto at = reinterpret_cast<std::uintptr_t>(columns);
     for (const auto& [from, to] : tainted_)
-      GEAR_REQUIRE(to <= columns || columns + granted <= from, errc::invalid_argument,
+      GEAR_REQUIRE(to <= at || at + granted <= from, errc::invalid_argument,
                    "a shard's reply to an earlier sample into this batch's memory was cut off by "
                    "the deadline and may still land there: sample into another batch");
     f.sent.reserve(links_.size());  // no allocation once requests are out
@@ -205,9 +206,10 @@ class remote_learner : public remote_client {
                                          first * length * Spec::step_bytes[c]));
         auto bytes = remote::encode(r);
         remote::stamp_sender(bytes, links_[s].welcome->peer_index);
-        f.sent.push_back(s);  // before the send: it may go out and then throw
         guarded(
             s, [&] { return send(bytes, s, until), true; }, true);
+        f.sent.push_back(s);  // reserved: no throw once the request went out (a send that
+                              // throws has posted nothing)
       }
     } catch (...) {  // nothing may land in the batch once this throws
       end_grant(f, until);
@@ -446,7 +448,10 @@ class remote_learner : public remote_client {
       } catch (const error&) {  // a failed transfer: that shard's reply will not come
       }
     }
-    if (!all_in(true)) tainted_.push_back({f.grant.base, f.grant.base + f.grant.bytes});
+    if (!all_in(true)) {
+      const auto from = reinterpret_cast<std::uintptr_t>(f.grant.base);
+      tainted_.push_back({from, from + f.grant.bytes});
+    }
     ep_->deregister(f.grant);
   }
 
@@ -477,9 +482,9 @@ class remote_learner : public remote_client {
   std::optional<detail::remote::update_result> update_answer_;
   std::uint32_t awaited_incarnation_ = 0;  // the shard whose update answer is awaited
   std::vector<flight> flights_;  // reserved: a begun sample is recorded without allocating
-  // Batch memory a cut-off reply may still write into: [from, to) of this process's addresses.
-  std::vector<std::pair<const std::byte*, const std::byte*>>
-      tainted_;                  // at most max_samples_in_flight
+  // Batch memory a cut-off reply may still write into: [from, to) of this process's addresses,
+  // one range per cut-off sample for the learner's life (reserved ahead of each sample).
+  std::vector<std::pair<std::uintptr_t, std::uintptr_t>> tainted_;
   std::size_t reply_bytes_ = 0;  // one reply area: max_batch rows of max_window steps
 };
 

@@ -6,7 +6,7 @@
 // wire, so a learner with two samples in flight would gain nothing.
 //
 // A job names its reply memory and a state the packer sets to `packed` once the reply is sealed;
-// the progress thread then posts the write. Jobs run in the order given.
+// the learner's writer (reply_writer.hpp) then posts its writes. Jobs run in the order given.
 
 #include <atomic>
 #include <chrono>

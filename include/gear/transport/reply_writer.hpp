@@ -44,10 +44,11 @@ class reply_writer {
  private:
   void run() {
     using clock = std::chrono::steady_clock;
-    std::uint64_t idle = 0;  // rounds in a row with nothing to do
-    auto last_completion = clock::now();
+    std::uint64_t idle = 0;             // rounds in a row with nothing to do
+    auto last_progress = clock::now();  // a post or a completion
     while (!stopping_.load(std::memory_order_relaxed)) {
       std::size_t n = 0;
+      const bool posting = learner_.replies_activity().packed;
       try {
         if (const std::uint64_t lost = learner_.post_replies(shard_, step_bytes_))
           failed_.fetch_add(lost, std::memory_order_relaxed);
@@ -60,21 +61,20 @@ class reply_writer {
       } catch (const std::exception&) {  // a failed poll: counted, write on
         failed_.fetch_add(1, std::memory_order_relaxed);
       }
-      // While a reply is being packed, or written and completing, stay on it. Otherwise yield
-      // at first (the next reply of a learner with samples in flight is microseconds away),
-      // then sleep 50 us at a time, so that an idle writer does not hold a core; so does one
-      // whose writes have not completed for a second (on shm, a write to a learner that died
-      // never completes).
+      // A reply to post, or writes that made progress within the last second: stay on them.
+      // A reply with the packer: yield, and look again. Nothing: yield at first (the next reply
+      // of a learner with samples in flight is microseconds away), then sleep 50 us at a time,
+      // so that an idle writer does not hold a core; so does one whose writes have made no
+      // progress for a second (on shm, a write to a learner that died never completes).
       const auto now = clock::now();
-      if (n > 0) last_completion = now;
+      if (posting || n > 0) last_progress = now;
       const shard_peer::activity a = learner_.replies_activity();
-      const bool busy =
-          a == shard_peer::activity::packing ||
-          (a == shard_peer::activity::writing && now - last_completion < std::chrono::seconds(1));
-      idle = n == 0 && !busy ? idle + 1 : 0;
-      if (idle > 0 && idle < 2000)
+      const bool hot = a.packed || (a.writing && now - last_progress < std::chrono::seconds(1));
+      idle = hot || n > 0 || a.packing ? 0 : idle + 1;
+      if (hot || n > 0) continue;
+      if (idle < 2000)
         std::this_thread::yield();
-      else if (idle >= 2000)
+      else
         std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }

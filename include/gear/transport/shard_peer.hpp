@@ -63,7 +63,7 @@ struct shard_peer {
   fabric::region ring_region{};
 
   // A learner's slice for the meta part of sample replies and the largest share it asks for,
-  // and the registered staging replies are packed in: a slot of slot_bytes per write in flight.
+  // and the registered staging replies are packed in: a slot of slot_bytes per reply in flight.
   // A reply is packed by the packer, then written by the learner's writer thread, whose alone
   // the channel is (reply_writer.hpp: its columns into the batch region its request names and
   // its meta part into the slice, as few writes as the provider allows; the writes' context is
@@ -141,15 +141,17 @@ struct shard_peer {
     }
     return failed;
   }
-  /// What this learner's replies wait for: the packer or posting (packing), their writes'
-  /// completions (writing), or nothing (idle).
-  enum class activity { idle, writing, packing };
+  /// What this learner's replies wait for: the packer, posting, their writes' completions.
+  struct activity {
+    bool packing = false, packed = false, writing = false;
+  };
   [[nodiscard]] activity replies_activity() const noexcept {
-    activity a = activity::idle;
+    activity a;
     for (std::size_t i = 0; i < slots; ++i) {
       const reply_state st = (*writes)[i].state.load(std::memory_order_acquire);
-      if (st == reply_state::packing || st == reply_state::packed) return activity::packing;
-      if (st == reply_state::writing) a = activity::writing;
+      a.packing = a.packing || st == reply_state::packing;
+      a.packed = a.packed || st == reply_state::packed;
+      a.writing = a.writing || st == reply_state::writing;
     }
     return a;
   }

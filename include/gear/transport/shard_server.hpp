@@ -17,7 +17,8 @@
 //                  acknowledged
 //                  with its key, which frees its blocks (the actor's credits); an entry the buffer
 //                  refuses is acknowledged with no ticket;
-//   sample request queued per learner, up to 4 replies in flight each (2 for large shares):
+//   sample request queued per learner, up to 4 replies in flight each (fewer, down to 2, for
+//                  shares above 16 MiB):
 //                  selected and gathered by the buffer's own policy, its columns written into
 //                  the learner's batch, the rest into its slice (shard_operations.hpp);
 //   update, erase  pairs of this incarnation applied (or removed), the others counted stale;
@@ -349,9 +350,15 @@ class shard_server {
     }
     const fi_addr_t to = p.address;
     peers_.push_back(std::move(p));
-    if (peers_.back().role == remote::peer_role::learner)
-      writers_.push_back(std::make_unique<reply_writer>(peers_.back(), options_.shard,
-                                                        spec::step_bytes, failed_replies_));
+    if (peers_.back().role == remote::peer_role::learner) {
+      try {
+        writers_.push_back(std::make_unique<reply_writer>(peers_.back(), options_.shard,
+                                                          spec::step_bytes, failed_replies_));
+      } catch (...) {  // no thread or no memory: not welcomed, and no peer left half there
+        peers_.pop_back();
+        throw;
+      }
+    }
     {
       const std::lock_guard held(stats_mutex_);
       ++stats_.peers;
@@ -450,10 +457,15 @@ class shard_server {
       to.deferred.pop_front();
     }
   }
-  /// A request waiting for a free reply slot: the run loop keeps polling for one.
+  /// A request waiting for a reply slot that is free: the run loop keeps polling to hand it on.
+  /// (One waiting for a slot still being written leaves the loop to its yield and sleep: a dead
+  /// learner's write on shm never completes.)
   [[nodiscard]] bool replies_pending() const {
     for (const auto& p : peers_)
-      if (!p.deferred.empty()) return true;
+      if (!p.deferred.empty())
+        for (std::size_t i = 0; i < p.slots; ++i)
+          if ((*p.writes)[i].state.load(std::memory_order_acquire) == reply_state::idle)
+            return true;
     return false;
   }
 
@@ -461,8 +473,9 @@ class shard_server {
   key_owner local_ = detail::owner_of(buffer_.transport());  // the keys the buffer issues
   options options_;
   fabric::host_region inbox_;
-  // The progress thread's alone; a deque, so that a peer's address (its reply's write context)
-  // stays put while others join. Their rings outlive the endpoint.
+  // Grown by the progress thread alone; a deque, so that a peer stays put while others join (a
+  // learner's writer thread uses its channel, staging and reply slots: reply_writer.hpp).
+  // Their rings outlive the endpoint.
   std::deque<peer> peers_;
   // A writer per learner, which posts its replies and polls its channel (reply_writer.hpp);
   // stopped before the peers they write for go.
