@@ -24,6 +24,7 @@
 #include <gear/transport/libfabric.hpp>
 #include <gear/transport/reply_packer.hpp>
 #include <memory>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -140,6 +141,24 @@ struct shard_peer {
       }
     }
     return failed;
+  }
+  /// The reply slot the oldest deferred request may be packed into: a free one, unless a slot in
+  /// use still writes over the range of the slice the request names (a learner reuses a reply
+  /// area once its reply arrived or it gave up on it; a rogue one's requests wait). None while
+  /// it must wait. The progress thread's: it alone fills slots and defers requests.
+  [[nodiscard]] std::optional<std::size_t> slot_for_next() const noexcept {
+    if (deferred.empty()) return std::nullopt;
+    const detail::remote::sample_request& r = deferred.front();
+    std::optional<std::size_t> slot;
+    for (std::size_t i = 0; i < slots; ++i) {
+      const reply_write& w = (*writes)[i];
+      const bool in_use = w.state.load(std::memory_order_acquire) != reply_state::idle;
+      if (in_use && w.request.reply_offset < r.reply_offset + r.reply_bytes &&
+          r.reply_offset < w.request.reply_offset + w.request.reply_bytes)
+        return std::nullopt;
+      if (!in_use && !slot) slot = i;
+    }
+    return slot;
   }
   /// What this learner's replies wait for: the packer, posting, their writes' completions.
   struct activity {

@@ -50,6 +50,7 @@
 #include <gear/transport/shard_peer.hpp>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -424,22 +425,11 @@ class shard_server {
   /// only its own requests. A buffer that cannot sample answers with a header of no rows.
   void serve(peer& to) {
     namespace remote = detail::remote;
-    // Hand queued requests to the packer: into a free write, never over a range of the slice
-    // still being written (a learner reuses a reply area once its reply arrived or it gave up on
-    // it; a rogue one's requests wait).
-    while (!to.deferred.empty()) {
+    while (!to.deferred.empty()) {  // hand queued requests to the packer, oldest first
+      const std::optional<std::size_t> slot = to.slot_for_next();
+      if (!slot) return;
       const remote::sample_request& r = to.deferred.front();
-      std::size_t slot = to.slots;
-      for (std::size_t i = 0; i < to.slots; ++i) {
-        const auto& w = (*to.writes)[i];
-        const bool in_use = w.state.load(std::memory_order_acquire) != reply_state::idle;
-        if (in_use && w.request.reply_offset < r.reply_offset + r.reply_bytes &&
-            r.reply_offset < w.request.reply_offset + w.request.reply_bytes)
-          return;
-        if (!in_use && slot == to.slots) slot = i;
-      }
-      if (slot == to.slots) return;
-      auto& w = (*to.writes)[slot];
+      auto& w = (*to.writes)[*slot];
       w.request = r;
       w.layout = remote::layout_reply(spec::step_bytes, r.rows, r.win.length);
       w.to_post = w.posted = w.completed = 0;
@@ -447,7 +437,7 @@ class shard_server {
       try {
         packer_->push({r,
                        w.layout,
-                       {to.reply->data() + slot * to.slot_bytes,
+                       {to.reply->data() + *slot * to.slot_bytes,
                         static_cast<std::size_t>(w.layout.total_bytes)},
                        &w.state});
       } catch (...) {  // not queued (out of memory): the write is free again, the request waits
@@ -457,15 +447,12 @@ class shard_server {
       to.deferred.pop_front();
     }
   }
-  /// A request waiting for a reply slot that is free: the run loop keeps polling to hand it on.
-  /// (One waiting for a slot still being written leaves the loop to its yield and sleep: a dead
+  /// A request that a reply slot is free for: the run loop keeps polling to hand it on. (One
+  /// waiting for a slot still being written leaves the loop to its yield and sleep: a dead
   /// learner's write on shm never completes.)
   [[nodiscard]] bool replies_pending() const {
     for (const auto& p : peers_)
-      if (!p.deferred.empty())
-        for (std::size_t i = 0; i < p.slots; ++i)
-          if ((*p.writes)[i].state.load(std::memory_order_acquire) == reply_state::idle)
-            return true;
+      if (!p.deferred.empty() && p.slot_for_next()) return true;
     return false;
   }
 
