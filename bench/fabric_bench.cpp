@@ -8,7 +8,8 @@
 //                   reply bytes, one sample at a time and with max_samples_in_flight in
 //                   flight, against raw writedata of the reply's size (64 in flight, and as
 //                   many as the learner has), and microseconds per sample against the raw round
-//                   trip
+//                   trip; with samples in flight, the share of the time each of the shard's
+//                   threads was busy (progress, packer, writer: which one bounds it)
 //   insert          2 and 8 actor processes insert trajectories of 16 steps of 4 KiB into one
 //                   shard: GB/s together, against raw writedata of an entry's size
 //
@@ -24,6 +25,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -193,6 +195,7 @@ raw_result raw(const gear::transport::libfabric_config& config, std::size_t byte
 }
 
 /// A shard with `count` trajectories of 16 steps (4 KiB each), serving until told; its blob first.
+/// Asked 's', it answers its threads' busy seconds (progress, packer, writers).
 pid_t start_shard(const gear::transport::libfabric_config& config, std::int64_t count, int fd) {
   return child([&] {
     buffer buf{gear::capacity{4096}, gear::max_length{steps}};
@@ -206,8 +209,11 @@ pid_t start_shard(const gear::transport::libfabric_config& config, std::int64_t 
     o.max_ring_blocks = 1024;
     gear::transport::shard_server<buffer> server(buf, o);
     put_bytes(fd, server.address());
-    char byte = 0;
-    (void)get(fd, &byte, 1);
+    for (char byte = 0; get(fd, &byte, 1) && byte == 's';) {
+      const auto c = server.stats();
+      const double busy[] = {c.progress_busy_s, c.packer_busy_s, c.writers_busy_s};
+      if (!put(fd, busy, sizeof busy)) break;
+    }
     return 0;
   });
 }
@@ -238,6 +244,13 @@ int main(int argc, char** argv) {
     std::int64_t rows = 0;
     std::size_t reply_bytes = 0;
     std::vector<double> raw_reply, raw_shallow, sample_gbps, sample_us, pipelined_gbps;
+    std::array<std::vector<double>, 3> busy;  // pipelined: the shard's threads, % of the time
+  };
+  // The shard's threads' busy seconds so far: progress, packer, writers.
+  const auto shard_busy = [&] {
+    std::array<double, 3> b{};
+    if (!put(fds[1], "s", 1) || !get(fds[1], b.data(), sizeof b)) b = {};
+    return b;
   };
   const auto sample_rounds = [&](std::int64_t rows) {
     sampled r;
@@ -277,6 +290,7 @@ int main(int argc, char** argv) {
                              gear::window_length{window});
       for (auto& b : batches) learner.sample_begin(b, gear::window{.length = window}, g);
       n = 0;
+      const auto busy_before = shard_busy();
       const auto t2 = clock_type::now();
       while (seconds_since(t2) < seconds) {
         gear::batch<spec>& b = batches[static_cast<std::size_t>(n) % in_flight];
@@ -284,7 +298,11 @@ int main(int argc, char** argv) {
         learner.sample_begin(b, gear::window{.length = window}, g);
         ++n;
       }
-      r.pipelined_gbps.push_back(double(n) * double(r.reply_bytes) / seconds_since(t2) / 1e9);
+      const double phase = seconds_since(t2);
+      r.pipelined_gbps.push_back(double(n) * double(r.reply_bytes) / phase / 1e9);
+      const auto busy_after = shard_busy();
+      for (std::size_t k = 0; k < 3; ++k)
+        r.busy[k].push_back(100 * (busy_after[k] - busy_before[k]) / phase);
       for (auto& b : batches) learner.sample_end(b);
     }
     return r;
@@ -373,6 +391,9 @@ int main(int argc, char** argv) {
     std::printf("%-52s %7.2f GB/s %11.2f GB/s %7.1f%%   rounds: %s\n", what,
                 median(m.pipelined_gbps), median(m.raw_shallow), median(same_depth),
                 listed(same_depth).c_str());
+    std::printf("%-52s %5.0f%% / %4.0f%% / %4.0f%% busy\n",
+                "  shard threads: progress / packer / writer", median(m.busy[0]), median(m.busy[1]),
+                median(m.busy[2]));
     std::snprintf(what, sizeof what, "  latency B=%lld, against the round trip",
                   static_cast<long long>(m.rows));
     std::printf("%-52s %7.0f us %13.1f us %7.1fx\n", what, median(m.sample_us), raw64.round_trip_us,

@@ -268,7 +268,8 @@ std::uint8_t wide_byte(std::int64_t id, std::int64_t step, int k) {
 
 /// One process: a shard on a buffer of wide_spec (its own threads) and a learner that samples
 /// it, 200 batches of 16 rows, split phase with 2 in flight; 0 when every row holds its
-/// trajectory's bytes in every column and its key names it.
+/// trajectory's bytes in every column and its key names it, and the shard's threads report
+/// busy time within its wall time.
 int run_wide(const gear::transport::libfabric_config& fabric) {
   wide_buffer buf{gear::capacity{16}, gear::max_length{max_length}};
   std::vector<std::int64_t> lengths, ids;
@@ -294,6 +295,7 @@ int run_wide(const gear::transport::libfabric_config& fabric) {
              keys);
   gear::transport::shard_server<wide_buffer>::options so;
   so.fabric = fabric;
+  const auto started = clock_type::now();
   gear::transport::shard_server<wide_buffer> server(buf, so);
   gear::transport::remote_learner<wide_spec>::options lo;
   lo.fabric = fabric;
@@ -334,7 +336,12 @@ int run_wide(const gear::transport::libfabric_config& fabric) {
     }
   }
   learner.sample_end(out[0]);
-  return server.stats().refused.total() == 0 ? 0 : 44;
+  // Each of the shard's threads worked, and no longer than the shard has served.
+  const auto st = server.stats();
+  const double wall = std::chrono::duration<double>(clock_type::now() - started).count();
+  for (const double busy : {st.progress_busy_s, st.packer_busy_s, st.writers_busy_s})
+    if (!(busy > 0 && busy <= wall)) return 45;
+  return st.refused.total() == 0 ? 0 : 44;
 }
 
 void wide(const char* provider, bool disable_cma) {

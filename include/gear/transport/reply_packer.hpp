@@ -24,6 +24,14 @@
 
 namespace gear::transport {
 
+/// Adds the time since `start` to `busy_ns`: a shard thread's work, for its stats.
+inline void count_busy(std::atomic<std::uint64_t>& busy_ns,
+                       std::chrono::steady_clock::time_point start) noexcept {
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::steady_clock::now() - start);
+  busy_ns.fetch_add(static_cast<std::uint64_t>(ns.count()), std::memory_order_relaxed);
+}
+
 /// Where one reply write of a shard to a learner stands.
 enum class reply_state : int { idle, packing, packed, writing };
 
@@ -50,6 +58,10 @@ class reply_packer {
   reply_packer(const reply_packer&) = delete;
   reply_packer& operator=(const reply_packer&) = delete;
 
+  /// Nanoseconds spent packing, from any thread.
+  [[nodiscard]] std::uint64_t busy_ns() const noexcept {
+    return busy_ns_.load(std::memory_order_relaxed);
+  }
   /// Queues a job; its state becomes reply_state::packed once its reply is sealed (a reply of no
   /// rows when the buffer could not sample).
   void push(const job& j) {
@@ -79,8 +91,10 @@ class reply_packer {
         jobs_.pop_front();
       }
       queued_.fetch_sub(1, std::memory_order_relaxed);
+      const auto start = std::chrono::steady_clock::now();
       pack_sample_reply(buffer_, stream_, j.request, j.layout, owner_, j.out,
                         scratch_);  // never throws
+      count_busy(busy_ns_, start);
       j.state->store(reply_state::packed, std::memory_order_release);
     }
   }
@@ -93,6 +107,7 @@ class reply_packer {
   std::condition_variable wake_;
   std::deque<job> jobs_;
   std::atomic<std::size_t> queued_{0};  // jobs_.size(), read without the mutex
+  std::atomic<std::uint64_t> busy_ns_{0};
   bool stopping_ = false;
   std::thread thread_;  // last: it starts once everything above is built
 };

@@ -25,12 +25,16 @@ namespace gear::transport {
 class reply_writer {
  public:
   /// Starts writing `learner`'s replies from shard `shard` (columns of `step_bytes`); failed
-  /// writes are added to `failed`. `learner` and `failed` outlive this writer.
+  /// writes are added to `failed`, nanoseconds spent posting and completing to `busy_ns`. They
+  /// and `learner` outlive this writer.
   reply_writer(shard_peer& learner, std::uint32_t shard, std::span<const std::int64_t> step_bytes,
-               std::atomic<std::uint64_t>& failed)
-      : learner_(learner), shard_(shard), step_bytes_(step_bytes), failed_(failed), thread_([this] {
-          run();
-        }) {}
+               std::atomic<std::uint64_t>& failed, std::atomic<std::uint64_t>& busy_ns)
+      : learner_(learner),
+        shard_(shard),
+        step_bytes_(step_bytes),
+        failed_(failed),
+        busy_ns_(busy_ns),
+        thread_([this] { run(); }) {}
   ~reply_writer() { stop(); }
   reply_writer(const reply_writer&) = delete;
   reply_writer& operator=(const reply_writer&) = delete;
@@ -48,6 +52,7 @@ class reply_writer {
     auto last_progress = clock::now();  // a post or a completion
     while (!stopping_.load(std::memory_order_relaxed)) {
       std::size_t n = 0;
+      const auto start = clock::now();
       const bool posting = learner_.replies_activity().packed;
       try {
         if (const std::uint64_t lost = learner_.post_replies(shard_, step_bytes_))
@@ -67,7 +72,10 @@ class reply_writer {
       // so that an idle writer does not hold a core; so does one whose writes have made no
       // progress for a second (on shm, a write to a learner that died never completes).
       const auto now = clock::now();
-      if (posting || n > 0) last_progress = now;
+      if (posting || n > 0) {
+        last_progress = now;
+        count_busy(busy_ns_, start);
+      }
       const shard_peer::activity a = learner_.replies_activity();
       const bool hot = a.packed || (a.writing && now - last_progress < std::chrono::seconds(1));
       idle = hot || n > 0 || a.packing ? 0 : idle + 1;
@@ -83,6 +91,7 @@ class reply_writer {
   std::uint32_t shard_;
   std::span<const std::int64_t> step_bytes_;
   std::atomic<std::uint64_t>& failed_;
+  std::atomic<std::uint64_t>& busy_ns_;
   std::atomic<bool> stopping_{false};
   std::thread thread_;  // last: it starts once everything above is built
 };

@@ -95,6 +95,10 @@ class shard_server {
     std::uint64_t failed_transfers = 0;  ///< completions in error (a peer gone, a refused access)
     std::uint64_t dropped_sends = 0;     ///< control messages not accepted by the deadline
     detail::remote::refusal_counts refused;  ///< messages and entries, by reason
+    /// Seconds the shard's threads spent working rather than waiting: the progress thread on
+    /// what came in, the packer on packing replies, the learners' writers (together) on posting
+    /// and completing them. Against wall time they say which thread bounds the shard.
+    double progress_busy_s = 0, packer_busy_s = 0, writers_busy_s = 0;
   };
 
   /// Opens the endpoint and starts serving. Throws errc::transport_error (no provider, ...).
@@ -151,6 +155,9 @@ class shard_server {
     const std::lock_guard held(stats_mutex_);
     counters c = stats_;
     c.failed_transfers += failed_replies_.load(std::memory_order_relaxed);
+    c.progress_busy_s = 1e-9 * double(progress_busy_ns_.load(std::memory_order_relaxed));
+    c.packer_busy_s = 1e-9 * double(packer_->busy_ns());
+    c.writers_busy_s = 1e-9 * double(writers_busy_ns_.load(std::memory_order_relaxed));
     return c;
   }
   /// Stops serving (the progress thread ends within a poll).
@@ -174,6 +181,7 @@ class shard_server {
     std::uint64_t idle = 0;  // polls in a row that found nothing
     while (!stopping_) {
       try {
+        const auto start = std::chrono::steady_clock::now();
         const std::size_t n = poll();
         while (!work_.empty()) {  // acted on outside the poll: handlers send, and sends poll
           const work w = std::move(work_.front());
@@ -185,6 +193,7 @@ class shard_server {
         }
         for (auto& p : peers_)
           if (p.role == detail::remote::peer_role::learner) serve(p);
+        if (n > 0) count_busy(progress_busy_ns_, start);
         // Idle: yield at first (a busy peer's next message is microseconds away), then sleep
         // 50 us at a time, so that an idle shard does not hold a core.
         idle = n == 0 && work_.empty() && !replies_pending() ? idle + 1 : 0;
@@ -353,8 +362,8 @@ class shard_server {
     peers_.push_back(std::move(p));
     if (peers_.back().role == remote::peer_role::learner) {
       try {
-        writers_.push_back(std::make_unique<reply_writer>(peers_.back(), options_.shard,
-                                                          spec::step_bytes, failed_replies_));
+        writers_.push_back(std::make_unique<reply_writer>(
+            peers_.back(), options_.shard, spec::step_bytes, failed_replies_, writers_busy_ns_));
       } catch (...) {  // no thread or no memory: not welcomed, and no peer left half there
         peers_.pop_back();
         throw;
@@ -467,7 +476,8 @@ class shard_server {
   // A writer per learner, which posts its replies and polls its channel (reply_writer.hpp);
   // stopped before the peers they write for go.
   std::deque<std::unique_ptr<reply_writer>> writers_;
-  std::atomic<std::uint64_t> failed_replies_{0};  // counted by the writers
+  std::atomic<std::uint64_t> failed_replies_{0};                         // counted by the writers
+  std::atomic<std::uint64_t> progress_busy_ns_{0}, writers_busy_ns_{0};  // stats()
   std::unique_ptr<fabric::endpoint> ep_;
   fabric::region inbox_region_{};
   fabric::outbox outbox_;
