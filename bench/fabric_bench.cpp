@@ -9,7 +9,8 @@
 //                   flight, against raw writedata of the reply's size (64 in flight, and as
 //                   many as the learner has), and microseconds per sample against the raw round
 //                   trip; with samples in flight, the share of the time each of the shard's
-//                   threads was busy (progress, packer, writer: which one bounds it)
+//                   threads (progress, packer, writer) and the learner's was busy: which one
+//                   bounds it
 //   insert          2 and 8 actor processes insert trajectories of 16 steps of 4 KiB into one
 //                   shard: GB/s together, against raw writedata of an entry's size
 //
@@ -244,7 +245,7 @@ int main(int argc, char** argv) {
     std::int64_t rows = 0;
     std::size_t reply_bytes = 0;
     std::vector<double> raw_reply, raw_shallow, sample_gbps, sample_us, pipelined_gbps;
-    std::array<std::vector<double>, 3> busy;  // pipelined: the shard's threads, % of the time
+    std::array<std::vector<double>, 4> busy;  // pipelined: the shard's threads and the learner
   };
   // The shard's threads' busy seconds so far: progress, packer, writers.
   const auto shard_busy = [&] {
@@ -291,6 +292,7 @@ int main(int argc, char** argv) {
       for (auto& b : batches) learner.sample_begin(b, gear::window{.length = window}, g);
       n = 0;
       const auto busy_before = shard_busy();
+      const double waited_before = learner.waiting_seconds();
       const auto t2 = clock_type::now();
       while (seconds_since(t2) < seconds) {
         gear::batch<spec>& b = batches[static_cast<std::size_t>(n) % in_flight];
@@ -303,6 +305,7 @@ int main(int argc, char** argv) {
       const auto busy_after = shard_busy();
       for (std::size_t k = 0; k < 3; ++k)
         r.busy[k].push_back(100 * (busy_after[k] - busy_before[k]) / phase);
+      r.busy[3].push_back(100 * (1 - (learner.waiting_seconds() - waited_before) / phase));
       for (auto& b : batches) learner.sample_end(b);
     }
     return r;
@@ -391,9 +394,9 @@ int main(int argc, char** argv) {
     std::printf("%-52s %7.2f GB/s %11.2f GB/s %7.1f%%   rounds: %s\n", what,
                 median(m.pipelined_gbps), median(m.raw_shallow), median(same_depth),
                 listed(same_depth).c_str());
-    std::printf("%-52s %5.0f%% / %4.0f%% / %4.0f%% busy\n",
-                "  shard threads: progress / packer / writer", median(m.busy[0]), median(m.busy[1]),
-                median(m.busy[2]));
+    std::printf("%-52s %5.0f%% / %4.0f%% / %4.0f%%; %4.0f%% busy\n",
+                "  busy: shard progress / packer / writer; learner", median(m.busy[0]),
+                median(m.busy[1]), median(m.busy[2]), median(m.busy[3]));
     std::snprintf(what, sizeof what, "  latency B=%lld, against the round trip",
                   static_cast<long long>(m.rows));
     std::printf("%-52s %7.0f us %13.1f us %7.1fx\n", what, median(m.sample_us), raw64.round_trip_us,

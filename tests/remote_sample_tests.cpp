@@ -268,8 +268,8 @@ std::uint8_t wide_byte(std::int64_t id, std::int64_t step, int k) {
 
 /// One process: a shard on a buffer of wide_spec (its own threads) and a learner that samples
 /// it, 200 batches of 16 rows, split phase with 2 in flight; 0 when every row holds its
-/// trajectory's bytes in every column and its key names it, and the shard's threads report
-/// busy time within its wall time.
+/// trajectory's bytes in every column and its key names it, and the shard's threads and the
+/// learner report busy and waiting time within their wall time.
 int run_wide(const gear::transport::libfabric_config& fabric) {
   wide_buffer buf{gear::capacity{16}, gear::max_length{max_length}};
   std::vector<std::int64_t> lengths, ids;
@@ -341,6 +341,8 @@ int run_wide(const gear::transport::libfabric_config& fabric) {
   const double wall = std::chrono::duration<double>(clock_type::now() - started).count();
   for (const double busy : {st.progress_busy_s, st.packer_busy_s, st.writers_busy_s})
     if (!(busy > 0 && busy <= wall)) return 45;
+  // The learner waited for replies at some point, and never longer than it ran.
+  if (!(learner.waiting_seconds() > 0 && learner.waiting_seconds() <= wall)) return 46;
   return st.refused.total() == 0 ? 0 : 44;
 }
 

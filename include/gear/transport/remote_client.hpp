@@ -44,6 +44,11 @@ class remote_client {
     return links_.at(s).blob;
   }
 
+  /// Seconds this client's calls have spent waiting in polls that completed nothing: the rest
+  /// of their time is its own work or, with manual progress, transfers it moves (on shm it
+  /// copies what shards write to it). Against wall time, how busy its thread is.
+  [[nodiscard]] double waiting_seconds() const noexcept { return 1e-9 * double(waiting_ns_); }
+
   /// Asks shard `s` for its status and waits for it (bounded by the deadline).
   detail::remote::status status(std::size_t s) {
     auto bytes = detail::remote::encode_status_request();
@@ -133,8 +138,13 @@ class remote_client {
   template <class Done>
   void wait_until(Done done, clock::time_point until, std::size_t s, const char* what) {
     while (!done()) {
-      if (clock::now() > until) lost(s, what);
-      if (poll() == 0) std::this_thread::yield();
+      const auto now = clock::now();
+      if (now > until) lost(s, what);
+      if (poll() == 0) {
+        std::this_thread::yield();
+        waiting_ns_ += static_cast<std::uint64_t>(
+            std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - now).count());
+      }
     }
   }
 
@@ -204,6 +214,7 @@ class remote_client {
     }
   }
   mutable std::optional<std::size_t> last_lost_;
+  std::uint64_t waiting_ns_ = 0;  // waiting_seconds()
 };
 
 }  // namespace gear::transport
