@@ -369,21 +369,21 @@ TEST_CASE("a learner's next request waits for a free reply slot, and never over 
     return r;
   };
   CHECK(!p.slot_for_next());  // nothing deferred
-  p.deferred.push_back(request(0, 100));
+  p.deferred.push_back({request(0, 100), {}});
   CHECK(p.slot_for_next() == 0u);
   (*p.writes)[0].request = request(0, 100);
   (*p.writes)[0].state = reply_state::writing;
   CHECK(!p.slot_for_next());  // its area is still being written
-  p.deferred.front() = request(100, 100);
+  p.deferred.front().request = request(100, 100);
   CHECK(p.slot_for_next() == 1u);  // beside it: the free slot
   (*p.writes)[1].request = request(100, 100);
   (*p.writes)[1].state = reply_state::packed;
-  p.deferred.front() = request(200, 100);
+  p.deferred.front().request = request(200, 100);
   CHECK(!p.slot_for_next());                 // no slot free
   (*p.writes)[2].state = reply_state::idle;  // beyond `slots`: not this learner's
   CHECK(!p.slot_for_next());
   (*p.writes)[0].state = reply_state::idle;
   CHECK(p.slot_for_next() == 0u);
-  p.deferred.front() = request(150, 100);  // overlaps slot 1's area, in use
+  p.deferred.front().request = request(150, 100);  // overlaps slot 1's area, in use
   CHECK(!p.slot_for_next());
 }

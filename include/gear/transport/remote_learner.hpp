@@ -175,6 +175,8 @@ class remote_learner : public remote_client {
                    "the deadline and may still land there: sample into another batch");
     f.sent.reserve(links_.size());  // no allocation once requests are out
     tainted_.reserve(tainted_.size() + max_samples_in_flight);  // end_grant never allocates
+    remote::sample_request r;  // one per shard, every field set anew (its columns' storage kept)
+    r.column_address.resize(Spec::num_columns);
     f.grant = ep_->register_memory(columns, granted, FI_REMOTE_WRITE);
     const auto until = clock::now() + deadline_;
     std::int64_t first = 0;  // the shard's first row
@@ -186,7 +188,6 @@ class remote_learner : public remote_client {
         std::memset(reply, 0, remote::reply_header_bytes);  // poisoned
         std::memset(reply + f.layouts[s].footer_at, 0, remote::reply_footer_bytes);
         slices_[s].expect(f.area, next_request_++ % remote::max_cq_index);
-        remote::sample_request r;
         r.request = slices_[s].request[f.area];
         r.reply_offset = f.area * reply_bytes_;
         r.incarnation = links_[s].blob.incarnation;
@@ -200,10 +201,9 @@ class remote_learner : public remote_client {
         r.batch_key = f.grant.key;
         r.batch_bytes = granted;
         for (std::size_t c = 0; c < Spec::num_columns; ++c)
-          r.column_address.push_back(
-              f.grant.remote_address +
-              static_cast<std::uint64_t>(out.column_data(c) - columns +
-                                         first * length * Spec::step_bytes[c]));
+          r.column_address[c] = f.grant.remote_address +
+                                static_cast<std::uint64_t>(out.column_data(c) - columns +
+                                                           first * length * Spec::step_bytes[c]);
         auto bytes = remote::encode(r);
         remote::stamp_sender(bytes, links_[s].welcome->peer_index);
         guarded(

@@ -38,9 +38,11 @@ enum class reply_state : int { idle, packing, packed, writing };
 template <class Buffer>
 class reply_packer {
  public:
+  /// What to pack, where: the request and its layout stay put (in the reply's slot) until the
+  /// job's state says packed.
   struct job {
-    detail::remote::sample_request request;
-    detail::remote::reply_layout layout;
+    const detail::remote::sample_request* request = nullptr;
+    const detail::remote::reply_layout* layout = nullptr;
     std::span<std::byte> out;
     std::atomic<reply_state>* state = nullptr;
   };
@@ -92,7 +94,7 @@ class reply_packer {
       }
       queued_.fetch_sub(1, std::memory_order_relaxed);
       const auto start = std::chrono::steady_clock::now();
-      pack_sample_reply(buffer_, stream_, j.request, j.layout, owner_, j.out,
+      pack_sample_reply(buffer_, stream_, *j.request, *j.layout, owner_, j.out,
                         scratch_);  // never throws
       count_busy(busy_ns_, start);
       j.state->store(reply_state::packed, std::memory_order_release);

@@ -86,7 +86,12 @@ struct shard_peer {
   std::unique_ptr<fabric::endpoint> channel;
   fabric::region reply_region{};
   fi_addr_t reply_to = FI_ADDR_UNSPEC;
-  std::deque<detail::remote::sample_request> deferred;  // not yet packed, oldest first
+  /// A request not yet packed, with the layout its check computed (check_request_fits).
+  struct deferred_request {
+    detail::remote::sample_request request;
+    detail::remote::reply_layout layout;
+  };
+  std::deque<deferred_request> deferred;  // oldest first
 
   /// Posts what the packer has sealed, from shard `shard` (columns of `step_bytes`): its
   /// segments (each column into the learner's batch, then the meta part into its slice) as few
@@ -148,7 +153,7 @@ struct shard_peer {
   /// it must wait. The progress thread's: it alone fills slots and defers requests.
   [[nodiscard]] std::optional<std::size_t> slot_for_next() const noexcept {
     if (deferred.empty()) return std::nullopt;
-    const detail::remote::sample_request& r = deferred.front();
+    const detail::remote::sample_request& r = deferred.front().request;
     std::optional<std::size_t> slot;
     for (std::size_t i = 0; i < slots; ++i) {
       const reply_write& w = (*writes)[i];

@@ -289,12 +289,11 @@ class shard_server {
         if (!from.reply || r.value.incarnation != incarnation_ ||
             r.value.request >= remote::max_cq_index)
           return count(remote::refusal::mismatch);
-        if (const auto fits = remote::check_request_fits(r.value, spec::step_bytes, from.grant);
-            !fits)
-          return count(fits.why);
+        auto fits = remote::check_request_fits(r.value, spec::step_bytes, from.grant);
+        if (!fits) return count(fits.why);
         if (peers_[sender - 1].deferred.size() >= max_deferred_requests)
           return count(remote::refusal::oversized);
-        peers_[sender - 1].deferred.push_back(r.value);
+        peers_[sender - 1].deferred.push_back({r.value, std::move(fits.value)});
         return serve(peers_[sender - 1]);
       }
       default:
@@ -433,24 +432,25 @@ class shard_server {
   /// A learner that died with a reply in flight (its write may never complete, on shm) holds up
   /// only its own requests. A buffer that cannot sample answers with a header of no rows.
   void serve(peer& to) {
-    namespace remote = detail::remote;
     while (!to.deferred.empty()) {  // hand queued requests to the packer, oldest first
       const std::optional<std::size_t> slot = to.slot_for_next();
       if (!slot) return;
-      const remote::sample_request& r = to.deferred.front();
+      auto& d = to.deferred.front();
       auto& w = (*to.writes)[*slot];
-      w.request = r;
-      w.layout = remote::layout_reply(spec::step_bytes, r.rows, r.win.length);
+      w.request = std::move(d.request);
+      w.layout = std::move(d.layout);
       w.to_post = w.posted = w.completed = 0;
       w.state = reply_state::packing;
       try {
-        packer_->push({r,
-                       w.layout,
+        packer_->push({&w.request,
+                       &w.layout,
                        {to.reply->data() + *slot * to.slot_bytes,
                         static_cast<std::size_t>(w.layout.total_bytes)},
                        &w.state});
       } catch (...) {  // not queued (out of memory): the write is free again, the request waits
         w.state = reply_state::idle;
+        d.request = std::move(w.request);
+        d.layout = std::move(w.layout);
         throw;
       }
       to.deferred.pop_front();
