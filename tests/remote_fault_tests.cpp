@@ -10,7 +10,8 @@
 //     with errc::peer_lost by its 1 s deadline; the learner fills the batch with a pattern, the
 //     shard goes on (SIGCONT) and writes its late reply, and the batch still holds the pattern
 //     1.5 s later (the sample that threw ended the batch's registration: the write is refused);
-//     a sample into that batch is then refused (a reply cut off mid-transfer could still land).
+//     a sample into that batch is then refused (a reply cut off mid-transfer could still land),
+//     leaving the batch as it was with nothing in flight into it.
 // Killed processes cannot remove their /dev/shm files: the test removes them (as a launcher
 // must); processes that exit normally leave none.
 
@@ -179,6 +180,15 @@ int run_stalled_learner(int fd, const gear::transport::libfabric_config& fabric)
     return 62;
   } catch (const gear::error& e) {
     if (e.code() != gear::errc::invalid_argument) return 63;
+  }
+  // Refused before anything moved: the batch is as it was, and nothing is in flight into it.
+  for (std::size_t i = 0; i < columns; ++i)
+    if (out.column_data(0)[i] != std::byte{0x5a}) return 64;
+  try {
+    learner.sample_end(out);
+    return 65;
+  } catch (const gear::error& e) {
+    if (e.code() != gear::errc::invalid_argument) return 66;
   }
   return 0;
 }
