@@ -14,7 +14,8 @@
 //   insert          2 and 8 actor processes insert trajectories of 16 steps of 4 KiB into one
 //                   shard: GB/s together, against raw writedata of an entry's size
 //
-//   gear_fabric_bench [provider] [seconds per phase] [rounds]   (default tcp;ofi_rxm, 1, 3)
+//   gear_fabric_bench [provider] [seconds per phase] [rounds] [B ...]
+//                                                 (default tcp;ofi_rxm, 1, 3, and B = 256 16 1)
 //
 // Every figure is printed with the reference it is a ratio of, measured in the same run. The
 // sampling figures and their raw reference are measured in `rounds` interleaved rounds (raw, then
@@ -311,7 +312,10 @@ int main(int argc, char** argv) {
     return r;
   };
   std::vector<sampled> samples;
-  for (const std::int64_t rows : {256, 16, 1}) samples.push_back(sample_rounds(rows));
+  std::vector<std::int64_t> batch_sizes{256, 16, 1};  // or those named after the rounds
+  if (argc > 4) batch_sizes.clear();
+  for (int a = 4; a < argc; ++a) batch_sizes.push_back(std::max<std::int64_t>(1, std::atoll(argv[a])));
+  for (const std::int64_t rows : batch_sizes) samples.push_back(sample_rounds(rows));
 
   double insert_gbps[2] = {0, 0};
   const int actor_counts[2] = {2, 8};

@@ -26,13 +26,15 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
 
+#include <sys/random.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <gear/error.hpp>
-#include <random>
 #include <span>
 #include <string>
 #include <vector>
@@ -434,12 +436,26 @@ class endpoint {
     info_ = nullptr;
   }
 
-  /// A memory key no peer can guess from the keys it was given: 64 bits from the system's
-  /// entropy source, opened once (opening it costs more than a registration on shm).
-  std::uint64_t draw_key() { return (std::uint64_t{entropy_()} << 32) ^ std::uint64_t{entropy_()}; }
+  /// A memory key no peer can guess from the keys it was given: 64 bits from the kernel's
+  /// entropy source, read 256 keys at a time (a learner registers its batch for every sample,
+  /// and a read per key costs more than the registration on shm).
+  std::uint64_t draw_key() {
+    if (keys_left_ == 0) {
+      auto* to = reinterpret_cast<std::byte*>(keys_.data());
+      std::size_t got = 0;
+      while (got < sizeof keys_) {
+        const ssize_t n = getrandom(to + got, sizeof keys_ - got, 0);
+        if (n > 0) got += static_cast<std::size_t>(n);
+        else if (errno != EINTR) fail("getrandom", -errno, "memory keys");
+      }
+      keys_left_ = keys_.size();
+    }
+    return keys_[--keys_left_];
+  }
 
   std::string provider_;
-  std::random_device entropy_;  // memory keys (draw_key)
+  std::array<std::uint64_t, 256> keys_{};  // memory keys drawn and not yet used (draw_key)
+  std::size_t keys_left_ = 0;
   fi_info* info_ = nullptr;
   fid_fabric* fabric_ = nullptr;
   fid_domain* domain_ = nullptr;
