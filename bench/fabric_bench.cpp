@@ -314,7 +314,8 @@ int main(int argc, char** argv) {
   std::vector<sampled> samples;
   std::vector<std::int64_t> batch_sizes{256, 16, 1};  // or those named after the rounds
   if (argc > 4) batch_sizes.clear();
-  for (int a = 4; a < argc; ++a) batch_sizes.push_back(std::max<std::int64_t>(1, std::atoll(argv[a])));
+  for (int a = 4; a < argc; ++a)
+    batch_sizes.push_back(std::max<std::int64_t>(1, std::atoll(argv[a])));
   for (const std::int64_t rows : batch_sizes) samples.push_back(sample_rounds(rows));
 
   double insert_gbps[2] = {0, 0};

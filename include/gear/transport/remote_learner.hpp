@@ -31,6 +31,7 @@
 #include <gear/select/uniform.hpp>
 #include <gear/transport/remote_client.hpp>
 #include <gear/transport/reply_slice.hpp>
+#include <gear/transport/sample_flight.hpp>
 #include <gear/window.hpp>
 #include <memory>
 #include <optional>
@@ -136,27 +137,26 @@ class remote_learner : public remote_client {
                      std::to_string(options_.max_window) + " steps");
     // The masses to split by: the last replies', asked again of every shard the snapshot
     // has none for (the first sample; a shard that was empty, and so got no rows to say more).
-    std::vector<remote::shard_share> snapshot = snapshot_;
-    snapshot.resize(links_.size(), {0, 0, true});
+    const bool first_sample = snapshot_.size() != links_.size();
+    snapshot_.resize(links_.size(), {0, 0, true});
     for (std::size_t s = 0; s < links_.size(); ++s) {
       if (lost_[s]) {
-        snapshot[s] = {0, 0, false};
-      } else if (snapshot_.size() != links_.size() || snapshot[s].mass <= 0) {
+        snapshot_[s] = {0, 0, false};
+      } else if (first_sample || snapshot_[s].mass <= 0) {
         const auto st = guarded(s, [&] { return status(s); });
-        snapshot[s] =
+        snapshot_[s] =
             st ? remote::shard_share{st->mass, st->size, true} : remote::shard_share{0, 0, false};
       }
     }
-    snapshot_ = std::move(snapshot);
     GEAR_REQUIRE(std::find(lost_.begin(), lost_.end(), false) != lost_.end(), errc::peer_lost,
                  "every shard of this learner is lost");
     const rng_draw draw = g.next();
-    flight f;
+    flight f = spares_.take();  // an ended one's storage: no allocation per sample
     f.out = &out;
     while (std::any_of(flights_.begin(), flights_.end(),  // a reply area not in use
                        [&](const flight& other) { return other.area == f.area; }))
       ++f.area;
-    f.share = remote::split_with_replacement(snapshot_, rows, draw);
+    remote::split_with_replacement(snapshot_, rows, draw, f.share, upto_);
     f.total = remote::live_mass(snapshot_);
     f.split = snapshot_;
     f.layouts.resize(links_.size());
@@ -175,7 +175,7 @@ class remote_learner : public remote_client {
                    "the deadline and may still land there: sample into another batch");
     f.sent.reserve(links_.size());  // no allocation once requests are out
     tainted_.reserve(tainted_.size() + max_samples_in_flight);  // end_grant never allocates
-    remote::sample_request r;  // one per shard, every field set anew (its columns' storage kept)
+    remote::sample_request& r = request_;  // one per shard, every field set anew
     r.column_address.resize(Spec::num_columns);
     f.grant = ep_->register_memory(columns, granted, FI_REMOTE_WRITE);
     const auto until = clock::now() + deadline_;
@@ -204,15 +204,16 @@ class remote_learner : public remote_client {
           r.column_address[c] = f.grant.remote_address +
                                 static_cast<std::uint64_t>(out.column_data(c) - columns +
                                                            first * length * Spec::step_bytes[c]);
-        auto bytes = remote::encode(r);
-        remote::stamp_sender(bytes, links_[s].welcome->peer_index);
+        message_ = remote::encode(r, std::move(message_));
+        remote::stamp_sender(message_, links_[s].welcome->peer_index);
         guarded(
-            s, [&] { return send(bytes, s, until), true; }, true);
+            s, [&] { return send(message_, s, until), true; }, true);
         f.sent.push_back(s);  // reserved: no throw once the request went out (a send that
                               // throws has posted nothing)
       }
     } catch (...) {  // nothing may land in the batch once this throws
       end_grant(f, until);
+      spares_.recycle(std::move(f));
       throw;
     }
     flights_.push_back(std::move(f));
@@ -242,9 +243,11 @@ class remote_learner : public remote_client {
       finish(out, f, until);
     } catch (...) {  // nothing may land in the batch once this throws
       end_grant(f, until);
+      spares_.recycle(std::move(f));
       throw;
     }
     end_grant(f, until);
+    spares_.recycle(std::move(f));
   }
 
   /// Sets the priorities of `keys` (host spans of one size) at the shards that own them, each
@@ -336,18 +339,7 @@ class remote_learner : public remote_client {
     if (r && r.value.incarnation == awaited_incarnation_) update_answer_ = r.value;
   }
 
-  /// A sample in flight: its batch, its reply area, each shard's rows and reply layout, the mass
-  /// M split by.
-  struct flight {
-    batch<Spec>* out = nullptr;
-    std::size_t area = 0;
-    fabric::region grant{};         // its batch's columns, registered for it alone
-    std::vector<std::size_t> sent;  // the shards it asked
-    std::vector<std::int64_t> share;
-    std::vector<detail::remote::reply_layout> layouts;
-    std::vector<detail::remote::shard_share> split;  // the snapshot it was split by
-    double total = 0;
-  };
+  using flight = sample_flight<batch<Spec>>;
 
   [[nodiscard]] std::byte* area(std::size_t s, std::size_t a) const { return slices_[s].area(a); }
   [[nodiscard]] bool reply_in(std::size_t s, std::size_t a) const { return slices_[s].reply_in(a); }
@@ -391,7 +383,8 @@ class remote_learner : public remote_client {
               return true;
             },
             true);
-    std::vector<remote::reply_header> headers(links_.size());
+    std::vector<remote::reply_header>& headers = headers_;
+    headers.assign(links_.size(), {});
     for (std::size_t s = 0; s < links_.size(); ++s) {
       if (f.share[s] == 0) continue;
       const std::span<const std::byte> slice(area(s, f.area),
@@ -411,7 +404,8 @@ class remote_learner : public remote_client {
                        std::string(remote::to_string(checked.why)) + ": " + checked.what + ")");
       headers[s] = checked.value;
     }
-    std::vector<double> probabilities(static_cast<std::size_t>(rows));
+    std::vector<double>& probabilities = probabilities_;
+    probabilities.assign(static_cast<std::size_t>(rows), 0.0);
     std::int64_t at = 0, union_size = 0;
     for (const auto& m : f.split) union_size += m.live ? m.size : 0;
     for (std::size_t s = 0; s < links_.size(); ++s) {
@@ -421,7 +415,7 @@ class remote_learner : public remote_client {
       at += f.share[s];
     }
     remote::importance_weights(probabilities, union_size, options_.beta,
-                               {out.weights_data(), static_cast<std::size_t>(rows)});
+                               {out.weights_data(), static_cast<std::size_t>(rows)}, upto_);
     // The next snapshot: what the replies say the shards held when they selected.
     for (std::size_t s = 0; s < links_.size(); ++s)
       if (f.share[s] > 0) snapshot_[s] = {headers[s].mass, headers[s].size, true};
@@ -482,6 +476,14 @@ class remote_learner : public remote_client {
   std::optional<detail::remote::update_result> update_answer_;
   std::uint32_t awaited_incarnation_ = 0;  // the shard whose update answer is awaited
   std::vector<flight> flights_;  // reserved: a begun sample is recorded without allocating
+  flight_spares<batch<Spec>> spares_;
+  // Kept between samples so that a sample allocates nothing once its sizes were seen: the request
+  // and its encoding, the split's scratch, sample_end's headers and probabilities.
+  detail::remote::sample_request request_;
+  std::vector<std::byte> message_;
+  std::vector<double> upto_;  // scratch: the split's running masses, then the weights
+  std::vector<detail::remote::reply_header> headers_;
+  std::vector<double> probabilities_;
   // Batch memory a cut-off reply may still write into: [from, to) of this process's addresses,
   // one range per cut-off sample for the learner's life (reserved ahead of each sample).
   std::vector<std::pair<std::uintptr_t, std::uintptr_t>> tainted_;

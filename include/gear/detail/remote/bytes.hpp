@@ -27,6 +27,11 @@ inline constexpr std::uint16_t wire_version = 4;
 class wire_writer {
  public:
   wire_writer() { bytes_.reserve(256); }  // control messages are small: few reallocations
+  /// Writes into `reuse`, emptied, keeping its capacity (a message encoded for every sample).
+  explicit wire_writer(std::vector<std::byte>&& reuse) : bytes_(std::move(reuse)) {
+    bytes_.clear();
+    bytes_.reserve(256);
+  }
 
   template <class T>
   requires std::is_arithmetic_v<T>

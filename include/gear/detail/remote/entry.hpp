@@ -195,7 +195,7 @@ static_assert(sizeof(reply_header) == reply_header_bytes);
 /// naming the request in its CQ data; the header counts the writes before the meta part's.
 struct reply_layout {
   std::int64_t mask_at = 0, keys_at = 0, probabilities_at = 0, footer_at = 0, meta_bytes = 0;
-  std::vector<std::int64_t> column_at;
+  std::array<std::int64_t, max_request_columns> column_at{};  // a learner lays out every sample
   std::int64_t total_bytes = 0;
 };
 
@@ -212,9 +212,11 @@ inline reply_layout layout_reply(std::span<const std::int64_t> step_bytes, std::
   l.footer_at = at;
   l.meta_bytes = at + reply_footer_bytes;
   at = align_section(l.meta_bytes);
-  for (const std::int64_t s : step_bytes) {
-    l.column_at.push_back(at);
-    at += align_section(rows * window * s);
+  GEAR_REQUIRE(step_bytes.size() <= l.column_at.size(), errc::invalid_argument,
+               std::to_string(step_bytes.size()) + " columns in a reply");
+  for (std::size_t c = 0; c < step_bytes.size(); ++c) {
+    l.column_at[c] = at;
+    at += align_section(rows * window * step_bytes[c]);
   }
   l.total_bytes = at;
   return l;

@@ -120,9 +120,11 @@ bool read_all(wire_reader& r, T&... fields) {
   return (r.get(fields) && ...);
 }
 
-/// Starts a frame of `type` from `sender`; finish_frame() writes its body length.
-inline wire_writer start_frame(message_type type, std::uint32_t sender = 0) {
-  wire_writer w;
+/// Starts a frame of `type` from `sender` (in `reuse`'s storage); finish_frame() writes its body
+/// length.
+inline wire_writer start_frame(message_type type, std::uint32_t sender = 0,
+                               std::vector<std::byte>&& reuse = {}) {
+  wire_writer w(std::move(reuse));
   w.put(frame_magic);
   w.put(wire_version);
   w.put(static_cast<std::uint16_t>(type));

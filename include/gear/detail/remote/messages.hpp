@@ -240,8 +240,9 @@ struct sample_request {
 /// Columns a sample request may name (gear::max_columns).
 inline constexpr std::size_t max_request_columns = 16;
 
-inline std::vector<std::byte> encode(const sample_request& m) {
-  wire_writer w = start_frame(message_type::sample_request);
+/// (In `reuse`'s storage: a learner encodes one for every sample.)
+inline std::vector<std::byte> encode(const sample_request& m, std::vector<std::byte>&& reuse = {}) {
+  wire_writer w = start_frame(message_type::sample_request, 0, std::move(reuse));
   w.put(m.request);
   w.put(m.incarnation);
   w.put(m.rows);

@@ -56,13 +56,15 @@ inline double live_mass(std::span<const shard_share> shards) noexcept {
 }
 
 /// Rows per shard for `batch` rows drawn with replacement: Multinomial(batch, M_s / M) over the
-/// live shards, from `draw` (one draw per row). Throws errc::empty_buffer when no live shard has
-/// mass, errc::invalid_argument for a negative batch or a bad snapshot.
-inline std::vector<std::int64_t> split_with_replacement(std::span<const shard_share> shards,
-                                                        std::int64_t batch, rng_draw draw) {
+/// live shards, from `draw` (one draw per row), into `rows` (with `upto` as scratch: a learner
+/// splits every sample, and keeps both). Throws errc::empty_buffer when no live shard has mass,
+/// errc::invalid_argument for a negative batch or a bad snapshot.
+inline void split_with_replacement(std::span<const shard_share> shards, std::int64_t batch,
+                                   rng_draw draw, std::vector<std::int64_t>& rows,
+                                   std::vector<double>& upto) {
   check_shares(shards);
   GEAR_REQUIRE(batch >= 0, errc::invalid_argument, "batch " + std::to_string(batch));
-  std::vector<double> upto(shards.size());
+  upto.assign(shards.size(), 0.0);
   double total = 0;
   std::size_t last = shards.size();
   for (std::size_t s = 0; s < shards.size(); ++s) {
@@ -75,7 +77,7 @@ inline std::vector<std::int64_t> split_with_replacement(std::span<const shard_sh
   GEAR_REQUIRE(
       last < shards.size(), errc::empty_buffer,
       "no live shard holds anything to sample (" + std::to_string(shards.size()) + " shards)");
-  std::vector<std::int64_t> rows(shards.size());
+  rows.assign(shards.size(), 0);
   for (std::int64_t r = 0; r < batch; ++r) {
     const double x = unit_double(draw.extra(static_cast<std::uint64_t>(r), 0)) * total;
     // The first shard whose running mass passes x: shards without mass are never it.
@@ -83,6 +85,12 @@ inline std::vector<std::int64_t> split_with_replacement(std::span<const shard_sh
     if (s >= shards.size()) s = last;  // x rounded up to the total
     ++rows[s];
   }
+}
+inline std::vector<std::int64_t> split_with_replacement(std::span<const shard_share> shards,
+                                                        std::int64_t batch, rng_draw draw) {
+  std::vector<std::int64_t> rows;
+  std::vector<double> upto;
+  split_with_replacement(shards, batch, draw, rows, upto);
   return rows;
 }
 
@@ -121,11 +129,12 @@ GEAR_HD constexpr double global_probability(double shard_mass, double total_mass
 }
 
 /// Importance weights of a batch: w_i = (N P_i)^-beta / max_j (N P_j)^-beta over the union of N
-/// trajectories. Rows with P_i = 0 (padding) get weight 0.
+/// trajectories, with `w` as scratch (a learner keeps it). Rows with P_i = 0 (padding) get weight
+/// 0.
 inline void importance_weights(std::span<const double> probabilities, std::int64_t union_size,
-                               double beta, std::span<float> out) {
+                               double beta, std::span<float> out, std::vector<double>& w) {
   double max_w = 0;
-  std::vector<double> w(probabilities.size());
+  w.resize(probabilities.size());
   for (std::size_t i = 0; i < probabilities.size(); ++i) {
     const double p = probabilities[i];
     w[i] = p > 0 ? std::pow(static_cast<double>(union_size) * p, -beta) : 0.0;
@@ -133,6 +142,11 @@ inline void importance_weights(std::span<const double> probabilities, std::int64
   }
   for (std::size_t i = 0; i < probabilities.size() && i < out.size(); ++i)
     out[i] = max_w > 0 ? static_cast<float>(w[i] / max_w) : 0.0f;
+}
+inline void importance_weights(std::span<const double> probabilities, std::int64_t union_size,
+                               double beta, std::span<float> out) {
+  std::vector<double> w;
+  importance_weights(probabilities, union_size, beta, out, w);
 }
 
 }  // namespace gear::detail::remote
