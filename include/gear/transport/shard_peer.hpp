@@ -34,7 +34,7 @@ namespace gear::transport {
 /// Replies to one learner a shard packs or has on the wire at once: it packs the next while
 /// others are written. Small shares want several: a share's transfer is then shorter than the
 /// time a write takes to complete back at the shard.
-inline constexpr std::size_t max_replies_in_flight = 4;
+inline constexpr std::size_t max_replies_in_flight = 8;
 /// The staging a shard gives one learner's replies, unless two of its largest shares need more.
 inline constexpr std::uint64_t reply_staging_bytes = std::uint64_t{64} << 20;
 
