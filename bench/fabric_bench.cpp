@@ -12,7 +12,9 @@
 //                   threads (progress, packer, writer) and the learner's was busy: which one
 //                   bounds it
 //   insert          2 and 8 actor processes insert trajectories of 16 steps of 4 KiB into one
-//                   shard: GB/s together, against raw writedata of an entry's size
+//                   shard, started together once all are connected: GB/s together (the sum of
+//                   their rates), against raw writedata of an entry's size, and how busy the
+//                   shard's progress thread (which inserts every entry) was
 //
 //   gear_fabric_bench [provider] [seconds per phase] [rounds] [B ...]
 //                                                 (default tcp;ofi_rxm, 1, 3, and B = 256 16 1)
@@ -318,16 +320,19 @@ int main(int argc, char** argv) {
     batch_sizes.push_back(std::max<std::int64_t>(1, std::atoll(argv[a])));
   for (const std::int64_t rows : batch_sizes) samples.push_back(sample_rounds(rows));
 
-  double insert_gbps[2] = {0, 0};
+  // Inserting: the actors connect, then start together; each counts what it inserted in its
+  // own `seconds`, and the figure is the sum of their rates (process start and greeting left
+  // out). The shard's progress thread inserts every entry: its busy share is printed beside.
+  double insert_gbps[2] = {0, 0}, insert_busy[2] = {0, 0};
   const int actor_counts[2] = {2, 8};
   for (int k = 0; k < 2; ++k) {
     progress(k == 0 ? "insert: 2 actors" : "insert: 8 actors");
-    int pipe_fds[2];
-    if (pipe(pipe_fds) != 0) return 1;
+    int ready[2], go[2], result[2];
+    if (pipe(ready) != 0 || pipe(go) != 0 || pipe(result) != 0) return 1;
     std::vector<pid_t> actors;
-    const auto t = clock_type::now();
     for (int a = 0; a < actor_counts[k]; ++a)
       actors.push_back(child([&] {
+        for (const int fd : {ready[0], go[1], result[0]}) close(fd);  // the parent's ends
         gear::transport::remote_actor<spec>::options o;
         o.fabric = config;
         o.ring_blocks = 64;
@@ -336,24 +341,36 @@ int main(int argc, char** argv) {
         std::vector<std::int64_t> lengths(16, steps);
         std::vector<std::uint8_t> many(lengths.size() * data.size(), 3);
         std::vector<gear::key> keys(lengths.size());
+        char c = 0;
+        if (!put(ready[1], &c, 1) || !get(go[0], &c, 1)) return 1;
         std::int64_t inserted = 0;
         const auto start = clock_type::now();
         while (seconds_since(start) < seconds) {
           actor.insert({lengths, {gear::input(many.data(), {4096})}}, keys);
           inserted += static_cast<std::int64_t>(lengths.size());
         }
-        return put(pipe_fds[1], &inserted, sizeof(inserted)) ? 0 : 1;
+        const double rate = double(inserted) * double(steps * 4096) / seconds_since(start);
+        return put(result[1], &rate, sizeof(rate)) ? 0 : 1;
       }));
-    std::int64_t total = 0;
+    for (const int fd : {ready[1], go[0], result[1]})
+      close(fd);  // the actors' ends: EOF if they die
+    bool all_ready = true;
+    for (std::size_t a = 0; a < actors.size(); ++a) {
+      char c = 0;
+      all_ready = all_ready && get(ready[0], &c, 1);
+    }
+    const auto busy_before = shard_busy();
+    const auto t = clock_type::now();
+    for (std::size_t a = 0; a < actors.size() && all_ready; ++a) (void)put(go[1], "g", 1);
+    close(go[1]);  // an actor still waiting (one did not start) gives up
     for (pid_t a : actors) {
-      std::int64_t n = 0;
-      get(pipe_fds[0], &n, sizeof(n));
-      total += n;
+      double rate = 0;
+      if (all_ready && get(result[0], &rate, sizeof(rate))) insert_gbps[k] += rate / 1e9;
       reap(a);
     }
-    insert_gbps[k] = double(total) * double(steps * 4096) / seconds_since(t) / 1e9;
-    close(pipe_fds[0]);
-    close(pipe_fds[1]);
+    insert_busy[k] = 100 * (shard_busy()[0] - busy_before[0]) / seconds_since(t);
+    close(ready[0]);
+    close(result[0]);
   }
   (void)put(fds[1], "q", 1);
   reap(shard);
@@ -408,9 +425,10 @@ int main(int argc, char** argv) {
                 median(m.sample_us) / raw64.round_trip_us);
   }
   for (int k = 0; k < 2; ++k)
-    std::printf("%-52s %7.2f GB/s %11.2f GB/s %7.1f%%\n",
+    std::printf("%-52s %7.2f GB/s %11.2f GB/s %7.1f%%   shard progress %.0f%% busy\n",
                 (std::to_string(actor_counts[k]) + " actors inserting 64 KiB trajectories").c_str(),
-                insert_gbps[k], raw_entry.gbps, 100 * insert_gbps[k] / raw_entry.gbps);
+                insert_gbps[k], raw_entry.gbps, 100 * insert_gbps[k] / raw_entry.gbps,
+                insert_busy[k]);
   close(fds[0]);
   close(fds[1]);
   return 0;
