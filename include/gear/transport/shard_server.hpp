@@ -18,7 +18,7 @@
 //                  with its key, which frees its blocks (the actor's credits); an entry the buffer
 //                  refuses is acknowledged with no ticket;
 //   sample request queued per learner, up to 8 replies in flight each (fewer, down to 2, for
-//                  shares above 8 MiB):
+//                  replies above 8 MiB, columns and meta part):
 //                  selected and gathered by the buffer's own policy, its columns written into
 //                  the learner's batch, the rest into its slice (shard_operations.hpp);
 //   update, erase  pairs of this incarnation applied (or removed), the others counted stale;

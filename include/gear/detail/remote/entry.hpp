@@ -25,6 +25,7 @@
 #include <cstring>
 #include <gear/detail/remote/frame.hpp>
 #include <gear/detail/remote/messages.hpp>
+#include <gear/error.hpp>
 #include <gear/key.hpp>
 #include <gear/layout.hpp>
 #include <span>
