@@ -1,11 +1,13 @@
 // Remote inserts between processes over loopback (tcp;ofi_rxm, shm, shm without CMA): 2 shards,
 // each a shard_server over its own host buffer, and 2 actors (remote_actor), each inserting 12
-// trajectories round robin over both shards. Every key an actor gets names the shard it was routed
-// to and that shard's incarnation; every shard then holds exactly the 12 trajectories routed to
-// it, and a sample of its buffer returns each with its bytes intact (its id in every step, a
-// pattern of (id, step) in its observations, its length in the mask). Refused input: a
-// trajectory longer than the shards take, and a keys_out too small, throw before anything moves.
-// Deadlines on every wait; no process or /dev/shm file left behind.
+// trajectories round robin over both shards, in two calls (actor 1's second call without keys,
+// then flush). Every key an actor gets names the shard it was routed to and that shard's
+// incarnation; every shard then holds exactly the 12 trajectories routed to it, and a sample of
+// its buffer returns each with its bytes intact (its id in every step, a pattern of (id, step)
+// in its observations, its length in the mask). Refused input: a trajectory longer than the
+// shards take, and a keys_out too small, throw before anything moves. A shard whose buffer
+// refuses an entry inserted without keys: the actor's next flush throws it, once, and the other
+// entries are stored. Deadlines on every wait; no process or /dev/shm file left behind.
 
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
@@ -15,6 +17,8 @@
 #include <gear/transport/remote_actor.hpp>
 #include <gear/transport/shard_server.hpp>
 #include <set>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "process_common.hpp"
@@ -117,22 +121,74 @@ int run_actor(int fd, const gear::transport::libfabric_config& fabric, std::int6
   for (int t = 0; t < 6; ++t) steps_first += lengths[t];
   client.insert({all.first(6), {gear::input(ids.data()), gear::input(obs.data(), {4})}},
                 std::span(keys).first(6));
-  client.insert(
-      {all.subspan(6),
-       {gear::input(ids.data() + steps_first), gear::input(obs.data() + steps_first * 4, {4})}},
-      std::span(keys).subspan(6));
+  const gear::trajectories<spec> second{
+      all.subspan(6),
+      {gear::input(ids.data() + steps_first), gear::input(obs.data() + steps_first * 4, {4})}};
+  const std::int64_t keyed = actor == 1 ? 6 : per_actor;  // actor 1: the second call without keys
+  if (actor == 1) {
+    client.insert(second);
+    client.flush();
+    if (client.in_flight() != 0) return 28;
+  } else {
+    client.insert(second, std::span(keys).subspan(6));
+  }
   std::set<std::pair<std::uint32_t, std::uint64_t>> distinct;
-  for (std::int64_t t = 0; t < per_actor; ++t) {
+  for (std::int64_t t = 0; t < keyed; ++t) {
     const auto blob = gear::detail::remote::parse_blob(blobs[t % shards]);
     if (keys[t].shard != blob.value.shard || keys[t].incarnation != blob.value.incarnation)
       return 24;
     if (keys[t].ticket == gear::no_ticket) return 25;
     distinct.insert({keys[t].shard, keys[t].ticket});
   }
-  if (distinct.size() != per_actor) return 26;
+  if (distinct.size() != std::size_t(keyed)) return 26;
   // Each shard's status counts at least this actor's share.
   for (std::size_t s = 0; s < shards; ++s)
     if (client.status(s).size < per_actor / shards) return 27;
+  return 0;
+}
+
+/// A buffer that refuses trajectories whose id is negative, as a shard's buffer may refuse one.
+struct refusing_buffer : buffer {
+  using buffer::buffer;
+  template <class... Rest>
+  void insert(const gear::trajectories<spec>& in, std::span<gear::key> keys, Rest&&... rest) {
+    if (*static_cast<const std::int64_t*>(in.columns[0].data) < 0)
+      throw gear::error(gear::errc::invalid_argument, "refused by the test's buffer");
+    buffer::insert(in, keys, std::forward<Rest>(rest)...);
+  }
+};
+
+/// A shard over a refusing_buffer and an actor that inserts 5 trajectories without keys, the
+/// third refused: the next flush throws errc::invalid_argument naming 1 refusal, the one after
+/// throws nothing, and the shard holds the 4 others.
+int run_refused(const gear::transport::libfabric_config& fabric) {
+  refusing_buffer buf{gear::capacity{16}, gear::max_length{max_length}};
+  gear::transport::shard_server<refusing_buffer>::options so;
+  so.fabric = fabric;
+  gear::transport::shard_server<refusing_buffer> server(buf, so);
+  gear::transport::remote_actor<spec>::options o;
+  o.fabric = fabric;
+  o.deadline = std::chrono::duration_cast<std::chrono::milliseconds>(deadline);
+  const std::vector<std::vector<std::byte>> blobs{server.address()};
+  gear::transport::remote_actor<spec> client(blobs, o);
+  for (const std::int64_t id : {1, 2, -3, 4, 5}) {
+    const std::int64_t lengths[] = {2};
+    const std::int64_t ids[] = {id, id};
+    const std::vector<float> obs(8, 1.0f);
+    client.insert({lengths, {gear::input(ids), gear::input(obs.data(), {4})}});
+  }
+  try {
+    client.flush();
+    return 30;
+  } catch (const gear::error& e) {
+    if (e.code() != gear::errc::invalid_argument ||
+        std::string(e.what()).find("refused 1 ") == std::string::npos)
+      return 31;
+  }
+  client.flush();  // reported once
+  server.stop();
+  const auto stats = server.stats();
+  if (stats.inserted != 4 || stats.refused_inserts != 1 || buf.size() != 4) return 32;
   return 0;
 }
 
@@ -187,5 +243,21 @@ void cluster(const char* provider, bool disable_cma) {
 }  // namespace
 
 TEST_CASE("tcp;ofi_rxm: 2 actors insert into 2 shards") { cluster("tcp;ofi_rxm", false); }
+TEST_CASE("inserts without keys: a shard's refusal is thrown by the next flush, once") {
+  for (const char* provider : {"tcp;ofi_rxm", "shm"}) {
+    gear::transport::libfabric_config fabric;
+    fabric.provider = provider;
+    int fds[2];
+    REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
+    const pid_t pid = spawn([&](int) { return run_refused(fabric); }, fds[0], fds[1], false);
+    close(fds[0]);
+    close(fds[1]);
+    const int rc = reap(pid, clock_type::now() + deadline);
+    MESSAGE(std::string(provider) << ": exit " << rc);
+    CHECK(shm_leftovers(pid) == 0);
+    if (rc == 77) continue;  // the provider is not available here
+    CHECK(rc == 0);
+  }
+}
 TEST_CASE("shm: 2 actors insert into 2 shards") { cluster("shm", false); }
 TEST_CASE("shm without CMA: 2 actors insert into 2 shards") { cluster("shm", true); }

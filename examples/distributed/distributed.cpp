@@ -21,6 +21,7 @@
 #include <fstream>
 #include <gear/distributed.hpp>
 #include <iterator>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -103,8 +104,19 @@ int actor(const fs::path& dir, int shards, std::int64_t first, std::int64_t coun
       reward.push_back(static_cast<float>(i % 7));
     }
   }
-  std::vector<gear::key> keys(lengths.size());
-  client.insert({lengths, {gear::input(obs.data(), {16}), gear::input(reward.data())}}, keys);
+  // Half with their keys (the call waits for the shards), half without (the call returns once
+  // the writes are posted; flush waits for the acknowledgements, and throws a shard's refusal).
+  const std::size_t half = lengths.size() / 2;
+  std::vector<gear::key> keys(half);
+  std::int64_t steps = 0;
+  for (std::size_t i = 0; i < half; ++i) steps += lengths[i];
+  const std::span<const std::int64_t> all(lengths);
+  if (half > 0)
+    client.insert({all.first(half), {gear::input(obs.data(), {16}), gear::input(reward.data())}},
+                  keys);
+  client.insert({all.subspan(half),
+                 {gear::input(obs.data() + steps * 16, {16}), gear::input(reward.data() + steps)}});
+  client.flush();
   // One more, step by step, as an environment loop would write it.
   auto w = client.make_writer();
   for (std::int64_t s = 0; s < 5; ++s) {

@@ -121,6 +121,23 @@ class replay_buffer<Spec, storage::none, Selection, transport::libfabric> {
     stats_.inserted += in.lengths.size();
   }
 
+  /// Inserts without waiting for the shards' acknowledgements (no keys): returns once the
+  /// trajectories are copied out of `in` and their writes posted, up to each shard's staging
+  /// ring in flight. A shard's refusal is thrown by the next insert or flush
+  /// (errc::invalid_argument). Throws as insert(in, keys_out) does, except for keys_out.
+  void insert(const trajectories<Spec>& in) {
+    const std::lock_guard held(actor_mutex_);
+    actor().insert(in);
+    const std::lock_guard count(stats_mutex_);
+    stats_.inserted += in.lengths.size();
+  }
+  /// Waits until every trajectory inserted so far is acknowledged (the deadline bounds it);
+  /// throws errc::invalid_argument for those a shard refused, errc::peer_lost.
+  void flush() {
+    const std::lock_guard held(actor_mutex_);
+    actor().flush();
+  }
+
   /// A writer that gathers one trajectory's steps here and inserts it at commit.
   [[nodiscard]] writer_type make_writer() { return writer_type(*this, max_length_); }
 

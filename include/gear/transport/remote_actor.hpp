@@ -6,7 +6,8 @@
 // insert routes each trajectory to a shard (options.route: round robin by default), packs it into
 // local registered memory as an insert entry (detail/remote/entry.hpp) at the blocks it will take
 // in that shard's ring, writes it there with one one-sided write whose remote CQ data publishes it,
-// and returns once every shard has acknowledged its entries with their keys. Nothing of an entry is
+// and returns once every shard has acknowledged its entries with their keys (or, inserting without
+// keys, once the writes are posted: later calls read the acknowledgements). Nothing of an entry is
 // visible before the shard has checked it; an actor that dies mid-write leaves an entry no one
 // reads. Blocks are credits: an entry waits for ring space, freed by acknowledgements, up to the
 // deadline (errc::timeout). A shard that does not answer by the deadline is reported as
@@ -15,6 +16,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -72,12 +74,67 @@ class remote_actor : public remote_client {
   /// errc::misaligned_pointer, errc::empty_trajectory, errc::trajectory_too_long; then
   /// errc::timeout (no ring space by the deadline), errc::peer_lost, or errc::invalid_argument
   /// (a shard's buffer refused the entry).
+  /// Refusals of earlier inserts without keys that came back since are thrown first, sending
+  /// nothing (see insert(in)).
   void insert(const trajectories<Spec>& in, std::span<key> keys_out) {
-    namespace remote = detail::remote;
     const std::size_t count = in.lengths.size();
     GEAR_REQUIRE(keys_out.size() >= count, errc::invalid_argument,
                  "keys_out holds " + std::to_string(keys_out.size()) + " keys, need " +
                      std::to_string(count));
+    const auto until = clock::now() + options_.deadline;
+    const std::size_t first_pending = post(in, until);
+    // Every entry of this call acknowledged: its key, or the shard's refusal.
+    for (std::size_t p = first_pending; p < pending_.size(); ++p)
+      wait_until([&] { return pending_[p].acked; }, until, pending_[p].shard, "an acknowledgement");
+    for (std::size_t p = first_pending; p < pending_.size(); ++p) {
+      const auto& e = pending_[p];
+      keys_out[e.index] = e.stored;
+    }
+    std::vector<pending> mine(pending_.begin() + static_cast<std::ptrdiff_t>(first_pending),
+                              pending_.end());
+    pending_.resize(first_pending);
+    for (const auto& e : mine)
+      GEAR_REQUIRE(e.stored.ticket != no_ticket, errc::invalid_argument,
+                   "shard " + std::to_string(links_[e.shard].blob.shard) + " refused trajectory " +
+                       std::to_string(e.index) + " of the insert");
+  }
+
+  /// Inserts without waiting for the shards: returns once every trajectory is packed into this
+  /// actor's staging (`in` may be reused) and its write is posted, keeping up to a staging ring
+  /// of entries in flight per shard (the credits: a call waits for ring space as insert does).
+  /// No keys are reported. A shard that refuses an entry (its buffer's insert failed) says so in
+  /// its acknowledgement, which a later call reads: the next insert or flush throws
+  /// errc::invalid_argument naming the shard and how many it refused, sending nothing. Throws as
+  /// insert(in, keys_out) does, except for keys_out.
+  void insert(const trajectories<Spec>& in) {
+    (void)post(in, clock::now() + options_.deadline, true);
+  }
+
+  /// Waits until every entry inserted so far is acknowledged, up to the deadline
+  /// (errc::peer_lost naming the shard that did not answer); throws errc::invalid_argument for
+  /// entries of insert(in) that a shard refused.
+  void flush() {
+    const auto until = clock::now() + options_.deadline;
+    for (std::size_t p = 0; p < pending_.size(); ++p)
+      wait_until([&] { return pending_[p].acked; }, until, pending_[p].shard, "an acknowledgement");
+    collect_acknowledged();
+  }
+
+  /// Entries posted and not yet acknowledged.
+  [[nodiscard]] std::size_t in_flight() const noexcept {
+    return static_cast<std::size_t>(
+        std::count_if(pending_.begin(), pending_.end(), [](const pending& p) { return !p.acked; }));
+  }
+
+ private:
+  using clock = std::chrono::steady_clock;
+
+  /// Checks `in` and every trajectory against its shard, then packs and writes each (taking
+  /// staging blocks, waiting for them up to `until`); returns where this call's entries start in
+  /// pending_. Entries of calls without keys (`keyless`) are collected by later calls.
+  std::size_t post(const trajectories<Spec>& in, clock::time_point until, bool keyless = false) {
+    namespace remote = detail::remote;
+    const std::size_t count = in.lengths.size();
     GEAR_REQUIRE(in.source == memory_kind::host, errc::wrong_memory,
                  "a remote insert reads its trajectories from host memory");
     [&]<std::size_t... C>(std::index_sequence<C...>) {
@@ -88,7 +145,7 @@ class remote_actor : public remote_client {
       GEAR_REQUIRE(
           in.lengths[t] >= 1, errc::empty_trajectory,
           "trajectory " + std::to_string(t) + " has length " + std::to_string(in.lengths[t]));
-    const auto until = clock::now() + options_.deadline;
+    collect_acknowledged();  // throws earlier refusals, sending nothing
     std::vector<const std::byte*> at(Spec::num_columns);
     for (std::size_t c = 0; c < Spec::num_columns; ++c)
       at[c] = static_cast<const std::byte*>(in.columns[c].data);
@@ -140,26 +197,26 @@ class remote_actor : public remote_client {
       }
       ++to.next_sequence;
       pending_.push_back(
-          {s, h.sequence, first, static_cast<std::uint32_t>(layout.blocks), t, false, {}});
+          {s, h.sequence, first, static_cast<std::uint32_t>(layout.blocks), t, false, keyless, {}});
     }
-    // Every entry of this call acknowledged: its key, or the shard's refusal.
-    for (std::size_t p = first_pending; p < pending_.size(); ++p)
-      wait_until([&] { return pending_[p].acked; }, until, pending_[p].shard, "an acknowledgement");
-    for (std::size_t p = first_pending; p < pending_.size(); ++p) {
-      const auto& e = pending_[p];
-      keys_out[e.index] = e.stored;
-    }
-    std::vector<pending> mine(pending_.begin() + static_cast<std::ptrdiff_t>(first_pending),
-                              pending_.end());
-    pending_.resize(first_pending);
-    for (const auto& e : mine)
-      GEAR_REQUIRE(e.stored.ticket != no_ticket, errc::invalid_argument,
-                   "shard " + std::to_string(links_[e.shard].blob.shard) + " refused trajectory " +
-                       std::to_string(e.index) + " of the insert");
+    return first_pending;
   }
 
- private:
-  using clock = std::chrono::steady_clock;
+  /// Drops acknowledged entries from pending_ (a keyed call's own are taken by that call, which
+  /// never overlaps this); throws errc::invalid_argument when a shard refused entries of inserts
+  /// without keys.
+  void collect_acknowledged() {
+    std::size_t refused = 0, shard = 0;
+    std::erase_if(pending_, [&](const pending& p) {
+      if (!p.acked) return false;
+      if (p.keyless && p.stored.ticket == no_ticket) shard = p.shard, ++refused;
+      return true;
+    });
+    GEAR_REQUIRE(refused == 0, errc::invalid_argument,
+                 "shard " + std::to_string(links_[shard].blob.shard) + " refused " +
+                     std::to_string(refused) +
+                     " trajectories of earlier inserts without keys (its buffer's insert failed)");
+  }
 
   struct shard {  // links_[s]'s ring, once welcomed
     std::uint32_t peer_index = 0;
@@ -179,6 +236,7 @@ class remote_actor : public remote_client {
     std::uint32_t first_block, blocks;
     std::size_t index;  // in the insert call
     bool acked;
+    bool keyless;  // of insert(in): collected by a later call
     key stored;
   };
 
@@ -205,10 +263,13 @@ class remote_actor : public remote_client {
   void on_message(std::span<const std::byte> message, detail::remote::message_type type) override {
     namespace remote = detail::remote;
     if (type != remote::message_type::ack) return;
+    std::uint32_t largest_ring = 0;  // parsed once; the entry it names holds its own blocks
+    for (const shard& s : shards_) largest_ring = std::max(largest_ring, s.ring_blocks);
+    const auto a = remote::parse_ack(message, {}, largest_ring);
+    if (!a) return;
     for (auto& p : pending_) {
       if (p.acked) continue;
-      const auto a = remote::parse_ack(message, {}, shards_[p.shard].ring_blocks);
-      if (!a || a.value.sequence != p.sequence || a.value.first_block != p.first_block ||
+      if (a.value.sequence != p.sequence || a.value.first_block != p.first_block ||
           a.value.stored.incarnation != links_[p.shard].blob.incarnation)
         continue;
       p.acked = true;
