@@ -200,7 +200,7 @@ raw_result raw(const gear::transport::libfabric_config& config, std::size_t byte
 }
 
 /// A shard with `count` trajectories of 16 steps (4 KiB each), serving until told; its blob first.
-/// Asked 's', it answers its threads' busy seconds (progress, packer, writers).
+/// Asked 's', it answers its threads' busy seconds (progress, packer, writers, inserter).
 pid_t start_shard(const gear::transport::libfabric_config& config, std::int64_t count, int fd) {
   return child([&] {
     buffer buf{gear::capacity{4096}, gear::max_length{steps}};
@@ -216,7 +216,8 @@ pid_t start_shard(const gear::transport::libfabric_config& config, std::int64_t 
     put_bytes(fd, server.address());
     for (char byte = 0; get(fd, &byte, 1) && byte == 's';) {
       const auto c = server.stats();
-      const double busy[] = {c.progress_busy_s, c.packer_busy_s, c.writers_busy_s};
+      const double busy[] = {c.progress_busy_s, c.packer_busy_s, c.writers_busy_s,
+                             c.inserter_busy_s};
       if (!put(fd, busy, sizeof busy)) break;
     }
     return 0;
@@ -254,7 +255,7 @@ int main(int argc, char** argv) {
   };
   // The shard's threads' busy seconds so far: progress, packer, writers.
   const auto shard_busy = [&] {
-    std::array<double, 3> b{};
+    std::array<double, 4> b{};
     if (!put(fds[1], "s", 1) || !get(fds[1], b.data(), sizeof b)) b = {};
     return b;
   };
@@ -327,7 +328,7 @@ int main(int argc, char** argv) {
   // out). The shard's progress thread inserts every entry: its busy share is printed beside.
   // With keys, each call waits for its acknowledgements; without, an actor keeps its staging
   // ring in flight and flushes at the end (inside its time).
-  double insert_gbps[4] = {}, insert_busy[4] = {};
+  double insert_gbps[4] = {}, insert_busy[4][2] = {};  // busy: progress, inserter
   const int actor_counts[4] = {2, 8, 2, 8};
   for (int k = 0; k < 4; ++k) {
     const bool with_keys = k < 2;
@@ -387,7 +388,10 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "gear_fabric_bench: %d actors failed: no insert figure\n", failed);
       insert_gbps[k] = 0;
     }
-    insert_busy[k] = 100 * (shard_busy()[0] - busy_before[0]) / seconds_since(t);
+    const auto busy_after = shard_busy();
+    const double window = seconds_since(t);
+    insert_busy[k][0] = 100 * (busy_after[0] - busy_before[0]) / window;
+    insert_busy[k][1] = 100 * (busy_after[3] - busy_before[3]) / window;
     close(ready[0]);
     close(result[0]);
   }
@@ -444,12 +448,14 @@ int main(int argc, char** argv) {
                 median(m.sample_us) / raw64.round_trip_us);
   }
   for (int k = 0; k < 4; ++k)
-    std::printf("%-52s %7.2f GB/s %11.2f GB/s %7.1f%%   shard progress %.0f%% busy\n",
-                (std::to_string(actor_counts[k]) + " actors inserting 64 KiB trajectories" +
-                 (k < 2 ? "" : ", no keys"))
-                    .c_str(),
-                insert_gbps[k], raw_entry.gbps, 100 * insert_gbps[k] / raw_entry.gbps,
-                insert_busy[k]);
+    std::printf(
+        "%-52s %7.2f GB/s %11.2f GB/s %7.1f%%   shard progress / inserter %.0f%% / "
+        "%.0f%% busy\n",
+        (std::to_string(actor_counts[k]) + " actors inserting 64 KiB trajectories" +
+         (k < 2 ? "" : ", no keys"))
+            .c_str(),
+        insert_gbps[k], raw_entry.gbps, 100 * insert_gbps[k] / raw_entry.gbps, insert_busy[k][0],
+        insert_busy[k][1]);
   close(fds[0]);
   close(fds[1]);
   return 0;

@@ -5,8 +5,9 @@
 // buffer is thread-safe).
 //
 // A progress thread owns the control endpoint and the actors' intakes, and acts on what
-// completes, outside the poll (a learner's replies are packed by the packer thread and written
-// by a thread of that learner's: reply_packer.hpp, reply_writer.hpp):
+// completes, outside the poll (entries are inserted by the inserter thread, a learner's replies
+// packed by the packer thread and written by a thread of that learner's: entry_inserter.hpp,
+// reply_packer.hpp, reply_writer.hpp):
 //   hello          a welcome: an actor gets its own staging ring (a registered region only it may
 //                  write; on shm, on an intake endpoint of its own), a learner's slice (its
 //                  memory for replies) is recorded and a channel endpoint opened for its replies
@@ -14,13 +15,12 @@
 //   insert entry   published by remote CQ data (through its actor's intake where it has one; one
 //                  naming another actor is refused): checked against the layout computed here
 //                  (never the sender's; detail/remote/entry.hpp), inserted into the buffer,
-//                  acknowledged
-//                  with its key, which frees its blocks (the actor's credits); an entry the buffer
-//                  refuses is acknowledged with no ticket;
+//                  acknowledged with its key, which frees its blocks (the actor's credits); an
+//                  entry the buffer refuses is acknowledged with no ticket;
 //   sample request queued per learner, up to 8 replies in flight each (fewer, down to 2, for
-//                  replies above 8 MiB, columns and meta part):
-//                  selected and gathered by the buffer's own policy, its columns written into
-//                  the learner's batch, the rest into its slice (shard_operations.hpp);
+//                  replies above 8 MiB, columns and meta part): selected and gathered by the
+//                  buffer's own policy, its columns written into the learner's batch, the rest
+//                  into its slice (shard_operations.hpp);
 //   update, erase  pairs of this incarnation applied (or removed), the others counted stale;
 //   status request the buffer's size and selection mass.
 // Whatever a peer sends that does not hold up is refused and counted by reason (stats()), and
@@ -42,6 +42,7 @@
 #include <gear/detail/remote/messages.hpp>
 #include <gear/insert.hpp>
 #include <gear/priority_update.hpp>
+#include <gear/transport/entry_inserter.hpp>
 #include <gear/transport/fabric_memory.hpp>
 #include <gear/transport/libfabric.hpp>
 #include <gear/transport/reply_packer.hpp>
@@ -97,8 +98,9 @@ class shard_server {
     detail::remote::refusal_counts refused;  ///< messages and entries, by reason
     /// Seconds the shard's threads spent working rather than waiting: the progress thread on
     /// what came in, the packer on packing replies, the learners' writers (together) on posting
-    /// and completing them. Against wall time they say which thread bounds the shard.
-    double progress_busy_s = 0, packer_busy_s = 0, writers_busy_s = 0;
+    /// and completing them, the inserter on inserting entries. Against wall time they say which
+    /// thread bounds the shard.
+    double progress_busy_s = 0, packer_busy_s = 0, writers_busy_s = 0, inserter_busy_s = 0;
   };
 
   /// Opens the endpoint and starts serving. Throws errc::transport_error (no provider, ...).
@@ -138,12 +140,14 @@ class shard_server {
     blob_ = b;
     address_ = detail::remote::encode(b);
     packer_ = std::make_unique<reply_packer<Buffer>>(buffer_, owner());
+    inserter_ = std::make_unique<entry_inserter<Buffer>>(buffer_, owner());
     thread_ = std::thread([this] { run(); });
   }
   ~shard_server() {
     stop();
-    packer_.reset();  // its last job done: it writes into the peers' reply memory
-    ep_.reset();      // closes every registration before the memory under them is freed
+    packer_.reset();    // its last job done: it writes into the peers' reply memory
+    inserter_.reset();  // it reads from the peers' rings
+    ep_.reset();        // closes every registration before the memory under them is freed
   }
   shard_server(const shard_server&) = delete;
   shard_server& operator=(const shard_server&) = delete;
@@ -157,13 +161,16 @@ class shard_server {
     c.failed_transfers += failed_replies_.load(std::memory_order_relaxed);
     c.progress_busy_s = 1e-9 * double(progress_busy_ns_.load(std::memory_order_relaxed));
     c.packer_busy_s = 1e-9 * double(packer_->busy_ns());
+    c.inserter_busy_s = 1e-9 * double(inserter_->busy_ns());
     c.writers_busy_s = 1e-9 * double(writers_busy_ns_.load(std::memory_order_relaxed));
     return c;
   }
-  /// Stops serving (the progress thread ends within a poll).
+  /// Stops serving (the progress thread ends within a poll; entries checked by then are
+  /// inserted, and not acknowledged).
   void stop() {
     stopping_ = true;
     if (thread_.joinable()) thread_.join();
+    if (inserter_) inserter_->stop();
     for (auto& w : writers_) w->stop();  // the progress thread, which adds them, is done
   }
 
@@ -193,10 +200,11 @@ class shard_server {
         }
         for (auto& p : peers_)
           if (p.role == detail::remote::peer_role::learner) serve(p);
+        acknowledge_inserted();
         if (n > 0) count_busy(progress_busy_ns_, start);
         // Idle: yield at first (a busy peer's next message is microseconds away), then sleep
         // 50 us at a time, so that an idle shard does not hold a core.
-        idle = n == 0 && work_.empty() && !replies_pending() ? idle + 1 : 0;
+        idle = n == 0 && work_.empty() && !replies_pending() && !inserter_->busy() ? idle + 1 : 0;
         if (idle > 0 && idle < 2000)
           std::this_thread::yield();
         else if (idle >= 2000)
@@ -394,32 +402,25 @@ class shard_server {
     const std::uint64_t sequence = e.value.sequence;
     if (from.ahead.count(sequence) != 0 || sequence >= from.next_sequence + from.ring_blocks)
       return count(remote::refusal::mismatch);  // a duplicate, or past what the ring can hold
-    // Into the buffer, from the ring: the columns at the layout computed here.
-    const auto layout =
-        remote::layout_entry(spec::step_bytes, e.value.length, options_.block_bytes);
-    const std::byte* at =
-        ring.data() + std::size_t{d.index} * options_.block_bytes + remote::entry_header_bytes;
-    const std::int64_t lengths[] = {e.value.length};
-    trajectories<spec> in{lengths, {}, memory_kind::host};
-    [&]<std::size_t... C>(std::index_sequence<C...>) {
-      ((in.columns[C] = detail::column_input_of<spec, C>(at + layout.column_at[C])), ...);
-    }
-    (std::make_index_sequence<spec::num_columns>{});
-    key stored{};
-    try {
-      buffer_.insert(in, std::span<key>(&stored, 1), stream_.for_buffer(buffer_));
-      stored.shard = options_.shard;  // the local buffer's key, as remote peers name it
-      stored.incarnation = incarnation_;
-      const std::lock_guard held(stats_mutex_);
-      ++stats_.inserted;
-    } catch (const error&) {
-      stored = key{no_ticket, options_.shard, incarnation_};
-      const std::lock_guard held(stats_mutex_);
-      ++stats_.refused_inserts;
-    }
+    // Into the buffer, from the ring (the columns at the layout computed here), on the
+    // inserter's thread; acknowledged when it is done (acknowledge_inserted).
+    inserter_->push(entry_inserter<Buffer>::job_for(
+        d.peer, ring.data() + std::size_t{d.index} * options_.block_bytes, e.value.length,
+        options_.block_bytes, {d.index, e.value.blocks, sequence, {}}));
     from.ahead.insert(sequence);
     while (from.ahead.count(from.next_sequence) != 0) from.ahead.erase(from.next_sequence++);
-    send(remote::encode(remote::ack{d.index, e.value.blocks, sequence, stored}), from.address);
+  }
+  /// Acknowledges the entries the inserter is done with: their keys, or no ticket.
+  void acknowledge_inserted() {
+    inserter_->take_done(inserted_);
+    inserter_->acknowledged(inserted_.size());  // this thread's now, even if a send throws
+    for (const auto& j : inserted_) {
+      {
+        const std::lock_guard held(stats_mutex_);
+        ++(j.ack.stored.ticket != no_ticket ? stats_.inserted : stats_.refused_inserts);
+      }
+      send(detail::remote::encode(j.ack), peers_[j.peer - 1].address);
+    }
   }
 
   /// The keys this shard's peers use: its id and incarnation.
@@ -488,7 +489,9 @@ class shard_server {
   mutable std::mutex stats_mutex_;
   counters stats_;
   shard_stream stream_;  // GPU buffers are called on it, by the progress thread alone
-  std::unique_ptr<reply_packer<Buffer>> packer_;  // packs replies off the progress thread
+  std::unique_ptr<reply_packer<Buffer>> packer_;      // packs replies off the progress thread
+  std::unique_ptr<entry_inserter<Buffer>> inserter_;  // inserts entries off it
+  std::vector<typename entry_inserter<Buffer>::job> inserted_;  // taken from it, to acknowledge
   std::atomic<bool> stopping_{false};
   std::thread thread_;
 };

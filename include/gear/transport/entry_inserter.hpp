@@ -1,0 +1,172 @@
+#pragma once
+// gear::transport::entry_inserter: a shard's worker thread that inserts the entries actors
+// published (checked by the progress thread, shard_server.hpp) into the buffer, in the order they
+// were checked, while the progress thread goes on polling: an insert copies the entry's bytes out
+// of the actor's ring, and with manual progress (tcp;ofi_rxm, shm) nothing else moves on the
+// progress thread while it copies. Each insert's outcome (its key, or no ticket when the buffer
+// refused it) comes back to the progress thread, which acknowledges it: the actor's blocks stay
+// taken until then, so the ring bytes an insert reads cannot be overwritten under it.
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <gear/detail/remote/entry.hpp>
+#include <gear/error.hpp>
+#include <gear/insert.hpp>
+#include <gear/key.hpp>
+#include <gear/transport/reply_packer.hpp>
+#include <gear/transport/shard_operations.hpp>
+#include <mutex>
+#include <span>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace gear::transport {
+
+template <class Buffer>
+class entry_inserter {
+ public:
+  using spec = typename Buffer::spec_type;
+
+  /// A checked entry: its columns in the actor's ring, and what its acknowledgement names.
+  struct job {
+    std::uint32_t peer = 0;  // the actor (1-based, as in the completion data)
+    std::int64_t length = 0;
+    std::array<const std::byte*, spec::num_columns> columns{};
+    detail::remote::ack ack;  // stored filled in by the insert
+  };
+
+  /// The job for an entry of `length` steps checked at `entry` (its header) in peer's ring.
+  static job job_for(std::uint32_t peer, const std::byte* entry, std::int64_t length,
+                     std::uint32_t block_bytes, const detail::remote::ack& ack) {
+    const auto layout = detail::remote::layout_entry(spec::step_bytes, length, block_bytes);
+    job j;
+    j.peer = peer;
+    j.length = length;
+    for (std::size_t c = 0; c < spec::num_columns; ++c)
+      j.columns[c] = entry + detail::remote::entry_header_bytes + layout.column_at[c];
+    j.ack = ack;
+    return j;
+  }
+
+  entry_inserter(Buffer& buffer, key_owner owner)
+      : buffer_(buffer), owner_(owner), thread_([this] { run(); }) {}
+  ~entry_inserter() { stop(); }
+  entry_inserter(const entry_inserter&) = delete;
+  entry_inserter& operator=(const entry_inserter&) = delete;
+
+  /// Inserts what is queued, then ends the thread; later pushes are dropped.
+  void stop() {
+    {
+      const std::lock_guard held(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_one();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  /// Queues an entry (throws std::bad_alloc, queuing nothing).
+  void push(const job& j) {
+    {
+      const std::lock_guard held(mutex_);
+      if (stopping_) return;
+      jobs_.push_back(j);
+    }
+    outstanding_.fetch_add(1, std::memory_order_release);
+    wake_.notify_one();
+  }
+  /// Moves the entries inserted (or refused: no ticket) since the last call into `out`.
+  void take_done(std::vector<job>& out) {
+    out.clear();
+    if (done_count_.load(std::memory_order_acquire) == 0) return;
+    const std::lock_guard held(mutex_);
+    out.swap(done_);
+    done_count_.store(0, std::memory_order_relaxed);
+  }
+  /// Entries queued or inserted and not yet taken.
+  [[nodiscard]] bool busy() const noexcept {
+    return outstanding_.load(std::memory_order_acquire) != 0;
+  }
+  /// Nanoseconds spent inserting, from any thread.
+  [[nodiscard]] std::uint64_t busy_ns() const noexcept {
+    return busy_ns_.load(std::memory_order_relaxed);
+  }
+  /// Marks `n` taken entries as handed on (busy() counts them until then).
+  void acknowledged(std::size_t n) noexcept {
+    outstanding_.fetch_sub(n, std::memory_order_release);
+  }
+
+ private:
+  void run() {
+    for (;;) {
+      job j;
+      {
+        std::unique_lock held(mutex_);
+        if (jobs_.empty() && !stopping_) {  // the next entry is often microseconds away
+          held.unlock();
+          const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
+          while (std::chrono::steady_clock::now() < spin_until && !has_job())
+            std::this_thread::yield();
+          held.lock();
+        }
+        wake_.wait(held, [&] { return stopping_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;  // stopping, nothing left
+        j = jobs_.front();
+        jobs_.pop_front();
+      }
+      const auto start = std::chrono::steady_clock::now();
+      insert(j);
+      count_busy(busy_ns_, start);
+      const std::lock_guard held(mutex_);
+      try {
+        done_.push_back(j);
+      } catch (...) {  // no memory for the record: the actor's blocks stay taken; its deadline
+        outstanding_.fetch_sub(1, std::memory_order_release);  // reports the shard
+        continue;
+      }
+      done_count_.fetch_add(1, std::memory_order_release);
+    }
+  }
+  [[nodiscard]] bool has_job() {
+    const std::lock_guard held(mutex_);
+    return !jobs_.empty() || stopping_;
+  }
+
+  /// Inserts j's entry; its key, as remote peers name it, or no ticket when the buffer refused.
+  void insert(job& j) noexcept {
+    const std::int64_t lengths[] = {j.length};
+    trajectories<spec> in{lengths, {}, memory_kind::host};
+    [&]<std::size_t... C>(std::index_sequence<C...>) {
+      ((in.columns[C] = detail::column_input_of<spec, C>(j.columns[C])), ...);
+    }
+    (std::make_index_sequence<spec::num_columns>{});
+    key stored{};
+    try {
+      buffer_.insert(in, std::span<key>(&stored, 1), stream_.for_buffer(buffer_));
+      stored.shard = owner_.shard;  // the local buffer's key, as remote peers name it
+      stored.incarnation = owner_.incarnation;
+    } catch (...) {  // a gear::error, or out of memory
+      stored = key{no_ticket, owner_.shard, owner_.incarnation};
+    }
+    j.ack.stored = stored;
+  }
+
+  Buffer& buffer_;
+  key_owner owner_;
+  shard_stream stream_;  // the inserter's own: the other threads call the buffer on theirs
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<job> jobs_;
+  std::vector<job> done_;
+  std::atomic<std::size_t> done_count_{0}, outstanding_{0};
+  std::atomic<std::uint64_t> busy_ns_{0};
+  bool stopping_ = false;
+  std::thread thread_;  // last: it starts once everything above is built
+};
+
+}  // namespace gear::transport
