@@ -4,8 +4,10 @@
 //     of its samples leave the shard serving: a new actor's inserts are acknowledged, a new
 //     learner's samples hold intact trajectories only (the killed actor's half-written entries
 //     are never visible);
-//   - a shard killed while a learner samples: the learner's next sample fails with
-//     errc::peer_lost naming shard 0 within its 2 s deadline (plus a margin);
+//   - a shard killed while a learner samples and an actor inserts without keys: the learner's
+//     next sample fails with errc::peer_lost naming shard 0 within its 2 s deadline (plus a
+//     margin); the actor's next insert or flush fails with errc::peer_lost (a failed write) or
+//     errc::timeout (no acknowledgement frees its ring) within its 2 s deadline (plus a margin);
 //   - a shard stopped (SIGSTOP) while a learner samples from it and another: the sample fails
 //     with errc::peer_lost by its 1 s deadline; the learner fills the batch with a pattern, the
 //     shard goes on (SIGCONT) and writes its late reply, and the batch still holds the pattern
@@ -115,6 +117,35 @@ int run_learner(int fd, const gear::transport::libfabric_config& fabric, std::in
     if (b == 0) (void)write(fd, "r", 1);
   }
   return expect_loss ? 52 : 0;
+}
+
+/// Inserts without keys until a call fails (the test kills the shard), which must be
+/// errc::peer_lost or errc::timeout; says 'r' once its first insert is acknowledged.
+int run_keyless_actor(int fd, const gear::transport::libfabric_config& fabric) {
+  const std::vector<std::vector<std::byte>> blobs{receive_frame(fd)};
+  gear::transport::remote_actor<spec>::options o;
+  o.fabric = fabric;
+  o.ring_blocks = 16;
+  o.deadline = std::chrono::milliseconds(2000);
+  gear::transport::remote_actor<spec> actor(blobs, o);
+  // A trajectory as the learners check it: its id in every step, obs_of(id, step, k).
+  constexpr std::int64_t id = 5000;
+  const std::int64_t lengths[] = {length_of(id)};
+  const std::vector<std::int64_t> ids(static_cast<std::size_t>(lengths[0]), id);
+  std::vector<float> obs;
+  for (std::int64_t s = 0; s < lengths[0]; ++s)
+    for (int k = 0; k < 64; ++k) obs.push_back(obs_of(id, s, k));
+  const gear::trajectories<spec> in{lengths,
+                                    {gear::input(ids.data()), gear::input(obs.data(), {64})}};
+  try {
+    actor.insert(in);
+    actor.flush();
+    (void)write(fd, "r", 1);
+    for (int i = 0; i < 10'000'000; ++i) actor.insert(in);
+    return 51;  // the shard was never lost
+  } catch (const gear::error& e) {
+    return e.code() == gear::errc::peer_lost || e.code() == gear::errc::timeout ? 0 : 50;
+  }
 }
 
 /// Inserts 40 trajectories into the shards whose two blobs it is given (round robin).
@@ -242,21 +273,31 @@ void faults(const char* provider) {
   CHECK(reap(learner.pid, until) == 0);
   CHECK(shm_leftovers(actor.pid) == 0);
   CHECK(shm_leftovers(learner.pid) == 0);
-  // The shard killed under a sampling learner: peer_lost, in bounded time.
+  // The shard killed under a sampling learner and an actor inserting without keys: each fails
+  // in bounded time.
   const child watcher = start([&](int fd) { return run_learner(fd, fabric, -1, true); }, blob);
+  const child inserter = start([&](int fd) { return run_keyless_actor(fd, fabric); }, blob);
   CHECK(ready(watcher));
+  CHECK(ready(inserter));
   const auto killed = clock_type::now();
   kill(shard.pid, SIGKILL);
   const int watcher_rc = reap(watcher.pid, until);
   const double seconds = std::chrono::duration<double>(clock_type::now() - killed).count();
+  const int inserter_rc = reap(inserter.pid, until);
+  const double inserter_seconds = std::chrono::duration<double>(clock_type::now() - killed).count();
   MESSAGE(std::string(provider) << ": the learner saw the shard's loss after " << seconds
-                                << " s (exit " << watcher_rc << ")");
+                                << " s (exit " << watcher_rc << "), the actor after at most "
+                                << inserter_seconds << " s (exit " << inserter_rc << ")");
   CHECK(watcher_rc == 0);
   CHECK(seconds < 2.0 + 3.0);
+  CHECK(inserter_rc == 0);
+  CHECK(inserter_seconds < 2.0 + 3.0);
+  CHECK(shm_leftovers(inserter.pid) == 0);
   CHECK(reap(shard.pid, until) == -SIGKILL);
   (void)shm_leftovers(shard.pid);
   CHECK(shm_leftovers(watcher.pid) == 0);
-  for (const child* c : {&shard, &doomed_actor, &doomed_learner, &actor, &learner, &watcher})
+  for (const child* c :
+       {&shard, &doomed_actor, &doomed_learner, &actor, &learner, &watcher, &inserter})
     close(c->fd);
 }
 
