@@ -12,9 +12,10 @@
 //                   threads (progress, packer, writer) and the learner's was busy: which one
 //                   bounds it
 //   insert          2 and 8 actor processes insert trajectories of 16 steps of 4 KiB into one
-//                   shard, started together once all are connected: GB/s together (the sum of
-//                   their rates), against raw writedata of an entry's size, and how busy the
-//                   shard's progress thread (which inserts every entry) was
+//                   shard, started together once all are connected, with keys and without:
+//                   GB/s together (the sum of their rates), against raw writedata of an entry's
+//                   size, and how busy the shard's progress thread (which checks and
+//                   acknowledges every entry) and its inserter thread were
 //
 //   gear_fabric_bench [provider] [seconds per phase] [rounds] [B ...]
 //                                                 (default tcp;ofi_rxm, 1, 3, and B = 256 16 1)
@@ -325,7 +326,7 @@ int main(int argc, char** argv) {
 
   // Inserting: the actors connect, then start together; each counts what it inserted in its
   // own `seconds`, and the figure is the sum of their rates (process start and greeting left
-  // out). The shard's progress thread inserts every entry: its busy share is printed beside.
+  // out). The busy shares of the shard's progress and inserter threads are printed beside.
   // With keys, each call waits for its acknowledgements; without, an actor keeps its staging
   // ring in flight and flushes at the end (inside its time).
   double insert_gbps[4] = {}, insert_busy[4][2] = {};  // busy: progress, inserter

@@ -124,7 +124,9 @@ class replay_buffer<Spec, storage::none, Selection, transport::libfabric> {
   /// Inserts without waiting for the shards' acknowledgements (no keys): returns once the
   /// trajectories are copied out of `in` and their writes posted, up to each shard's staging
   /// ring in flight. A shard's refusal is thrown by the next insert or flush
-  /// (errc::invalid_argument). Throws as insert(in, keys_out) does, except for keys_out.
+  /// (errc::invalid_argument, naming each shard and its count); destroying the buffer waits for
+  /// the acknowledgements (up to the deadline) but reports nothing: flush() first. Throws as
+  /// insert(in, keys_out) does, except for keys_out. stats().inserted counts them once posted.
   void insert(const trajectories<Spec>& in) {
     const std::lock_guard held(actor_mutex_);
     actor().insert(in);

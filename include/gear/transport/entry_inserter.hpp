@@ -75,17 +75,18 @@ class entry_inserter {
     {
       const std::lock_guard held(mutex_);
       if (stopping_) return;
+      done_.reserve(done_.size() + jobs_.size() + 2);  // every queued job and the one inserting
       jobs_.push_back(j);
     }
     outstanding_.fetch_add(1, std::memory_order_release);
     wake_.notify_one();
   }
-  /// Moves the entries inserted (or refused: no ticket) since the last call into `out`.
+  /// Appends the entries inserted (or refused: no ticket) since the last call to `out`.
   void take_done(std::vector<job>& out) {
-    out.clear();
     if (done_count_.load(std::memory_order_acquire) == 0) return;
     const std::lock_guard held(mutex_);
-    out.swap(done_);
+    out.insert(out.end(), done_.begin(), done_.end());
+    done_.clear();  // its capacity kept: push reserved it
     done_count_.store(0, std::memory_order_relaxed);
   }
   /// Entries queued or inserted and not yet taken.
@@ -123,12 +124,7 @@ class entry_inserter {
       insert(j);
       count_busy(busy_ns_, start);
       const std::lock_guard held(mutex_);
-      try {
-        done_.push_back(j);
-      } catch (...) {  // no memory for the record: the actor's blocks stay taken; its deadline
-        outstanding_.fetch_sub(1, std::memory_order_release);  // reports the shard
-        continue;
-      }
+      done_.push_back(j);  // never allocates: push reserved room for it
       done_count_.fetch_add(1, std::memory_order_release);
     }
   }

@@ -65,7 +65,19 @@ class remote_actor : public remote_client {
     });
   }
 
-  ~remote_actor() { close(); }
+  /// Waits (up to the deadline) for the acknowledgements of inserts without keys, so that their
+  /// writes are not cut off by the endpoint's close; refusals and failures go unreported: call
+  /// flush() first to see them.
+  ~remote_actor() {
+    try {
+      const auto until = clock::now() + options_.deadline;
+      for (std::size_t p = 0; p < pending_.size() && clock::now() <= until; ++p)
+        while (!pending_[p].acked && clock::now() <= until)
+          if (poll() == 0) std::this_thread::yield();
+    } catch (...) {  // a lost shard: nothing more to wait for
+    }
+    close();
+  }
 
   /// Inserts the trajectories (host memory, packed as for replay_buffer::insert), each to the
   /// next shard in turn, and writes their keys (which name the shard) once all are stored.
@@ -102,10 +114,11 @@ class remote_actor : public remote_client {
   /// Inserts without waiting for the shards: returns once every trajectory is packed into this
   /// actor's staging (`in` may be reused) and its write is posted, keeping up to a staging ring
   /// of entries in flight per shard (the credits: a call waits for ring space as insert does).
-  /// No keys are reported. A shard that refuses an entry (its buffer's insert failed) says so in
-  /// its acknowledgement, which a later call reads: the next insert or flush throws
-  /// errc::invalid_argument naming the shard and how many it refused, sending nothing. Throws as
-  /// insert(in, keys_out) does, except for keys_out.
+  /// No keys are reported. A shard that refuses an entry (its buffer's insert failed, or it ran
+  /// out of memory) says so in its acknowledgement, which a later call reads: the next insert or
+  /// flush throws errc::invalid_argument naming each shard and how many it refused, sending
+  /// nothing. Throws as insert(in, keys_out) does, except for keys_out. The destructor waits for
+  /// the acknowledgements (up to the deadline) but reports nothing: flush() before it.
   void insert(const trajectories<Spec>& in) {
     (void)post(in, clock::now() + options_.deadline, true);
   }
@@ -206,16 +219,25 @@ class remote_actor : public remote_client {
   /// never overlaps this); throws errc::invalid_argument when a shard refused entries of inserts
   /// without keys.
   void collect_acknowledged() {
-    std::size_t refused = 0, shard = 0;
+    std::vector<std::size_t> refused;  // per shard
     std::erase_if(pending_, [&](const pending& p) {
       if (!p.acked) return false;
-      if (p.keyless && p.stored.ticket == no_ticket) shard = p.shard, ++refused;
+      if (p.keyless && p.stored.ticket == no_ticket) {
+        refused.resize(links_.size());
+        ++refused[p.shard];
+      }
       return true;
     });
-    GEAR_REQUIRE(refused == 0, errc::invalid_argument,
-                 "shard " + std::to_string(links_[shard].blob.shard) + " refused " +
-                     std::to_string(refused) +
-                     " trajectories of earlier inserts without keys (its buffer's insert failed)");
+    if (refused.empty()) return;
+    std::string which;
+    for (std::size_t s = 0; s < refused.size(); ++s)
+      if (refused[s] > 0)
+        which += (which.empty() ? "shard " : ", shard ") + std::to_string(links_[s].blob.shard) +
+                 " refused " + std::to_string(refused[s]);
+    throw error(errc::invalid_argument,
+                which +
+                    " trajectories of earlier inserts without keys (its buffer's insert "
+                    "failed, or it ran out of memory)");
   }
 
   struct shard {  // links_[s]'s ring, once welcomed

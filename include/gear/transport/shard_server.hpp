@@ -92,6 +92,7 @@ class shard_server {
     std::string token;
   };
   struct counters {
+    /// Entries inserted (or refused by the buffer) and acknowledged.
     std::uint64_t inserted = 0, refused_inserts = 0, peers = 0;
     std::uint64_t failed_transfers = 0;  ///< completions in error (a peer gone, a refused access)
     std::uint64_t dropped_sends = 0;     ///< control messages not accepted by the deadline
@@ -200,12 +201,13 @@ class shard_server {
         }
         for (auto& p : peers_)
           if (p.role == detail::remote::peer_role::learner) serve(p);
-        acknowledge_inserted();
-        if (n > 0) count_busy(progress_busy_ns_, start);
+        const std::size_t acked = acknowledge_inserted();
+        if (n > 0 || acked > 0) count_busy(progress_busy_ns_, start);
         // Idle: yield at first (a busy peer's next message is microseconds away), then sleep
-        // 50 us at a time, so that an idle shard does not hold a core.
-        idle = n == 0 && work_.empty() && !replies_pending() && !inserter_->busy() ? idle + 1 : 0;
-        if (idle > 0 && idle < 2000)
+        // 50 us at a time, so that an idle shard does not hold a core; never sleep while the
+        // inserter has entries to acknowledge.
+        idle = n == 0 && work_.empty() && !replies_pending() ? idle + 1 : 0;
+        if (idle > 0 && (idle < 2000 || inserter_->busy()))
           std::this_thread::yield();
         else if (idle >= 2000)
           std::this_thread::sleep_for(std::chrono::microseconds(50));
@@ -410,17 +412,30 @@ class shard_server {
     from.ahead.insert(sequence);
     while (from.ahead.count(from.next_sequence) != 0) from.ahead.erase(from.next_sequence++);
   }
-  /// Acknowledges the entries the inserter is done with: their keys, or no ticket.
-  void acknowledge_inserted() {
-    inserter_->take_done(inserted_);
-    inserter_->acknowledged(inserted_.size());  // this thread's now, even if a send throws
-    for (const auto& j : inserted_) {
-      {
-        const std::lock_guard held(stats_mutex_);
-        ++(j.ack.stored.ticket != no_ticket ? stats_.inserted : stats_.refused_inserts);
+  /// Acknowledges the entries the inserter is done with (their keys, or no ticket); returns
+  /// how many. A send that throws loses its own acknowledgement only: the rest wait for the
+  /// next round.
+  std::size_t acknowledge_inserted() {
+    const std::size_t before = inserted_.size();
+    inserter_->take_done(inserted_);  // appended: this thread's now
+    inserter_->acknowledged(inserted_.size() - before);
+    std::size_t sent = 0;
+    const auto erase_sent = [&] { inserted_.erase(inserted_.begin(), inserted_.begin() + sent); };
+    try {
+      while (sent < inserted_.size()) {
+        const auto& j = inserted_[sent++];
+        {
+          const std::lock_guard held(stats_mutex_);
+          ++(j.ack.stored.ticket != no_ticket ? stats_.inserted : stats_.refused_inserts);
+        }
+        send(detail::remote::encode(j.ack), peers_[j.peer - 1].address);
       }
-      send(detail::remote::encode(j.ack), peers_[j.peer - 1].address);
+    } catch (...) {
+      erase_sent();
+      throw;
     }
+    erase_sent();
+    return sent;
   }
 
   /// The keys this shard's peers use: its id and incarnation.
