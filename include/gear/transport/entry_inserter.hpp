@@ -81,25 +81,42 @@ class entry_inserter {
     outstanding_.fetch_add(1, std::memory_order_release);
     wake_.notify_one();
   }
-  /// Appends the entries inserted (or refused: no ticket) since the last call to `out`.
-  void take_done(std::vector<job>& out) {
-    if (done_count_.load(std::memory_order_acquire) == 0) return;
-    const std::lock_guard held(mutex_);
-    out.insert(out.end(), done_.begin(), done_.end());
-    done_.clear();  // its capacity kept: push reserved it
-    done_count_.store(0, std::memory_order_relaxed);
+  /// On the thread that acknowledges (the shard's progress thread): calls send(ack, peer) for
+  /// each entry inserted (or refused: no ticket) and not yet acknowledged, in order; returns how
+  /// many. A send that throws loses its own acknowledgement only: the rest wait for the next
+  /// call.
+  template <class Send>
+  std::size_t acknowledge(Send&& send) {
+    if (done_count_.load(std::memory_order_acquire) != 0) {
+      const std::lock_guard held(mutex_);
+      taken_.insert(taken_.end(), done_.begin(), done_.end());
+      done_.clear();  // its capacity kept: push reserved it
+      done_count_.store(0, std::memory_order_relaxed);
+    }
+    std::size_t sent = 0;
+    const auto forget_sent = [&] {
+      taken_.erase(taken_.begin(), taken_.begin() + static_cast<std::ptrdiff_t>(sent));
+      outstanding_.fetch_sub(sent, std::memory_order_release);
+    };
+    try {
+      while (sent < taken_.size()) {
+        const job& j = taken_[sent++];
+        send(j.ack, j.peer);
+      }
+    } catch (...) {
+      forget_sent();
+      throw;
+    }
+    forget_sent();
+    return sent;
   }
-  /// Entries queued or inserted and not yet taken.
+  /// Entries queued, inserting, or inserted and not yet acknowledged.
   [[nodiscard]] bool busy() const noexcept {
     return outstanding_.load(std::memory_order_acquire) != 0;
   }
   /// Nanoseconds spent inserting, from any thread.
   [[nodiscard]] std::uint64_t busy_ns() const noexcept {
     return busy_ns_.load(std::memory_order_relaxed);
-  }
-  /// Marks `n` taken entries as handed on (busy() counts them until then).
-  void acknowledged(std::size_t n) noexcept {
-    outstanding_.fetch_sub(n, std::memory_order_release);
   }
 
  private:
@@ -158,7 +175,8 @@ class entry_inserter {
   std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<job> jobs_;
-  std::vector<job> done_;
+  std::vector<job> done_;   // inserted, under mutex_
+  std::vector<job> taken_;  // taken from done_ by the acknowledging thread, not yet sent
   std::atomic<std::size_t> done_count_{0}, outstanding_{0};
   std::atomic<std::uint64_t> busy_ns_{0};
   bool stopping_ = false;

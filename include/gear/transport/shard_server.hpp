@@ -413,29 +413,15 @@ class shard_server {
     while (from.ahead.count(from.next_sequence) != 0) from.ahead.erase(from.next_sequence++);
   }
   /// Acknowledges the entries the inserter is done with (their keys, or no ticket); returns
-  /// how many. A send that throws loses its own acknowledgement only: the rest wait for the
-  /// next round.
+  /// how many.
   std::size_t acknowledge_inserted() {
-    const std::size_t before = inserted_.size();
-    inserter_->take_done(inserted_);  // appended: this thread's now
-    inserter_->acknowledged(inserted_.size() - before);
-    std::size_t sent = 0;
-    const auto erase_sent = [&] { inserted_.erase(inserted_.begin(), inserted_.begin() + sent); };
-    try {
-      while (sent < inserted_.size()) {
-        const auto& j = inserted_[sent++];
-        {
-          const std::lock_guard held(stats_mutex_);
-          ++(j.ack.stored.ticket != no_ticket ? stats_.inserted : stats_.refused_inserts);
-        }
-        send(detail::remote::encode(j.ack), peers_[j.peer - 1].address);
+    return inserter_->acknowledge([&](const detail::remote::ack& a, std::uint32_t peer) {
+      {
+        const std::lock_guard held(stats_mutex_);
+        ++(a.stored.ticket != no_ticket ? stats_.inserted : stats_.refused_inserts);
       }
-    } catch (...) {
-      erase_sent();
-      throw;
-    }
-    erase_sent();
-    return sent;
+      send(detail::remote::encode(a), peers_[peer - 1].address);
+    });
   }
 
   /// The keys this shard's peers use: its id and incarnation.
@@ -506,7 +492,6 @@ class shard_server {
   shard_stream stream_;  // GPU buffers are called on it, by the progress thread alone
   std::unique_ptr<reply_packer<Buffer>> packer_;      // packs replies off the progress thread
   std::unique_ptr<entry_inserter<Buffer>> inserter_;  // inserts entries off it
-  std::vector<typename entry_inserter<Buffer>::job> inserted_;  // taken from it, to acknowledge
   std::atomic<bool> stopping_{false};
   std::thread thread_;
 };
