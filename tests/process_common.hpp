@@ -3,7 +3,9 @@
 // out-of-band channel), children with deadlines, and the cleanup checks (no process, no /dev/shm
 // file of theirs left).
 
+#include <doctest/doctest.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -88,6 +90,20 @@ inline int shm_leftovers(pid_t pid) {
       ++n;
     }
   return n;
+}
+
+/// Runs `role()` alone in a child process, waits for it until `until`, and checks it left no
+/// /dev/shm file. Its exit code (reap).
+template <class Role>
+int run_alone(Role role, bool disable_cma, clock_type::time_point until) {
+  int fds[2];
+  REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
+  const pid_t pid = spawn([&](int) { return role(); }, fds[0], fds[1], disable_cma);
+  close(fds[0]);
+  close(fds[1]);
+  const int rc = reap(pid, until);
+  CHECK(shm_leftovers(pid) == 0);
+  return rc;
 }
 
 }  // namespace process_test

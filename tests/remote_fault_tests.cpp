@@ -30,6 +30,7 @@
 #include <gear/transport/remote_learner.hpp>
 #include <gear/transport/shard_server.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "process_common.hpp"
@@ -250,6 +251,17 @@ bool ready(const child& c) {
   return read(c.fd, &byte, 1) == 1 && byte == 'r';
 }
 
+/// Kills `shard` once `watcher` is ready; the watcher's exit code and the seconds from the kill
+/// to its exit.
+std::pair<int, double> kill_under(const child& shard, const child& watcher,
+                                  clock_type::time_point until) {
+  CHECK(ready(watcher));
+  const auto killed = clock_type::now();
+  kill(shard.pid, SIGKILL);
+  const int rc = reap(watcher.pid, until);
+  return {rc, std::chrono::duration<double>(clock_type::now() - killed).count()};
+}
+
 void faults(const char* provider) {
   gear::transport::libfabric_config fabric;
   fabric.provider = provider;
@@ -279,11 +291,7 @@ void faults(const char* provider) {
   CHECK(shm_leftovers(learner.pid) == 0);
   // The shard killed under a sampling learner: peer_lost, in bounded time.
   const child watcher = start([&](int fd) { return run_learner(fd, fabric, -1, true); }, blob);
-  CHECK(ready(watcher));
-  const auto killed = clock_type::now();
-  kill(shard.pid, SIGKILL);
-  const int watcher_rc = reap(watcher.pid, until);
-  const double seconds = std::chrono::duration<double>(clock_type::now() - killed).count();
+  const auto [watcher_rc, seconds] = kill_under(shard, watcher, until);
   MESSAGE(std::string(provider) << ": the learner saw the shard's loss after " << seconds
                                 << " s (exit " << watcher_rc << ")");
   CHECK(watcher_rc == 0);
@@ -305,11 +313,7 @@ void keyless_loss(const char* provider) {
   const std::vector<std::byte> blob = receive_frame(shard.fd);
   REQUIRE_FALSE(blob.empty());
   const child inserter = start([&](int fd) { return run_keyless_actor(fd, fabric); }, blob);
-  CHECK(ready(inserter));
-  const auto killed = clock_type::now();
-  kill(shard.pid, SIGKILL);
-  const int rc = reap(inserter.pid, until);
-  const double seconds = std::chrono::duration<double>(clock_type::now() - killed).count();
+  const auto [rc, seconds] = kill_under(shard, inserter, until);
   MESSAGE(std::string(provider) << ": the actor saw the shard's loss and exited after " << seconds
                                 << " s (exit " << rc << ")");
   CHECK(rc == 0);

@@ -372,15 +372,10 @@ int run_wide(const gear::transport::libfabric_config& fabric) {
 void wide(const char* provider, bool disable_cma) {
   gear::transport::libfabric_config fabric;
   fabric.provider = provider;
-  int fds[2];
-  REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
-  const pid_t pid = spawn([&](int) { return run_wide(fabric); }, fds[0], fds[1], disable_cma);
-  close(fds[0]);
-  close(fds[1]);
-  const int rc = reap(pid, clock_type::now() + std::chrono::seconds(60));
+  const int rc = run_alone([&] { return run_wide(fabric); }, disable_cma,
+                           clock_type::now() + std::chrono::seconds(60));
   const std::string name = std::string(provider) + (disable_cma ? " (no CMA)" : "");
   MESSAGE(name << ": exit " << rc);
-  CHECK(shm_leftovers(pid) == 0);
   if (rc == 77) {
     MESSAGE("provider " << name << " is not available here: not tested");
     return;

@@ -10,14 +10,13 @@
 #include <array>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <gear/detail/remote/entry.hpp>
 #include <gear/error.hpp>
 #include <gear/insert.hpp>
 #include <gear/key.hpp>
+#include <gear/transport/job_queue.hpp>
 #include <gear/transport/reply_packer.hpp>
 #include <gear/transport/shard_operations.hpp>
 #include <mutex>
@@ -62,24 +61,17 @@ class entry_inserter {
 
   /// Inserts what is queued, then ends the thread; later pushes are dropped.
   void stop() {
-    {
-      const std::lock_guard held(mutex_);
-      stopping_ = true;
-    }
-    wake_.notify_one();
+    jobs_.stop();
     if (thread_.joinable()) thread_.join();
   }
 
   /// Queues an entry (throws std::bad_alloc, queuing nothing).
   void push(const job& j) {
     {
-      const std::lock_guard held(mutex_);
-      if (stopping_) return;
-      done_.reserve(done_.size() + jobs_.size() + 2);  // every queued job and the one inserting
-      jobs_.push_back(j);
+      const std::lock_guard held(mutex_);  // room for every queued job and the one inserting
+      done_.reserve(done_.size() + jobs_.size() + 2);
     }
-    outstanding_.fetch_add(1, std::memory_order_release);
-    wake_.notify_one();
+    if (jobs_.push(j)) outstanding_.fetch_add(1, std::memory_order_release);
   }
   /// On the thread that acknowledges (the shard's progress thread): calls send(ack, peer) for
   /// each entry inserted (or refused: no ticket) and not yet acknowledged, in order; returns how
@@ -121,22 +113,7 @@ class entry_inserter {
 
  private:
   void run() {
-    for (;;) {
-      job j;
-      {
-        std::unique_lock held(mutex_);
-        if (jobs_.empty() && !stopping_) {  // the next entry is often microseconds away
-          held.unlock();
-          const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
-          while (std::chrono::steady_clock::now() < spin_until && !has_job())
-            std::this_thread::yield();
-          held.lock();
-        }
-        wake_.wait(held, [&] { return stopping_ || !jobs_.empty(); });
-        if (jobs_.empty()) return;  // stopping, nothing left
-        j = jobs_.front();
-        jobs_.pop_front();
-      }
+    for (job j; jobs_.pop(j);) {
       const auto start = std::chrono::steady_clock::now();
       insert(j);
       count_busy(busy_ns_, start);
@@ -144,10 +121,6 @@ class entry_inserter {
       done_.push_back(j);  // never allocates: push reserved room for it
       done_count_.fetch_add(1, std::memory_order_release);
     }
-  }
-  [[nodiscard]] bool has_job() {
-    const std::lock_guard held(mutex_);
-    return !jobs_.empty() || stopping_;
   }
 
   /// Inserts j's entry; its key, as remote peers name it, or no ticket when the buffer refused.
@@ -172,14 +145,12 @@ class entry_inserter {
   Buffer& buffer_;
   key_owner owner_;
   shard_stream stream_;  // the inserter's own: the other threads call the buffer on theirs
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  std::deque<job> jobs_;
+  job_queue<job> jobs_;
+  std::mutex mutex_;        // done_
   std::vector<job> done_;   // inserted, under mutex_
   std::vector<job> taken_;  // taken from done_ by the acknowledging thread, not yet sent
   std::atomic<std::size_t> done_count_{0}, outstanding_{0};
   std::atomic<std::uint64_t> busy_ns_{0};
-  bool stopping_ = false;
   std::thread thread_;  // last: it starts once everything above is built
 };
 

@@ -70,11 +70,8 @@ class remote_actor : public remote_client {
   /// flush() first to see them.
   ~remote_actor() {
     try {
-      const auto until = clock::now() + options_.deadline;
-      for (std::size_t p = 0; p < pending_.size() && clock::now() <= until; ++p)
-        while (!pending_[p].acked && clock::now() <= until)
-          if (poll() == 0) std::this_thread::yield();
-    } catch (...) {  // a lost shard: nothing more to wait for
+      flush();
+    } catch (...) {  // a lost shard, a refusal: unreported here
     }
     close();
   }
@@ -276,6 +273,7 @@ class remote_actor : public remote_client {
     to.ring_address = w.ring_address;
     std::memcpy(&to.ring_key, w.ring_key.data(), sizeof(to.ring_key));
     to.ring_blocks = w.ring_blocks;
+    largest_ring_ = std::max(largest_ring_, w.ring_blocks);
     to.block_bytes = w.block_bytes;
     to.staging = std::make_unique<fabric::host_region>(std::size_t{w.ring_blocks} * w.block_bytes);
     to.staging_region = ep_->register_memory(to.staging->data(), to.staging->size(), FI_WRITE);
@@ -285,9 +283,8 @@ class remote_actor : public remote_client {
   void on_message(std::span<const std::byte> message, detail::remote::message_type type) override {
     namespace remote = detail::remote;
     if (type != remote::message_type::ack) return;
-    std::uint32_t largest_ring = 0;  // parsed once; the entry it names holds its own blocks
-    for (const shard& s : shards_) largest_ring = std::max(largest_ring, s.ring_blocks);
-    const auto a = remote::parse_ack(message, {}, largest_ring);
+    // Parsed once, against the largest ring: the entry it names holds its own blocks.
+    const auto a = remote::parse_ack(message, {}, largest_ring_);
     if (!a) return;
     for (auto& p : pending_) {
       if (p.acked) continue;
@@ -360,6 +357,7 @@ class remote_actor : public remote_client {
   options options_;
   std::vector<shard> shards_;  // their staging outlives the endpoint (reset by remote_client)
   std::vector<pending> pending_;
+  std::uint32_t largest_ring_ = 0;  // of shards_' rings
   std::size_t next_shard_ = 0;
   int write_context_ = 0;
 };

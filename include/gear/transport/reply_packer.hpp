@@ -10,14 +10,12 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <gear/detail/remote/entry.hpp>
 #include <gear/detail/remote/messages.hpp>
 #include <gear/key.hpp>
+#include <gear/transport/job_queue.hpp>
 #include <gear/transport/shard_operations.hpp>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <thread>
@@ -50,11 +48,7 @@ class reply_packer {
   reply_packer(Buffer& buffer, key_owner owner)
       : buffer_(buffer), owner_(owner), thread_([this] { run(); }) {}
   ~reply_packer() {
-    {
-      const std::lock_guard held(mutex_);
-      stopping_ = true;
-    }
-    wake_.notify_one();
+    jobs_.stop();  // its last jobs done first
     thread_.join();
   }
   reply_packer(const reply_packer&) = delete;
@@ -66,33 +60,11 @@ class reply_packer {
   }
   /// Queues a job; its state becomes reply_state::packed once its reply is sealed (a reply of no
   /// rows when the buffer could not sample).
-  void push(const job& j) {
-    {
-      const std::lock_guard held(mutex_);
-      jobs_.push_back(j);
-    }
-    queued_.fetch_add(1, std::memory_order_release);
-    wake_.notify_one();
-  }
+  void push(const job& j) { (void)jobs_.push(j); }
 
  private:
   void run() {
-    for (;;) {
-      // The next job often comes within microseconds (a learner with samples in flight), and a
-      // wake-up from sleep costs tens: look for one a while before sleeping.
-      const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
-      while (queued_.load(std::memory_order_acquire) == 0 &&
-             std::chrono::steady_clock::now() < spin_until)
-        std::this_thread::yield();
-      job j;
-      {
-        std::unique_lock held(mutex_);
-        wake_.wait(held, [&] { return stopping_ || !jobs_.empty(); });
-        if (jobs_.empty()) return;  // stopping, nothing left
-        j = jobs_.front();
-        jobs_.pop_front();
-      }
-      queued_.fetch_sub(1, std::memory_order_relaxed);
+    for (job j; jobs_.pop(j);) {
       const auto start = std::chrono::steady_clock::now();
       pack_sample_reply(buffer_, stream_, *j.request, *j.layout, owner_, j.out,
                         scratch_);  // never throws
@@ -105,12 +77,8 @@ class reply_packer {
   key_owner owner_;
   shard_stream stream_;  // the packer's own: the progress thread calls the buffer on another
   std::optional<typename Buffer::batch_type> scratch_;  // the last reply's batch, reused
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  std::deque<job> jobs_;
-  std::atomic<std::size_t> queued_{0};  // jobs_.size(), read without the mutex
+  job_queue<job> jobs_;
   std::atomic<std::uint64_t> busy_ns_{0};
-  bool stopping_ = false;
   std::thread thread_;  // last: it starts once everything above is built
 };
 
