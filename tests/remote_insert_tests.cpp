@@ -5,9 +5,10 @@
 // incarnation; every shard then holds exactly the 12 trajectories routed to it, and a sample of
 // its buffer returns each with its bytes intact (its id in every step, a pattern of (id, step)
 // in its observations, its length in the mask). Refused input: a trajectory longer than the
-// shards take, and a keys_out too small, throw before anything moves. A shard whose buffer
-// refuses an entry inserted without keys: the actor's next flush throws it, once, and the other
-// entries are stored. Deadlines on every wait; no process or /dev/shm file left behind.
+// shards take (with keys and without), and a keys_out too small, throw before anything moves. A
+// shard whose buffer refuses an entry inserted without keys: the actor's next flush throws it,
+// once, and the other entries are stored. Deadlines on every wait; no process or /dev/shm file
+// left behind.
 
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
@@ -159,9 +160,10 @@ struct refusing_buffer : buffer {
   }
 };
 
-/// A shard over a refusing_buffer and an actor that inserts 5 trajectories without keys, the
-/// third refused: the next flush throws errc::invalid_argument naming 1 refusal, the one after
-/// throws nothing, and the shard holds the 4 others.
+/// A shard over a refusing_buffer and an actor that inserts, without keys, one trajectory too
+/// long (refused at once, nothing sent), then 5, the third refused by the buffer: the next flush
+/// throws errc::invalid_argument naming 1 refusal, the one after throws nothing, and the shard
+/// holds the 4 others.
 int run_refused(const gear::transport::libfabric_config& fabric) {
   refusing_buffer buf{gear::capacity{16}, gear::max_length{max_length}};
   gear::transport::shard_server<refusing_buffer>::options so;
@@ -172,6 +174,17 @@ int run_refused(const gear::transport::libfabric_config& fabric) {
   o.deadline = std::chrono::duration_cast<std::chrono::milliseconds>(deadline);
   const std::vector<std::vector<std::byte>> blobs{server.address()};
   gear::transport::remote_actor<spec> client(blobs, o);
+  // Bad input without keys is refused as with keys, before anything moves.
+  const std::int64_t too_long[] = {max_length + 1};
+  const std::vector<std::int64_t> long_ids(max_length + 1);
+  const std::vector<float> long_obs((max_length + 1) * 4);
+  try {
+    client.insert({too_long, {gear::input(long_ids.data()), gear::input(long_obs.data(), {4})}});
+    return 33;
+  } catch (const gear::error& e) {
+    if (e.code() != gear::errc::trajectory_too_long) return 34;
+  }
+  if (client.in_flight() != 0 || server.stats().inserted != 0 || buf.size() != 0) return 35;
   for (const std::int64_t id : {1, 2, -3, 4, 5}) {
     const std::int64_t lengths[] = {2};
     const std::int64_t ids[] = {id, id};
