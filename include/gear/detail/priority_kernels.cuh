@@ -1,7 +1,7 @@
 #pragma once
 // The kernels of select::prioritized's device state (select_prioritized.cuh, whose top comment
 // describes the update protocol): priority sources, the mark and apply passes of an update, the
-// leaf and level rebuilds, and selection with importance weights.
+// leaf and level rebuilds (selection is in sum_tree_select.cuh).
 
 #include <algorithm>
 #include <bit>
@@ -69,11 +69,29 @@ struct priority_tree {
   sum_tree_shape shape{};
 };
 
+/// Entries of the internal node array a block pools its marks of in shared memory: the levels
+/// near the root (at most 16 + 16 + 256 entries), where every pair's path meets the others'.
+inline constexpr int priority_mark_pooled = 512;
+
+/// Pair i: its key and priority checked (pairs from device memory), its bid for its slot, and the
+/// edges of its leaf's path marked in flags (low 16 bits: the touched children). The marks are
+/// reductions nobody waits for (atomicOr whose result is unused); marks of the levels near the
+/// root are pooled per block in shared memory first and set once per block.
 template <class Tree>  // always priority_tree; a template so that headers define it once per use
 __global__ void priority_mark_kernel(priority_source src, Tree t, unsigned long long epoch) {
+  __shared__ unsigned pooled[priority_mark_pooled];
+  std::int64_t top = t.shape.internal();  // nodes below `top` are pooled
+  for (int d = 0; d + 1 < t.shape.levels; ++d)
+    if (t.shape.count[d] > 256) {
+      top = t.shape.offset[d];
+      break;
+    }
+  top = top < priority_mark_pooled ? top : priority_mark_pooled;
+  for (std::int64_t n = threadIdx.x; n < top; n += blockDim.x) pooled[n] = 0;
+  __syncthreads();
   const std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
-  if (i >= src.count) return;
-  if (src.keys != nullptr) {
+  bool marks = i < src.count;  // lanes past the pairs stay for the barriers
+  if (marks && src.keys != nullptr) {
     const unsigned long long verdict =
         check_priority_pair(src.keys[i], src.priorities[i], static_cast<std::uint64_t>(i),
                             src.lengths, src.tickets, src.capacity, src.owner);
@@ -81,19 +99,25 @@ __global__ void priority_mark_kernel(priority_source src, Tree t, unsigned long 
       // A stale pair is skipped (counted by the apply, if the update stands); a bad one fails it.
       if (priority_verdict_code(verdict) != errc::stale_key)
         atomicMin(t.status->verdict + (epoch & 1), verdict);
-      return;  // a bad or stale pair neither bids nor marks
+      marks = false;  // a bad or stale pair neither bids nor marks
     }
   }
-  const std::int64_t slot = src.slot(i);
-  atomicMax(t.winner + slot, (epoch << 32) | static_cast<unsigned long long>(i));
-  std::int64_t j = slot;
-  for (int d = t.shape.levels - 1; d > 0; --d) {
-    const unsigned bit = 1u << (j % sum_tree_fanout);
-    j /= sum_tree_fanout;
-    unsigned* flag = t.flags + t.shape.offset[d - 1] + j;
-    if (__ldcg(flag) & bit) break;  // someone else carries this edge upward
-    if (atomicOr(flag, bit) & bit) break;
+  if (marks) {
+    std::int64_t j = src.slot(i);
+    atomicMax(t.winner + j, (epoch << 32) | static_cast<unsigned long long>(i));
+    for (int d = t.shape.levels - 1; d > 0; --d) {
+      const unsigned bit = 1u << (j % sum_tree_fanout);
+      j /= sum_tree_fanout;
+      const std::int64_t node = t.shape.offset[d - 1] + j;
+      if (node < top)
+        atomicOr(pooled + node, bit);
+      else
+        atomicOr(t.flags + node, bit);
+    }
   }
+  __syncthreads();
+  for (std::int64_t n = threadIdx.x; n < top; n += blockDim.x)
+    if (pooled[n] != 0) atomicOr(t.flags + n, pooled[n]);
 }
 
 /// Records the failed update's first bad pair i for the host: the entry, then (after a system
@@ -128,29 +152,37 @@ __device__ void priority_fold_max(const Tree& t, float p) {
 #endif
 }
 
+/// A group of sum_tree_group lanes per pair (see select_prioritized.cuh for the protocol): lane 0
+/// checks, bids and counts arrivals; the group's lanes load a node's 16 children at once (one
+/// coalesced line) and every lane folds them in index order (shuffles), as the host does.
 template <class Tree>  // always priority_tree; a template so that headers define it once per use
 __global__ void priority_apply_kernel(priority_source src, Tree t, unsigned long long epoch,
                                       double alpha) {
-  const std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
-  if (i >= src.count) return;
+  const int lane = static_cast<int>(threadIdx.x % sum_tree_group);
+  const std::int64_t i = (blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x) / sum_tree_group;
+  if (i >= src.count) return;  // every exit is taken by the whole group
+  const unsigned group = (0xFFFFFFFFu >> (32 - sum_tree_group))
+                         << (threadIdx.x % 32 / sum_tree_group * sum_tree_group);
   const unsigned long long verdict = t.status->verdict[epoch & 1];
-  if (i == 0) t.status->verdict[(epoch & 1) ^ 1] = priority_ok;  // the next update's, unread now
+  const bool leader = lane == 0;
+  if (i == 0 && leader) t.status->verdict[(epoch & 1) ^ 1] = priority_ok;  // the next update's
   const bool failed = verdict != priority_ok;
-  if (failed && static_cast<std::uint64_t>(i) == priority_verdict_index(verdict))
+  if (failed && leader && static_cast<std::uint64_t>(i) == priority_verdict_index(verdict))
     priority_record_failure(src, t, verdict, i);
   // A stale pair (the mark kernel skipped it; the mirror is as it was then) is not folded.
-  const bool stale = src.keys != nullptr &&
-                     check_priority_pair(src.keys[i], 0.0f, 0, src.lengths, src.tickets,
-                                         src.capacity, src.owner) != priority_ok;
-  if (!failed && !stale && src.priorities != nullptr) priority_fold_max(t, src.priorities[i]);
+  const bool stale =
+      src.keys != nullptr && check_priority_pair(src.keys[i], 0.0f, 0, src.lengths, src.tickets,
+                                                 src.capacity, src.owner) != priority_ok;
+  if (leader && !failed && !stale && src.priorities != nullptr)
+    priority_fold_max(t, src.priorities[i]);
   if (stale) {
-    if (!failed) atomicAdd(&t.status->stale, 1ull);
+    if (leader && !failed) atomicAdd(&t.status->stale, 1ull);
     return;
   }
   const std::int64_t slot = src.slot(i);
   if (static_cast<std::uint64_t>(slot) >= static_cast<std::uint64_t>(src.capacity)) return;
   if (t.winner[slot] != ((epoch << 32) | static_cast<unsigned long long>(i))) return;
-  if (!failed) {
+  if (!failed && leader) {
     const float p = src.priority(i);
     t.raw[slot] = p;
     t.nodes[t.shape.leaf(slot)] = priority_leaf(p, alpha);
@@ -160,20 +192,23 @@ __global__ void priority_apply_kernel(priority_source src, Tree t, unsigned long
     const unsigned bit = 1u << (j % sum_tree_fanout);
     j /= sum_tree_fanout;
     const std::int64_t node = t.shape.offset[d - 1] + j;
-    // The arrival releases this child's value; the last arrival acquires every sibling's.
-    const unsigned now = cuda::atomic_ref<unsigned, cuda::thread_scope_device>(t.flags[node])
-                             .fetch_or(bit << 16, cuda::memory_order_acq_rel) |
-                         (bit << 16);
+    // The arrival releases this child's value; the last arrival acquires every sibling's, and the
+    // warp barrier passes that on to the group's lanes before they load the children.
+    unsigned now = 0;
+    if (leader)
+      now = cuda::atomic_ref<unsigned, cuda::thread_scope_device>(t.flags[node])
+                .fetch_or(bit << 16, cuda::memory_order_acq_rel) |
+            (bit << 16);
+    now = __shfl_sync(group, now, 0, sum_tree_group);
     if ((now >> 16) != (now & 0xFFFFu)) return;  // a touched sibling is still on its way
+    __syncwarp(group);
     if (!failed) {
-      const double* child = t.nodes + t.shape.offset[d] + j * sum_tree_fanout;
-      double v[sum_tree_fanout];
-      for (int c = 0; c < sum_tree_fanout; ++c) v[c] = __ldcg(child + c);
+      const double mine = __ldcg(t.nodes + t.shape.offset[d] + j * sum_tree_fanout + lane);
       double sum = 0;
-      for (int c = 0; c < sum_tree_fanout; ++c) sum += v[c];
-      t.nodes[node] = sum;
+      for (int c = 0; c < sum_tree_fanout; ++c) sum += __shfl_sync(group, mine, c, sum_tree_group);
+      if (leader) t.nodes[node] = sum;
     }
-    t.flags[node] = 0;
+    if (leader) t.flags[node] = 0;
   }
 }
 
@@ -189,39 +224,6 @@ __global__ void sum_tree_level_kernel(Tree t, int d) {
   const std::int64_t j = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
   if (j >= t.shape.count[d]) return;
   t.nodes[t.shape.offset[d] + j] = sum_tree_children(t.nodes, t.shape, d, j);
-}
-
-template <
-    class Request>  // always selection_request; a template so that headers define it once per use
-__global__ void prioritized_select_kernel(slot_table table, Request r, const double* nodes,
-                                          sum_tree_shape shape, bool stratified) {
-  const std::int64_t row = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
-  if (row >= r.batch) return;
-  const double root = nodes[0];
-  if (!(root > 0)) {  // every committed priority is 0: uniform
-    r.slots[row] = uniform_row(table, r, true, row);
-    r.probabilities[row] = 1.0f / static_cast<float>(table.live);
-    r.weights[row] = 1.0f;
-    return;
-  }
-  const double u = priority_target(r.draw, row, r.batch, stratified, root);
-  const std::int64_t slot = sum_tree_find(nodes, shape, u);
-  const double leaf = nodes[shape.leaf(slot)];
-  r.slots[row] = slot;
-  r.probabilities[row] = static_cast<float>(leaf / root);
-  atomicMax(reinterpret_cast<unsigned long long*>(r.scratch),
-            ~static_cast<unsigned long long>(__double_as_longlong(leaf)));
-}
-
-// A template (Request is always selection_request) so that headers define it once per use.
-template <class Request>
-__global__ void prioritized_weights_kernel(Request r, const double* nodes, sum_tree_shape shape,
-                                           double beta) {
-  const std::int64_t row = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
-  if (row >= r.batch) return;
-  if (!(nodes[0] > 0)) return;
-  const double leaf_min = __longlong_as_double(static_cast<long long>(~r.scratch[0]));
-  r.weights[row] = importance_weight(nodes[shape.leaf(r.slots[row])], leaf_min, beta);
 }
 
 /// Functors of the range reduction (positive floats order as their bits do).

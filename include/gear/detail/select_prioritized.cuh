@@ -1,10 +1,9 @@
 #pragma once
 // Device side of gear::select::prioritized: the sum tree in device memory.
 //
-// Selection: one thread per row descends the tree (D - 1 line reads, D = levels), writes its slot
-// and probability and folds its leaf into the batch minimum (an atomicMax on the complemented
-// bits of a positive double, in the zeroed scratch word 0); a second launch turns the minimum
-// into the weights. Two launches, O(B log N), stream-ordered, no synchronisation.
+// Selection: a group of 16 lanes per row descends the tree (D - 1 coalesced line reads, D =
+// levels), then a second launch writes the weights: O(B log N), stream-ordered, no
+// synchronisation (sum_tree_select.cuh).
 //
 // Update of B (slot, priority) pairs, O(B log N), two launches:
 //   mark:  (pairs from device memory only) checks its key against the slot metadata and its
@@ -13,12 +12,13 @@
 //          host check's order), and the pair stops. Every good pair bids
 //          atomicMax(winner[slot], epoch << 32 | index), so the last occurrence of a slot in the
 //          batch wins; and sets, for each tree edge on its leaf's path, the child's bit in the low
-//          16 bits of flags[parent]. The first thread to set an edge's bit continues upward, the
-//          others stop there.
-//   apply: reads the verdict (final: mark has finished). The winner of each slot writes its raw
-//          priority and leaf, then walks up: at each parent it sets its bit in the high 16 bits
-//          (arrivals); the thread whose arrival completes the parent's mark set (the last of the
-//          touched children to finish) recomputes the parent as the sum of its 16 children,
+//          16 bits of flags[parent], with reductions nobody waits for (the levels near the root,
+//          which every path shares, pooled per block in shared memory first).
+//   apply: a group of 16 lanes per pair. Reads the verdict (final: mark has finished). The winner
+//          of each slot writes its raw priority and leaf, then walks up: at each parent it sets
+//          its bit in the high 16 bits (arrivals); the group whose arrival completes the parent's
+//          mark set (the last of the touched children to finish) loads the 16 children in one
+//          line and recomputes the parent as their sum in index order,
 //          clears the parent's flags for the next call, and continues; the others stop. So each
 //          touched node is recomputed exactly once, after all its touched children, with the same
 //          fp64 additions as the host tree. Every pair folds its priority into the device-side
@@ -35,7 +35,6 @@
 // resetting them. This holds while every mark is followed by its apply: a launch that fails
 // between them leaves flags set, and the buffer that enqueued it marks itself unusable.
 
-
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -45,6 +44,7 @@
 #include <gear/detail/memory.hpp>
 #include <gear/detail/priority_kernels.cuh>
 #include <gear/detail/sum_tree.hpp>
+#include <gear/detail/sum_tree_select.cuh>
 #include <gear/detail/tuning.hpp>
 #include <gear/select/prioritized.hpp>
 #include <new>
@@ -168,16 +168,16 @@ class prioritized::state<exec::device> {
     constexpr int threads = detail::tuning::priority_update_threads;
     detail::allocation out(memory_kind::device, 2 * sizeof(unsigned));
     const unsigned start[2] = {0x7F800000u, 0u};  // +infinity, +0 as bits
-    GEAR_CUDA_TRY(cudaMemcpyAsync(out.data(), start, sizeof start, cudaMemcpyHostToDevice,
-                                  stream.get()));
-    const auto blocks = static_cast<unsigned>(
-        std::min<std::int64_t>(detail::blocks_for(capacity_, threads), 1024));
+    GEAR_CUDA_TRY(
+        cudaMemcpyAsync(out.data(), start, sizeof start, cudaMemcpyHostToDevice, stream.get()));
+    const auto blocks =
+        static_cast<unsigned>(std::min<std::int64_t>(detail::blocks_for(capacity_, threads), 1024));
     detail::priority_range_kernel<threads><<<blocks, threads, 0, stream.get()>>>(
         raw_.as<const float>(), capacity_, out.as<unsigned>());
     GEAR_CHECK_LAUNCH("priority_range_kernel");
     unsigned bits[2] = {};
-    GEAR_CUDA_TRY(cudaMemcpyAsync(bits, out.data(), sizeof bits, cudaMemcpyDeviceToHost,
-                                  stream.get()));
+    GEAR_CUDA_TRY(
+        cudaMemcpyAsync(bits, out.data(), sizeof bits, cudaMemcpyDeviceToHost, stream.get()));
     GEAR_CUDA_TRY(cudaStreamSynchronize(stream.get()));
     float range[2];
     std::memcpy(range, bits, sizeof range);
@@ -199,15 +199,20 @@ class prioritized::state<exec::device> {
 
   void select(const slot_table& t, const selection_request& r, cuda::stream_ref stream) {
     constexpr int threads = detail::tuning::select_threads;
-    const unsigned blocks = detail::blocks_for(r.batch, threads);
+    GEAR_REQUIRE(r.scratch_size >= 2 * r.batch, errc::invalid_argument,
+                 "prioritized selection needs 2 scratch words per row: " +
+                     std::to_string(r.scratch_size) + " for " + std::to_string(r.batch) + " rows");
+    // Each block leaves its smallest leaf in a scratch word: at most batch / 16 blocks.
+    const auto blocks = static_cast<unsigned>(
+        std::min<std::int64_t>({detail::blocks_for(r.batch * detail::sum_tree_group, threads),
+                                detail::tuning::select_max_blocks}));
     const auto* nodes = nodes_.as<const double>();
-    // Scratch word 0 collects the batch's smallest probability; it starts at 0 (no minimum yet).
-    GEAR_CUDA_TRY(cudaMemsetAsync(r.scratch, 0, sizeof(std::uint64_t), stream.get()));
-    detail::prioritized_select_kernel<<<blocks, threads, 0, stream.get()>>>(t, r, nodes, shape_,
-                                                                            policy_.stratified);
+    detail::prioritized_select_kernel<threads>
+        <<<blocks, threads, 0, stream.get()>>>(t, r, nodes, shape_, policy_.stratified);
     GEAR_CHECK_LAUNCH("prioritized_select_kernel");
-    detail::prioritized_weights_kernel<<<blocks, threads, 0, stream.get()>>>(r, nodes, shape_,
-                                                                             policy_.beta);
+    detail::prioritized_weights_kernel<threads>
+        <<<detail::blocks_for(r.batch, threads), threads, 0, stream.get()>>>(r, nodes, policy_.beta,
+                                                                             blocks);
     GEAR_CHECK_LAUNCH("prioritized_weights_kernel");
   }
 
@@ -220,8 +225,8 @@ class prioritized::state<exec::device> {
   /// checked again when the update runs: one whose slot was reserved again since is skipped and
   /// counted (stale_pairs).
   /// Throws errc::invalid_priority / errc::invalid_argument before changing anything.
-  void update(const slot_table& table, std::span<const key> keys,
-              std::span<const float> priorities, cuda::stream_ref stream) {
+  void update(const slot_table& table, std::span<const key> keys, std::span<const float> priorities,
+              cuda::stream_ref stream) {
     detail::validate_priorities(keys, priorities, policy_.alpha);
     const auto n = static_cast<std::int64_t>(keys.size());
     if (n == 0) return;
@@ -360,11 +365,12 @@ class prioritized::state<exec::device> {
     }
     ++epoch_;
     constexpr int threads = detail::tuning::priority_update_threads;
-    const unsigned blocks = detail::blocks_for(src.count, threads);
-    detail::priority_mark_kernel<<<blocks, threads, 0, stream.get()>>>(src, tree(), epoch_);
+    detail::
+        priority_mark_kernel<<<detail::blocks_for(src.count, threads), threads, 0, stream.get()>>>(
+            src, tree(), epoch_);
     GEAR_CHECK_LAUNCH("priority_mark_kernel");
-    detail::priority_apply_kernel<<<blocks, threads, 0, stream.get()>>>(src, tree(), epoch_,
-                                                                        policy_.alpha);
+    detail::priority_apply_kernel<<<detail::blocks_for(src.count * detail::sum_tree_group, threads),
+                                    threads, 0, stream.get()>>>(src, tree(), epoch_, policy_.alpha);
     GEAR_CHECK_LAUNCH("priority_apply_kernel");
   }
 

@@ -22,6 +22,10 @@ namespace gear::detail {
 
 /// Children per node; 16 doubles are one 128-byte cache line.
 inline constexpr int sum_tree_fanout = 16;
+/// Lanes of a GPU group that works on one node's children together (the descent of a row, the
+/// refresh of an updated pair's path): one per child.
+inline constexpr int sum_tree_group = sum_tree_fanout;
+static_assert(32 % sum_tree_group == 0, "a group of lanes lies within one warp");
 /// Levels of the largest tree (16^10 = 2^40 leaves, the largest capacity, plus the root).
 inline constexpr int sum_tree_max_levels = 12;
 

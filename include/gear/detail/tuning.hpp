@@ -5,8 +5,11 @@
 
 namespace gear::detail::tuning {
 
-/// Threads per block of the selection kernels (one thread per row).
+/// Threads per block of the selection kernels (one thread per row; prioritized: 16 per row).
 inline constexpr int select_threads = 256;
+/// Most blocks of the prioritized selection (larger batches stride): its weights launch reduces
+/// one word per selection block in every block.
+inline constexpr std::int64_t select_max_blocks = 1024;
 /// Threads per block of the priority update kernels (one thread per updated key) and of the sum
 /// tree rebuild (one thread per node).
 inline constexpr int priority_update_threads = 256;
