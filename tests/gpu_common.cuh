@@ -15,4 +15,17 @@ struct stream_holder {
   operator cuda::stream_ref() const { return cuda::stream_ref{s}; }
 };
 
+/// Holds a stream for `ms` milliseconds (a template: headers define it once per program).
+template <int = 0>
+__global__ void spin(long long ms) {
+  const long long start = clock64();
+  // clock64 counts SM cycles; 2 GHz is above the H200's boost clock, so this spins at least ms.
+  while (clock64() - start < ms * 2'000'000) {
+  }
+}
+inline void hold(cuda::stream_ref s, long long ms = 50) {
+  spin<><<<1, 1, 0, s.get()>>>(ms);
+  GEAR_CHECK_LAUNCH("spin");
+}
+
 }  // namespace gear_test

@@ -5,11 +5,15 @@
 // Exits 77 (skipped) where no GPU is usable.
 
 #include <gear/gear.cuh>
+#include <gear/sharded_buffer.hpp>
 
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <map>
+#include <set>
+#include <numeric>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -648,6 +652,117 @@ TEST_CASE("recency (device): uniform over the newest K committed (chi-square, 0.
   MESSAGE("chi2 " << fit.statistic << " df " << fit.df << " critical " << fit.critical);
   CHECK_FALSE(fit.rejects());
   CHECK(chi2_test(c, pl, 4096.0 * 245).rejects());
+}
+
+TEST_CASE("sharded (device): two prioritized shards on one GPU sample the union's law into the "
+          "caller's batch, after the caller's stream's earlier work") {
+  const std::uint64_t seed = 4242;
+  MESSAGE("sharded device chi-square seed " << seed);
+  const double alpha = 0.7, beta = 0.5;
+  stream_holder s;
+  int here = 0;
+  GEAR_CUDA_TRY(cudaGetDevice(&here));
+  gear::sharded_buffer<spec, gear::storage::device, gear::select::prioritized> buf(
+      {here, here}, gear::capacity{150}, gear::max_length{1},
+      gear::select::prioritized{alpha, beta}, gear::insert_route::round_robin);
+  std::map<std::pair<std::uint32_t, std::uint64_t>, int> ids;
+  std::vector<gear::key> all;
+  for (int call = 0; call < 2; ++call) {
+    const auto k = insert_ids(buf, call * 100, 100, cuda::stream_ref{s});
+    for (std::size_t i = 0; i < k.size(); ++i) {
+      REQUIRE(k[i].shard == std::uint32_t(call));
+      ids[{k[i].shard, k[i].ticket}] = call * 100 + int(i);
+    }
+    all.insert(all.end(), k.begin(), k.end());
+  }
+  std::mt19937_64 gen(seed);
+  std::vector<float> p(all.size());
+  for (auto& x : p) x = float(0.05 + double(gen() % 1000) / 50.0);
+  const auto r = buf.update_priorities(all, p, s);
+  CHECK(r.applied == 200);
+  std::vector<double> want(200);
+  double m = 0;
+  for (std::size_t i = 0; i < all.size(); ++i) m += std::pow(double(p[i]), alpha);
+  for (std::size_t i = 0; i < all.size(); ++i)
+    want[std::size_t(ids.at({all[i].shard, all[i].ticket}))] = std::pow(double(p[i]), alpha) / m;
+
+  const std::int64_t rows = 128;
+  auto b = buf.make_batch(gear::batch_size{rows}, gear::window_length{1});
+  gear::rng g{seed};
+  std::vector<double> counts(200, 0);
+  double worst_p = 0, worst_w = 0;
+  const int calls = 1500;
+  for (int c = 0; c < calls; ++c) {
+    if (c % 100 == 0) {  // the caller's stream busy, then a write of the batch the shards follow
+      gear_test::hold(s, 20);
+      GEAR_CUDA_TRY(cudaMemsetAsync(b.column_data(0), 0xFF, rows * 4, s.s));
+    }
+    buf.sample_async(b, gear::window{1}, g, s);
+    GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
+    const auto id = to_host(reinterpret_cast<const std::int32_t*>(b.column_data(0)), rows);
+    const auto keys = to_host(b.keys_data(), rows);
+    const auto prob = to_host(b.probabilities_data(), rows);
+    const auto wt = to_host(b.weights_data(), rows);
+    double pmin = 1;
+    for (std::int64_t i = 0; i < rows; ++i) pmin = std::min(pmin, want[std::size_t(id[i])]);
+    for (std::int64_t i = 0; i < rows; ++i) {
+      const auto it = ids.find({keys[i].shard, keys[i].ticket});
+      REQUIRE(it != ids.end());
+      REQUIRE(id[std::size_t(i)] == it->second);  // the row holds its key's trajectory
+      counts[std::size_t(it->second)] += 1;
+      const double w = want[std::size_t(it->second)];
+      worst_p = std::max(worst_p, std::abs(prob[std::size_t(i)] - w) / w);
+      worst_w = std::max(worst_w, std::abs(wt[std::size_t(i)] - std::pow(pmin / w, beta)));
+    }
+  }
+  CHECK(worst_p < 1e-5);
+  CHECK(worst_w < 1e-5);
+  const double draws = double(rows) * calls;
+  const auto fair = chi2_test(counts, want, draws);
+  MESSAGE("sharded device: chi2 " << fair.statistic << " critical " << fair.critical);
+  CHECK_FALSE(fair.rejects());
+  std::vector<double> planted(200);  // power: alpha 0.6 instead of 0.7
+  double m6 = 0;
+  for (std::size_t i = 0; i < all.size(); ++i) m6 += std::pow(double(p[i]), 0.6);
+  for (std::size_t i = 0; i < all.size(); ++i)
+    planted[std::size_t(ids.at({all[i].shard, all[i].ticket}))] = std::pow(double(p[i]), 0.6) / m6;
+  CHECK(chi2_test(counts, planted, draws).rejects());
+}
+
+TEST_CASE("sharded (device): uniform shards, with and without replacement, one GPU") {
+  stream_holder s;
+  int here = 0;
+  GEAR_CUDA_TRY(cudaGetDevice(&here));
+  for (const bool replacement : {true, false}) {
+    INFO("replacement " << replacement);
+    gear::sharded_buffer<spec, gear::storage::device, gear::select::uniform> buf(
+        {here, here, here}, gear::capacity{64}, gear::max_length{1},
+        gear::select::uniform{.replacement = replacement});  // device_first: shards in turn here
+    std::map<std::pair<std::uint32_t, std::uint64_t>, int> ids;
+    const std::int64_t sizes[3] = {5, 20, 35};
+    int next = 0;
+    for (const std::int64_t n : sizes) {
+      const auto k = insert_ids(buf, next, n, cuda::stream_ref{s});
+      for (std::size_t i = 0; i < k.size(); ++i) ids[{k[i].shard, k[i].ticket}] = next + int(i);
+      next += int(n);
+    }
+    for (std::size_t sh = 0; sh < 3; ++sh) CHECK(buf.shard(sh).size() == sizes[sh]);
+    auto b = buf.make_batch(gear::batch_size{60}, gear::window_length{1});
+    gear::rng g{11};
+    for (int c = 0; c < 20; ++c) {
+      buf.sample(b, gear::window{1}, g, s);
+      const auto id = to_host(reinterpret_cast<const std::int32_t*>(b.column_data(0)), 60);
+      const auto keys = to_host(b.keys_data(), 60);
+      const auto prob = to_host(b.probabilities_data(), 60);
+      std::set<int> seen;
+      for (std::size_t i = 0; i < 60; ++i) {
+        REQUIRE(id[i] == ids.at({keys[i].shard, keys[i].ticket}));
+        REQUIRE(std::abs(prob[i] - 1.0f / 60) < 1e-6f);
+        seen.insert(id[i]);
+      }
+      if (!replacement) REQUIRE(seen.size() == 60);  // the whole union, each once
+    }
+  }
 }
 
 int main(int argc, char** argv) {

@@ -28,17 +28,7 @@ using vspec = gear::spec<gear::column<"v", std::int32_t>>;
 template <class Storage, class Selection = gear::select::uniform>
 using vbuffer = gear::replay_buffer<vspec, Storage, Selection>;
 
-/// Holds the stream for `ms` milliseconds.
-__global__ void spin(long long ms) {
-  const long long start = clock64();
-  // clock64 counts SM cycles; 2 GHz is above the H200's boost clock, so this spins at least ms.
-  while (clock64() - start < ms * 2'000'000) {
-  }
-}
-void hold(cuda::stream_ref s, long long ms = 50) {
-  spin<<<1, 1, 0, s.get()>>>(ms);
-  GEAR_CHECK_LAUNCH("spin");
-}
+using gear_test::hold;
 
 /// True when a kernel on one stream runs while another stream is held (not so under
 /// compute-sanitizer, which runs kernels one at a time).
@@ -489,7 +479,7 @@ TEST_CASE("planted: an unchecked failed launch of the caller's is reported befor
   vbuffer<gear::storage::device> buf{gear::capacity{4}, gear::max_length{2}};
   const gear::key k0 = insert_values(buf, {1, 2}, s);
   GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
-  spin<<<0, 1, 0, s.s>>>(0);  // an invalid configuration: fails at launch, nobody checks
+  gear_test::spin<><<<0, 1, 0, s.s>>>(0);  // an invalid configuration: fails at launch, nobody checks
   std::string message;
   try {
     (void)insert_values(buf, {3, 4}, s);

@@ -18,4 +18,5 @@
 #include <gear/detail/select_prioritized.cuh>
 #include <gear/detail/select_recency.cuh>
 #include <gear/detail/select_uniform.cuh>
+#include <gear/detail/shard_globalize.cuh>
 #include <gear/gear.hpp>

@@ -81,6 +81,7 @@
 // Writers and refs must not outlive the buffer; synchronise its streams before destroying it.
 
 #include <array>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cuda/stream_ref>
@@ -89,10 +90,9 @@
 #include <string>
 #include <type_traits>
 #include <utility>
-
 #define GEAR_REPLAY_BUFFER_INCLUDED 1
-
 #include <gear/batch.hpp>
+#include <gear/detail/batch_slice.hpp>
 #include <gear/detail/buffer/core.hpp>
 #include <gear/detail/buffer/insert_pipeline.hpp>
 #include <gear/detail/buffer/priorities.hpp>
@@ -167,7 +167,6 @@ class replay_buffer {
   replay_buffer& operator=(replay_buffer&&) noexcept = default;
   replay_buffer(const replay_buffer&) = delete;
   replay_buffer& operator=(const replay_buffer&) = delete;
-  ~replay_buffer() = default;
 
   // ---- queries (host state as of the last call that returned; never synchronise) -------------
 
@@ -304,7 +303,9 @@ class replay_buffer {
   /// Throws (leaving the buffer and g unchanged): errc::empty_buffer, errc::empty_window,
   /// errc::window_out_of_range, errc::batch_mismatch, errc::not_enough_items (policy-specific),
   /// errc::out_of_memory, errc::cuda_error.
-  void sample_async(batch_type& out, const window& w, rng& g, cuda::stream_ref stream) {
+  template <class Out>  // batch_type; or rows of one with scratch of their own (sharded_buffer)
+  requires std::same_as<Out, batch_type> || std::same_as<Out, detail::batch_slice<Spec>>
+  void sample_async(Out& out, const window& w, rng& g, cuda::stream_ref stream) {
     const detail::device_scope scope(core().device_);
     detail::sample_into(core(), out, w, g, stream);
   }

@@ -151,6 +151,8 @@ class prioritized::state<exec::device> {
     GEAR_CUDA_TRY(cudaStreamSynchronize(stream.get()));
     return out;
   }
+  /// Where the root lives in device memory (sum of p^alpha; read it in stream order).
+  [[nodiscard]] const double* root_data() const noexcept { return nodes_.as<const double>(); }
   /// The root: sum of p^alpha over committed trajectories.
   [[nodiscard]] double total(cuda::stream_ref stream) const {
     double root = 0;

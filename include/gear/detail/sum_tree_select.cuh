@@ -57,6 +57,19 @@ struct double_min {
   __device__ double operator()(double a, double b) const { return b < a ? b : a; }
 };
 
+/// The smallest of the block's `mine`, given to every thread (cub::BlockReduce, then shared
+/// memory). Every thread of the block calls it.
+template <int Threads>
+__device__ double block_min_to_all(double mine) {
+  using reduce = cub::BlockReduce<double, Threads>;
+  __shared__ typename reduce::TempStorage storage;
+  __shared__ double smallest;
+  mine = reduce(storage).Reduce(mine, double_min{});
+  if (threadIdx.x == 0) smallest = mine;
+  __syncthreads();
+  return smallest;
+}
+
 /// Selects r.batch rows by priority (a group of lanes per row, groups striding over the rows
 /// when the batch is larger than the grid) and writes their slots and probabilities; row i's leaf
 /// goes into r.scratch[batch + i] and block b's smallest leaf into r.scratch[b] (a double's bits;
@@ -115,12 +128,7 @@ __global__ void __launch_bounds__(Threads)
     const double m = __longlong_as_double(static_cast<long long>(r.scratch[b]));
     smallest = m < smallest ? m : smallest;
   }
-  using reduce = cub::BlockReduce<double, Threads>;
-  __shared__ typename reduce::TempStorage storage;
-  __shared__ double leaf_min;
-  smallest = reduce(storage).Reduce(smallest, double_min{});
-  if (threadIdx.x == 0) leaf_min = smallest;
-  __syncthreads();
+  const double leaf_min = block_min_to_all<Threads>(smallest);
   const std::int64_t row = blockIdx.x * std::int64_t{Threads} + threadIdx.x;
   if (row < r.batch)
     r.weights[row] = importance_weight(

@@ -20,6 +20,19 @@ concept transport_policy = std::move_constructible<T> && requires(const T& t) {
   { t.shard_count() } -> std::convertible_to<std::uint32_t>;
 };
 
+namespace transport {
+
+/// The transport of one shard's local buffer (a shard of transport::libfabric, or of a
+/// sharded_buffer): its id and incarnation, which its keys carry.
+struct shard_view {
+  key_owner owner;
+  [[nodiscard]] std::uint32_t shard_id() const noexcept { return owner.shard; }
+  [[nodiscard]] std::uint32_t shard_count() const noexcept { return 1; }
+  [[nodiscard]] std::uint32_t incarnation() const noexcept { return owner.incarnation; }
+};
+
+}  // namespace transport
+
 namespace detail {
 
 /// The keys a buffer with transport `t` issues and accepts.

@@ -20,17 +20,6 @@
 #include <vector>
 
 namespace gear {
-namespace transport {
-
-/// The transport of a shard's local buffer: its id and incarnation, which its keys carry.
-struct shard_view {
-  key_owner owner;
-  [[nodiscard]] std::uint32_t shard_id() const noexcept { return owner.shard; }
-  [[nodiscard]] std::uint32_t shard_count() const noexcept { return 1; }
-  [[nodiscard]] std::uint32_t incarnation() const noexcept { return owner.incarnation; }
-};
-
-}  // namespace transport
 
 template <trajectory_spec Spec, class Storage, class Selection>
 class replay_buffer<Spec, Storage, Selection, transport::libfabric>

@@ -19,6 +19,7 @@
 #include <gear/detail/cuda.hpp>
 #include <gear/detail/remote/entry.hpp>
 #include <gear/detail/remote/messages.hpp>
+#include <gear/detail/remote/split.hpp>
 #include <gear/error.hpp>
 #include <gear/key.hpp>
 #include <gear/priority_update.hpp>
@@ -86,14 +87,6 @@ double selection_mass(Buffer& buffer, shard_stream& s) {
     return static_cast<double>(buffer.size());
 }
 
-/// The random stream of one shard's share: the learner's seed and call, mixed.
-constexpr std::uint64_t share_seed(std::uint64_t seed, std::uint64_t call) noexcept {
-  std::uint64_t z = seed ^ (call + 0x9E3779B97F4A7C15ull + (seed << 6) + (seed >> 2));
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 /// Packs the reply to `r` into `out` (layout.total_bytes), keys named by `owner`, sampling into
 /// `scratch` (made anew only when its shape differs: a fresh batch per reply costs its allocation
 /// and page faults every time). A buffer that cannot sample (empty, out of memory) answers with a
@@ -116,7 +109,7 @@ void pack_sample_reply(Buffer& buffer, shard_stream& s, const detail::remote::sa
       scratch.emplace(buffer.make_batch(batch_size{r.rows}, window_length{r.win.length}));
     }
     auto& batch = *scratch;
-    rng g{share_seed(r.seed, r.call)};
+    rng g{detail::remote::share_seed(r.seed, r.call)};
     h.mass = selection_mass(buffer, s);
     h.size = buffer.size();
     const auto rows = static_cast<std::size_t>(r.rows),

@@ -36,6 +36,15 @@ GEAR_HD constexpr double unit_double(std::uint64_t bits) noexcept {
   return static_cast<double>(bits >> 11) * 0x1p-53;
 }
 
+/// The random stream of one shard's share: the sample's seed and call, mixed (splitmix64's
+/// finaliser), so that every shard draws its rows from a stream of its own.
+constexpr std::uint64_t share_seed(std::uint64_t seed, std::uint64_t call) noexcept {
+  std::uint64_t z = seed ^ (call + 0x9E3779B97F4A7C15ull + (seed << 6) + (seed >> 2));
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
 /// Throws errc::invalid_argument for a mass or size that is not finite and non-negative.
 inline void check_shares(std::span<const shard_share> shards) {
   for (std::size_t s = 0; s < shards.size(); ++s) {

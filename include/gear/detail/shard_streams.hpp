@@ -1,0 +1,198 @@
+#pragma once
+// The streams of a sharded_buffer's shards and how a call's work on them is ordered with the
+// caller's stream (fork: the shard's stream waits for an event recorded on the caller's; join: the
+// caller's waits for one recorded on the shard's), the read-back of each shard's selection mass,
+// and the rows each shard wrote into a sample with their global factor (shard_parts). For
+// storage::host every stream is the null stream and nothing is recorded.
+
+#include <cmath>
+#include <cstdint>
+#include <gear/detail/buffer/core.hpp>
+#include <gear/detail/cuda.hpp>
+#include <gear/detail/memory.hpp>
+#include <gear/detail/remote/split.hpp>
+#include <gear/error.hpp>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace gear::detail {
+
+/// The most shards of one sharded_buffer.
+inline constexpr std::size_t max_local_shards = 64;
+
+/// The rows of a sample each shard wrote, [first, first + rows), and its factor M_s / M.
+struct shard_parts {
+  std::int64_t first[max_local_shards] = {};
+  std::int64_t rows[max_local_shards] = {};
+  double factor[max_local_shards] = {};
+  int count = 0;
+  void add(std::int64_t f, std::int64_t r, double x) noexcept {
+    first[count] = f;
+    rows[count] = r;
+    factor[count] = x;
+    ++count;
+  }
+};
+
+/// P_i = factor * local for each part's rows; with beta > 0, weights (P_min / P_i)^beta, which is
+/// the union's (N P_i)^-beta normalised by the batch maximum (0 where P_i is 0).
+inline void globalize_on_host(float* probabilities, float* weights, const shard_parts& parts,
+                              double beta) {
+  double smallest = INFINITY;
+  for (int k = 0; k < parts.count; ++k)
+    for (std::int64_t i = parts.first[k]; i < parts.first[k] + parts.rows[k]; ++i) {
+      const double p = remote::global_probability(parts.factor[k], 1.0, probabilities[i]);
+      if (p > 0 && p < smallest) smallest = p;
+    }
+  for (int k = 0; k < parts.count; ++k)
+    for (std::int64_t i = parts.first[k]; i < parts.first[k] + parts.rows[k]; ++i) {
+      const double p = remote::global_probability(parts.factor[k], 1.0, probabilities[i]);
+      if (beta > 0) weights[i] = p > 0 ? static_cast<float>(std::pow(smallest / p, beta)) : 0.0f;
+      probabilities[i] = static_cast<float>(p);
+    }
+}
+
+/// Throws errc::invalid_argument unless `device` is a CUDA device of this machine.
+inline void check_device_ordinal(int device) {
+  int count = 0;
+  GEAR_REQUIRE(cudaGetDeviceCount(&count) == cudaSuccess && device >= 0 && device < count,
+               errc::invalid_argument,
+               "device " + std::to_string(device) + " is not one of this machine's " +
+                   std::to_string(count) + " CUDA devices");
+}
+
+inline int current_device_ordinal() {
+  int d = 0;
+  GEAR_CUDA_TRY(cudaGetDevice(&d));
+  return d;
+}
+
+class shard_streams {
+ public:
+  shard_streams() = default;
+  /// A stream per shard on its device (none for host storage, gpu false).
+  shard_streams(const std::vector<int>& devices, bool gpu) : devices_(devices), gpu_(gpu) {
+    if (!gpu_) return;
+    int count = 0;
+    GEAR_CUDA_TRY(cudaGetDeviceCount(&count));
+    forks_.resize(static_cast<std::size_t>(count));
+    for (const int d : devices_) {
+      const device_scope scope(d);
+      streams_.push_back(nullptr);
+      GEAR_CUDA_TRY(cudaStreamCreateWithFlags(&streams_.back(), cudaStreamNonBlocking));
+      joins_.push_back(event::make());
+      mass_events_.push_back(event::make());
+      masses_.emplace_back(memory_kind::pinned_host, sizeof(double));
+    }
+    mass_sent_.assign(devices_.size(), false);
+  }
+  shard_streams(shard_streams&& o) noexcept { *this = std::move(o); }
+  shard_streams& operator=(shard_streams&& o) noexcept {
+    destroy();
+    devices_ = std::move(o.devices_);
+    gpu_ = o.gpu_;
+    streams_ = std::move(o.streams_);
+    forks_ = std::move(o.forks_);
+    joins_ = std::move(o.joins_);
+    mass_events_ = std::move(o.mass_events_);
+    masses_ = std::move(o.masses_);
+    mass_sent_ = std::move(o.mass_sent_);
+    o.streams_.clear();
+    return *this;
+  }
+  ~shard_streams() { destroy(); }
+
+  [[nodiscard]] cuda::stream_ref of(std::size_t s) const noexcept {
+    return gpu_ ? cuda::stream_ref{streams_[s]} : no_stream();
+  }
+  [[nodiscard]] std::mutex& mutex() noexcept { return mutex_; }
+
+  /// Records the caller's point: shards started after this wait for its earlier work.
+  void fork(cuda::stream_ref caller) {
+    if (!gpu_) return;
+    event& e = forks_.at(static_cast<std::size_t>(current_device_ordinal()));
+    if (e.get() == nullptr) e = event::make();
+    GEAR_CUDA_TRY(cudaEventRecord(e.get(), caller.get()));
+    fork_ = e.get();
+  }
+  /// Shard s's stream waits for the last fork.
+  void start(std::size_t s) {
+    if (gpu_) GEAR_CUDA_TRY(cudaStreamWaitEvent(streams_[s], fork_, 0));
+  }
+  /// Shard s's work of this call is enqueued: the caller will wait for it at join.
+  void finish(std::size_t s) {
+    if (!gpu_) return;
+    GEAR_CUDA_TRY(cudaEventRecord(joins_[s].get(), streams_[s]));
+    joined_.push_back(s);
+  }
+  /// The caller's stream waits for every shard finished since the last join.
+  void join(cuda::stream_ref caller) {
+    for (const std::size_t s : joined_)
+      GEAR_CUDA_TRY(cudaStreamWaitEvent(caller.get(), joins_[s].get(), 0));
+    joined_.clear();
+  }
+  /// Runs f with the stream shard s's work goes on: the caller's own when the shard is on the
+  /// current device (or host storage), else the shard's, forked from and joined to the caller's.
+  template <class F>
+  void run(std::size_t s, cuda::stream_ref caller, F&& f) {
+    if (!gpu_ || devices_[s] == current_device_ordinal()) return f(caller);
+    const std::lock_guard<std::mutex> held(mutex_);
+    fork(caller);
+    start(s);
+    try {
+      f(of(s));
+    } catch (...) {
+      finish(s);
+      join(caller);
+      throw;
+    }
+    finish(s);
+    join(caller);
+  }
+
+  void synchronize(cuda::stream_ref caller) const {
+    if (gpu_) GEAR_CUDA_TRY(cudaStreamSynchronize(caller.get()));
+  }
+  void synchronize_all() const {
+    for (cudaStream_t s : streams_) GEAR_CUDA_TRY(cudaStreamSynchronize(s));
+  }
+
+  /// Copies the double at `device_value` (shard s's root) to the host after shard s's work so far.
+  void read_back(std::size_t s, const double* device_value) {
+    GEAR_CUDA_TRY(cudaMemcpyAsync(masses_[s].data(), device_value, sizeof(double),
+                                  cudaMemcpyDeviceToHost, streams_[s]));
+    GEAR_CUDA_TRY(cudaEventRecord(mass_events_[s].get(), streams_[s]));
+    mass_sent_[s] = true;
+  }
+  [[nodiscard]] bool mass_sent(std::size_t s) const noexcept { return gpu_ && mass_sent_[s]; }
+  /// The value the last read_back of shard s brought, if it has arrived.
+  bool mass_read(std::size_t s, double& mass) const {
+    if (!mass_sent_[s] || !event_reached(mass_events_[s].get())) return false;
+    mass = *masses_[s].as<const double>();
+    return true;
+  }
+
+ private:
+  void destroy() noexcept {
+    for (cudaStream_t s : streams_) {
+      (void)cudaStreamSynchronize(s);
+      (void)cudaStreamDestroy(s);
+    }
+    streams_.clear();
+  }
+
+  std::vector<int> devices_;
+  bool gpu_ = false;
+  std::vector<cudaStream_t> streams_;
+  std::vector<event> forks_;  // by device ordinal, made when first used
+  cudaEvent_t fork_ = nullptr;
+  std::vector<event> joins_;
+  std::vector<std::size_t> joined_;
+  std::vector<event> mass_events_;
+  std::vector<allocation> masses_;  // pinned: each shard's last root read back
+  std::vector<bool> mass_sent_;
+  std::mutex mutex_;
+};
+
+}  // namespace gear::detail

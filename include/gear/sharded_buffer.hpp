@@ -1,0 +1,402 @@
+#pragma once
+// gear::sharded_buffer: one logical buffer over several local shards, each a replay_buffer of its
+// own on its own GPU (or several on one), with the sharding laws of the remote transport
+// (detail/remote/split.hpp):
+//
+//   insert     routed whole to one shard: by default one on the caller's current device (round
+//              robin among those), else round robin over all; keys name their shard.
+//   sample     the batch's B rows are split across the shards by a snapshot of their selection
+//              masses (Multinomial(B, M_s / M) with replacement; multivariate hypergeometric on
+//              their sizes without); every shard selects its share on its own GPU, on a stream of
+//              its own, and gathers it straight into its rows of the caller's batch (rows come
+//              grouped by shard). Probabilities are global, P_i = (M_s / M) * (p_i / M'_s) (M'_s
+//              the shard's mass when it selected: exact for any snapshot), and importance weights
+//              follow the local formula over the union. The snapshot: sizes for uniform (the
+//              host's own count, always current); for prioritized, each shard's root as its last
+//              sample left it (read back without waiting; the first sample reads it at once).
+//   priorities and erase
+//              routed to the shard each key names; every key is checked first, so bad input
+//              changes nothing.
+//
+// Selection: select::uniform and select::prioritized (the policies whose union law the split
+// reproduces). Threads: every call may come from any thread at once; samples are enqueued one at
+// a time (each shard's selection scratch is reused in its stream's order).
+//
+// A shard on another device than the caller's stream: the call's work on it is ordered after the
+// caller's stream (an event) and the caller's stream after it. Its gather writes the caller's
+// batch on the batch's device: enable peer access between the devices (cudaDeviceEnablePeerAccess)
+// first, or keep the batch in memory every device reaches.
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cmath>
+#include <concepts>
+#include <cstdint>
+#include <gear/batch.hpp>
+#include <gear/detail/batch_slice.hpp>
+#include <gear/detail/claim.hpp>
+#include <gear/detail/remote/split.hpp>
+#include <gear/detail/shard_streams.hpp>
+#include <gear/replay_buffer.hpp>
+#include <gear/select/prioritized.hpp>
+#include <gear/select/uniform.hpp>
+#include <gear/transport/concept.hpp>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace gear {
+
+/// Where sharded_buffer::insert sends a call's trajectories.
+enum class insert_route {
+  device_first,  ///< a shard on the caller's current device (round robin), else round robin
+  round_robin,   ///< every shard in turn
+};
+
+template <trajectory_spec Spec, class Storage = storage::host, class Selection = select::uniform>
+class sharded_buffer {
+  static_assert(std::same_as<Selection, select::uniform> ||
+                    std::same_as<Selection, select::prioritized>,
+                "gear::sharded_buffer: the split across shards reproduces select::uniform and "
+                "select::prioritized over the union; other policies are not sharded");
+  static constexpr bool prioritized = std::same_as<Selection, select::prioritized>;
+
+ public:
+  using shard_type = replay_buffer<Spec, Storage, Selection, transport::shard_view>;
+  using batch_type = batch<Spec>;
+  static constexpr bool on_device = shard_type::on_device;
+  static constexpr memory_kind batch_memory = shard_type::batch_memory;
+  /// The most shards one buffer has.
+  static constexpr std::size_t max_shards = detail::max_local_shards;
+
+  /// One shard of `per_shard` slots of up to `length` steps per entry of `devices`, made on that
+  /// device (repeat a device to put several shards on it; for storage::host only the number of
+  /// entries counts). Shard s issues keys with key.shard == s. Throws errc::invalid_argument (no
+  /// devices, more than max_shards, a device that does not exist), and as replay_buffer's
+  /// constructor does.
+  sharded_buffer(std::span<const int> devices, gear::capacity per_shard, gear::max_length length,
+                 Selection selection = {}, insert_route route = insert_route::device_first)
+      : selection_(selection), route_(route) {
+    GEAR_REQUIRE(!devices.empty() && devices.size() <= max_shards, errc::invalid_argument,
+                 "a sharded buffer takes 1 to " + std::to_string(max_shards) + " shards, got " +
+                     std::to_string(devices.size()));
+    for (std::size_t s = 0; s < devices.size(); ++s) {
+      const int device = on_device ? devices[s] : -1;
+      if constexpr (on_device) detail::check_device_ordinal(device);
+      const detail::device_scope scope(device);
+      shards_.push_back(std::make_unique<shard_type>(
+          per_shard, length, selection, transport::shard_view{{static_cast<std::uint32_t>(s), 0}}));
+      devices_.push_back(device);
+    }
+    streams_ = detail::shard_streams(devices_, on_device);
+    snapshot_.assign(shards_.size(), {0, 0, true});
+  }
+  sharded_buffer(std::initializer_list<int> devices, gear::capacity per_shard,
+                 gear::max_length length, Selection selection = {},
+                 insert_route route = insert_route::device_first)
+      : sharded_buffer(std::span<const int>(devices.begin(), devices.size()), per_shard, length,
+                       selection, route) {}
+
+  sharded_buffer(const sharded_buffer&) = delete;
+  sharded_buffer& operator=(const sharded_buffer&) = delete;
+  /// Waits for the shards' streams (their selections use this buffer's scratch) first.
+  ~sharded_buffer() {
+    try {
+      streams_.synchronize_all();
+    } catch (...) {  // a broken context: nothing left to wait for
+    }
+  }
+
+  // ---- queries -------------------------------------------------------------------------------
+
+  [[nodiscard]] std::size_t shard_count() const noexcept { return shards_.size(); }
+  /// Shard s (every call of a replay_buffer; its keys name s).
+  [[nodiscard]] shard_type& shard(std::size_t s) { return *shards_.at(s); }
+  [[nodiscard]] const shard_type& shard(std::size_t s) const { return *shards_.at(s); }
+  /// The device shard s lives on (-1 for storage::host).
+  [[nodiscard]] int device(std::size_t s) const { return devices_.at(s); }
+  /// Committed trajectories of all shards together.
+  [[nodiscard]] std::int64_t size() const noexcept {
+    std::int64_t n = 0;
+    for (const auto& s : shards_) n += s->size();
+    return n;
+  }
+  [[nodiscard]] bool contains(const key& k) const noexcept {
+    return k.shard < shards_.size() && shards_[k.shard]->contains(k);
+  }
+
+  // ---- insert --------------------------------------------------------------------------------
+
+  /// Inserts the call's trajectories into one shard (insert_route) and writes their keys: as
+  /// replay_buffer::insert_async, whose errors it throws (the shards unchanged).
+  void insert_async(const trajectories<Spec>& in, std::span<key> keys_out,
+                    cuda::stream_ref stream) {
+    const std::size_t s = route_insert();
+    streams_.run(s, stream,
+                 [&](cuda::stream_ref on) { shards_[s]->insert_async(in, keys_out, on); });
+  }
+  void insert(const trajectories<Spec>& in, std::span<key> keys_out, cuda::stream_ref stream) {
+    insert_async(in, keys_out, stream);
+    streams_.synchronize(stream);
+  }
+  void insert(const trajectories<Spec>& in, std::span<key> keys_out) requires(!on_device) {
+    insert_async(in, keys_out, detail::no_stream());
+  }
+
+  // ---- sample --------------------------------------------------------------------------------
+
+  /// A batch of `rows` rows of `length` steps on the current device (host memory for
+  /// storage::host), to pass to sample().
+  [[nodiscard]] batch_type make_batch(gear::batch_size rows, gear::window_length length) const {
+    return batch_type(batch_memory, rows, length);
+  }
+
+  /// Samples out.batch_size() rows of window `w` from the union of the shards (see the top of
+  /// this file), consuming one draw of g. Stream-ordered after `stream`'s earlier work; `stream`'s
+  /// later work sees the batch. Does not synchronise (sample does).
+  /// Throws (g unchanged; the batch's contents unspecified): errc::empty_buffer (no shard holds a
+  /// trajectory), errc::not_enough_items (without replacement, fewer in the union than rows),
+  /// and what replay_buffer::sample_async throws.
+  void sample_async(batch_type& out, const window& w, rng& g, cuda::stream_ref stream) {
+    const std::lock_guard<std::mutex> held(streams_.mutex());
+    take_snapshot(stream);
+    rng advanced = g;
+    const rng_draw draw = advanced.next();
+    const std::int64_t rows = out.batch_size();
+    if (without_replacement(selection_))
+      share_ = detail::remote::split_without_replacement(snapshot_, rows, draw);
+    else
+      detail::remote::split_with_replacement(snapshot_, rows, draw, share_, upto_);
+    if (scratch_.size() != shards_.size() || scratch_words_ < detail::claim_table_size(rows))
+      grow_scratch(detail::claim_table_size(rows));
+    parts_ = {};
+    std::int64_t first = 0;
+    streams_.fork(stream);
+    try {
+      for (std::size_t s = 0; s < shards_.size(); first += share_[s], ++s) {
+        if (share_[s] == 0) continue;
+        detail::batch_slice<Spec> slice(out, first, share_[s], scratch_[s].as<std::uint64_t>(),
+                                        scratch_words_);
+        rng shard_rng{detail::remote::share_seed(draw.seed, draw.call * max_shards + s)};
+        streams_.start(s);
+        shards_[s]->sample_async(slice, w, shard_rng, streams_.of(s));
+        streams_.finish(s);
+        read_mass(s);
+        parts_.add(first, share_[s], snapshot_[s].mass / detail::remote::live_mass(snapshot_));
+      }
+    } catch (...) {
+      streams_.join(stream);  // what was enqueued into `out` comes before the caller's next work
+      fresh_ = false;         // a shard found empty: ask every shard again next time
+      throw;
+    }
+    streams_.join(stream);
+    make_global(out, stream);
+    g = advanced;
+  }
+  /// sample_async, then synchronises the stream.
+  void sample(batch_type& out, const window& w, rng& g, cuda::stream_ref stream) {
+    sample_async(out, w, g, stream);
+    streams_.synchronize(stream);
+  }
+  void sample(batch_type& out, const window& w, rng& g) requires(!on_device) {
+    sample_async(out, w, g, detail::no_stream());
+  }
+
+  // ---- priorities and erase ------------------------------------------------------------------
+
+  /// Sets the priorities of `keys` (host spans) at the shards they name: stale keys are skipped
+  /// and counted, as by replay_buffer::update_priorities_async. Every key's shard and every
+  /// priority are checked before any shard is asked. Throws (changing nothing)
+  /// errc::invalid_argument (sizes differ), errc::key_out_of_range (a shard this buffer does not
+  /// have), errc::invalid_priority; errc::cuda_error (shards asked before it keep their updates).
+  priority_update_result update_priorities_async(std::span<const key> keys,
+                                                 std::span<const float> priorities,
+                                                 cuda::stream_ref stream) requires prioritized {
+    GEAR_REQUIRE(keys.size() == priorities.size(), errc::invalid_argument,
+                 "update_priorities needs one priority per key: " + std::to_string(keys.size()) +
+                     " keys, " + std::to_string(priorities.size()) + " priorities");
+    for (std::size_t i = 0; i < keys.size(); ++i)
+      GEAR_REQUIRE(std::isfinite(priorities[i]) && priorities[i] >= 0, errc::invalid_priority,
+                   "priority " + std::to_string(i) + " is " + std::to_string(priorities[i]));
+    const auto by_shard = group(keys);
+    priority_update_result total;
+    for (std::size_t s = 0; s < shards_.size(); ++s) {
+      if (by_shard[s].empty()) continue;
+      std::vector<key> k;
+      std::vector<float> p;
+      for (const std::size_t i : by_shard[s]) {
+        k.push_back(keys[i]);
+        p.push_back(priorities[i]);
+      }
+      streams_.run(s, stream, [&](cuda::stream_ref on) {
+        const priority_update_result r = shards_[s]->update_priorities_async(k, p, on);
+        total.applied += r.applied;
+        total.stale += r.stale;
+      });
+    }
+    return total;
+  }
+  priority_update_result update_priorities(std::span<const key> keys,
+                                           std::span<const float> priorities,
+                                           cuda::stream_ref stream) requires prioritized {
+    const priority_update_result r = update_priorities_async(keys, priorities, stream);
+    streams_.synchronize(stream);
+    return r;
+  }
+  priority_update_result update_priorities(std::span<const key> keys,
+                                           std::span<const float> priorities) requires prioritized
+      &&(!on_device) {
+    return update_priorities_async(keys, priorities, detail::no_stream());
+  }
+
+  /// Removes the trajectories `keys` from the shards they name. Every key is checked first (its
+  /// shard, that the shard holds it, that it is named once), so bad input removes nothing.
+  /// Throws errc::key_out_of_range, errc::stale_key; errc::cuda_error. Another thread erasing the
+  /// same keys at the same moment can make a shard refuse after others removed theirs.
+  void erase_async(std::span<const key> keys, cuda::stream_ref stream) {
+    const auto by_shard = group(keys);
+    for (std::size_t s = 0; s < shards_.size(); ++s) {
+      std::vector<key> k;
+      for (const std::size_t i : by_shard[s]) k.push_back(keys[i]);
+      std::sort(k.begin(), k.end(), [](const key& a, const key& b) { return a.ticket < b.ticket; });
+      for (std::size_t i = 0; i < k.size(); ++i)
+        GEAR_REQUIRE(shards_[s]->contains(k[i]) && (i == 0 || k[i].ticket != k[i - 1].ticket),
+                     errc::stale_key,
+                     "erase: shard " + std::to_string(s) + " does not hold key ticket " +
+                         std::to_string(k[i].ticket) + " (evicted, removed or named twice)");
+    }
+    for (std::size_t s = 0; s < shards_.size(); ++s) {
+      if (by_shard[s].empty()) continue;
+      std::vector<key> k;
+      for (const std::size_t i : by_shard[s]) k.push_back(keys[i]);
+      streams_.run(s, stream, [&](cuda::stream_ref on) { shards_[s]->erase_async(k, on); });
+    }
+  }
+  void erase(std::span<const key> keys, cuda::stream_ref stream) {
+    erase_async(keys, stream);
+    streams_.synchronize(stream);
+  }
+  void erase(std::span<const key> keys) requires(!on_device) {
+    erase_async(keys, detail::no_stream());
+  }
+
+ private:
+  std::size_t route_insert() {
+    const std::size_t n = shards_.size();
+    const std::size_t turn = next_.fetch_add(1, std::memory_order_relaxed);
+    if constexpr (on_device)
+      if (route_ == insert_route::device_first) {
+        const int here = detail::current_device_ordinal();
+        const auto local =
+            static_cast<std::size_t>(std::count(devices_.begin(), devices_.end(), here));
+        if (local > 0)
+          for (std::size_t s = 0, k = turn % local;; ++s)
+            if (devices_[s] == here && k-- == 0) return s;
+      }
+    return turn % n;
+  }
+
+  /// The indices of `keys` by the shard each names. Throws errc::key_out_of_range.
+  [[nodiscard]] std::vector<std::vector<std::size_t>> group(std::span<const key> keys) const {
+    std::vector<std::vector<std::size_t>> by_shard(shards_.size());
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      GEAR_REQUIRE(keys[i].shard < shards_.size(), errc::key_out_of_range,
+                   "key " + std::to_string(i) + " names shard " + std::to_string(keys[i].shard) +
+                       " of a buffer of " + std::to_string(shards_.size()) + " shards");
+      by_shard[keys[i].shard].push_back(i);
+    }
+    return by_shard;
+  }
+
+  /// The masses to split by: sizes (uniform); the host tree's root (storage::host); on the GPU,
+  /// the root each shard's last sample read back once it has arrived (until then the one
+  /// before), read at once (synchronising with `stream`) only by the first sample and after a
+  /// failed one.
+  void take_snapshot(cuda::stream_ref stream) {
+    for (std::size_t s = 0; s < shards_.size(); ++s) {
+      const std::int64_t size = shards_[s]->size();
+      if constexpr (!prioritized) {
+        snapshot_[s] = {static_cast<double>(size), size, true};
+      } else if constexpr (!on_device) {
+        snapshot_[s] = {shards_[s]->selection_state().total(), size, true};
+      } else {
+        double mass = snapshot_[s].mass;  // kept while a newer read-back is on its way
+        if (!fresh_ || (!streams_.mass_read(s, mass) && !streams_.mass_sent(s))) {
+          const detail::device_scope scope(devices_[s]);
+          streams_.fork(stream);
+          streams_.start(s);
+          mass = shards_[s]->selection_state().total(streams_.of(s));  // synchronises
+        }
+        snapshot_[s] = {mass, size, true};
+      }
+    }
+    fresh_ = true;
+  }
+
+  /// Reads shard s's root back after its sample, for the next snapshot (prioritized, GPU).
+  void read_mass(std::size_t s) {
+    if constexpr (prioritized && on_device)
+      streams_.read_back(s, shards_[s]->selection_state().root_data());
+  }
+
+  void grow_scratch(std::int64_t words) {
+    std::vector<detail::allocation> grown;
+    for (std::size_t s = 0; s < shards_.size(); ++s) {
+      const detail::device_scope scope(devices_[s]);
+      grown.emplace_back(batch_memory, static_cast<std::size_t>(words) * sizeof(std::uint64_t));
+    }
+    streams_.synchronize_all();  // the old scratch may still be in use by a shard's selection
+    scratch_ = std::move(grown);
+    scratch_words_ = words;
+  }
+
+  /// Turns the shards' local probabilities into global ones and writes the union's weights.
+  void make_global(batch_type& out, cuda::stream_ref stream) {
+    const double beta = prioritized ? beta_of(selection_) : 0.0;
+    if constexpr (on_device) {
+#if defined(GEAR_DEVICE_BACKEND)
+      detail::globalize_on_device(out.probabilities_data(), out.weights_data(), parts_, beta,
+                                  stream);
+#else
+      static_assert(detail::dependent_false<Storage>,
+                    "gear: a sharded GPU buffer needs <gear/gear.cuh>, compiled by nvcc");
+#endif
+    } else {
+      (void)stream;
+      detail::globalize_on_host(out.probabilities_data(), out.weights_data(), parts_, beta);
+    }
+  }
+  static bool without_replacement(const Selection& s) noexcept {
+    if constexpr (prioritized)
+      return false;
+    else
+      return !s.replacement;
+  }
+  static double beta_of(const Selection& s) noexcept {
+    if constexpr (prioritized)
+      return s.beta;
+    else
+      return 0.0;
+  }
+
+  Selection selection_;
+  insert_route route_;
+  std::vector<std::unique_ptr<shard_type>> shards_;
+  std::vector<int> devices_;
+  detail::shard_streams streams_;
+  std::atomic<std::size_t> next_{0};
+  // Sampling (under streams_.mutex()): the snapshot, the split, each shard's selection scratch
+  // (on its device), and the rows each shard wrote with its factor M_s / M.
+  std::vector<detail::remote::shard_share> snapshot_;
+  bool fresh_ = false;
+  std::vector<std::int64_t> share_;
+  std::vector<double> upto_;
+  std::vector<detail::allocation> scratch_;
+  std::int64_t scratch_words_ = 0;
+  detail::shard_parts parts_;
+};
+
+}  // namespace gear
