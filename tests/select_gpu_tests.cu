@@ -729,6 +729,44 @@ TEST_CASE("sharded (device): two prioritized shards on one GPU sample the union'
   CHECK(chi2_test(counts, planted, draws).rejects());
 }
 
+TEST_CASE("sharded (device): a shard whose priorities went to 0 and back is sampled again; a "
+          "union of zero mass refuses, then recovers") {
+  stream_holder s;
+  int here = 0;
+  GEAR_CUDA_TRY(cudaGetDevice(&here));
+  gear::sharded_buffer<spec, gear::storage::device, gear::select::prioritized> buf(
+      {here, here}, gear::capacity{32}, gear::max_length{1}, gear::select::prioritized{},
+      gear::insert_route::round_robin);
+  const auto k0 = insert_ids(buf, 0, 16, cuda::stream_ref{s});
+  const auto k1 = insert_ids(buf, 16, 16, cuda::stream_ref{s});
+  REQUIRE(k1[0].shard == 1);
+  auto b = buf.make_batch(gear::batch_size{64}, gear::window_length{1});
+  gear::rng g{9};
+  const auto rows_of_shard_1 = [&] {
+    buf.sample(b, gear::window{1}, g, s);
+    const auto keys = to_host(b.keys_data(), 64);
+    return std::count_if(keys.begin(), keys.end(), [](const gear::key& k) { return k.shard == 1; });
+  };
+  buf.update_priorities(k1, std::vector<float>(16, 0.0f), s);
+  for (int i = 0; i < 3; ++i) CHECK(rows_of_shard_1() == 0);
+  buf.update_priorities(k1, std::vector<float>(16, 1.0f), s);
+  std::int64_t later = 0;
+  for (int i = 0; i < 4; ++i) later += rows_of_shard_1();
+  CHECK(later > 0);  // its mass is read back every sample, rows or not
+
+  buf.update_priorities(k0, std::vector<float>(16, 0.0f), s);
+  buf.update_priorities(k1, std::vector<float>(16, 0.0f), s);
+  bool refused = false;  // once the read-backs have caught up with the zeros (a sample or two)
+  for (int i = 0; i < 3 && !refused; ++i)
+    refused = gear_test::code_of([&] { buf.sample(b, gear::window{1}, g, s); }) ==
+              gear::errc::empty_buffer;
+  CHECK(refused);
+  buf.update_priorities(k0, std::vector<float>(16, 1.0f), s);
+  buf.sample(b, gear::window{1}, g, s);  // the failed sample made the next one read every mass
+  const auto keys = to_host(b.keys_data(), 64);
+  CHECK(std::all_of(keys.begin(), keys.end(), [](const gear::key& k) { return k.shard == 0; }));
+}
+
 TEST_CASE("sharded (device): uniform shards, with and without replacement, one GPU") {
   stream_holder s;
   int here = 0;

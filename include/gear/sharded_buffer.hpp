@@ -135,6 +135,7 @@ class sharded_buffer {
   void insert_async(const trajectories<Spec>& in, std::span<key> keys_out,
                     cuda::stream_ref stream) {
     const std::size_t s = route_insert();
+    const auto guard = host_tree_guard();
     streams_.run(s, stream,
                  [&](cuda::stream_ref on) { shards_[s]->insert_async(in, keys_out, on); });
   }
@@ -162,34 +163,50 @@ class sharded_buffer {
   /// and what replay_buffer::sample_async throws.
   void sample_async(batch_type& out, const window& w, rng& g, cuda::stream_ref stream) {
     const std::lock_guard<std::mutex> held(streams_.mutex());
-    take_snapshot(stream);
     rng advanced = g;
     const rng_draw draw = advanced.next();
     const std::int64_t rows = out.batch_size();
-    if (without_replacement(selection_))
-      share_ = detail::remote::split_without_replacement(snapshot_, rows, draw);
-    else
-      detail::remote::split_with_replacement(snapshot_, rows, draw, share_, upto_);
+    try {
+      take_snapshot(stream);
+      if (without_replacement(selection_))
+        share_ = detail::remote::split_without_replacement(snapshot_, rows, draw);
+      else
+        detail::remote::split_with_replacement(snapshot_, rows, draw, share_, upto_);
+    } catch (...) {
+      fresh_ = false;  // every mass read again next time (a shard may hold mass the snapshot lost)
+      throw;
+    }
     if (scratch_.size() != shards_.size() || scratch_words_ < detail::claim_table_size(rows))
       grow_scratch(detail::claim_table_size(rows));
     parts_ = {};
     std::int64_t first = 0;
     streams_.fork(stream);
+    bool open = false;  // a shard started and not finished
     try {
       for (std::size_t s = 0; s < shards_.size(); first += share_[s], ++s) {
-        if (share_[s] == 0) continue;
-        detail::batch_slice<Spec> slice(out, first, share_[s], scratch_[s].as<std::uint64_t>(),
-                                        scratch_words_);
-        rng shard_rng{detail::remote::share_seed(draw.seed, draw.call * max_shards + s)};
+        // Every shard, with rows or not, reads its mass back for the next snapshot.
         streams_.start(s);
-        shards_[s]->sample_async(slice, w, shard_rng, streams_.of(s));
-        streams_.finish(s);
+        open = true;
+        if (share_[s] > 0) {
+          detail::batch_slice<Spec> slice(out, first, share_[s], scratch_[s].as<std::uint64_t>(),
+                                          scratch_words_);
+          rng shard_rng{detail::remote::share_seed(draw.seed, draw.call * max_shards + s)};
+          shards_[s]->sample_async(slice, w, shard_rng, streams_.of(s));
+          parts_.add(first, share_[s], snapshot_[s].mass / detail::remote::live_mass(snapshot_));
+        }
         read_mass(s);
-        parts_.add(first, share_[s], snapshot_[s].mass / detail::remote::live_mass(snapshot_));
+        streams_.finish(s);
+        open = false;
       }
     } catch (...) {
-      streams_.join(stream);  // what was enqueued into `out` comes before the caller's next work
-      fresh_ = false;         // a shard found empty: ask every shard again next time
+      // What a shard enqueued into `out` comes before the caller's next work, the failing one's
+      // included.
+      try {
+        if (open) streams_.finish_any();
+        streams_.join(stream);
+      } catch (...) {  // a broken context: the buffer that failed is unusable already
+      }
+      fresh_ = false;  // a shard found empty: ask every shard again next time
       throw;
     }
     streams_.join(stream);
@@ -222,6 +239,7 @@ class sharded_buffer {
       GEAR_REQUIRE(std::isfinite(priorities[i]) && priorities[i] >= 0, errc::invalid_priority,
                    "priority " + std::to_string(i) + " is " + std::to_string(priorities[i]));
     const auto by_shard = group(keys);
+    const auto guard = host_tree_guard();
     priority_update_result total;
     for (std::size_t s = 0; s < shards_.size(); ++s) {
       if (by_shard[s].empty()) continue;
@@ -258,6 +276,7 @@ class sharded_buffer {
   /// same keys at the same moment can make a shard refuse after others removed theirs.
   void erase_async(std::span<const key> keys, cuda::stream_ref stream) {
     const auto by_shard = group(keys);
+    const auto guard = host_tree_guard();
     for (std::size_t s = 0; s < shards_.size(); ++s) {
       std::vector<key> k;
       for (const std::size_t i : by_shard[s]) k.push_back(keys[i]);
@@ -299,6 +318,15 @@ class sharded_buffer {
     return turn % n;
   }
 
+  /// Host trees (storage::host, prioritized): calls that change a shard's tree and a sample's
+  /// reading of the roots (outside the shards' locks) take turns.
+  [[nodiscard]] std::unique_lock<std::mutex> host_tree_guard() {
+    if constexpr (prioritized && !on_device)
+      return std::unique_lock<std::mutex>(streams_.mutex());
+    else
+      return {};
+  }
+
   /// The indices of `keys` by the shard each names. Throws errc::key_out_of_range.
   [[nodiscard]] std::vector<std::vector<std::size_t>> group(std::span<const key> keys) const {
     std::vector<std::vector<std::size_t>> by_shard(shards_.size());
@@ -316,18 +344,22 @@ class sharded_buffer {
   /// before), read at once (synchronising with `stream`) only by the first sample and after a
   /// failed one.
   void take_snapshot(cuda::stream_ref stream) {
+    bool forked = false;
     for (std::size_t s = 0; s < shards_.size(); ++s) {
       const std::int64_t size = shards_[s]->size();
       if constexpr (!prioritized) {
         snapshot_[s] = {static_cast<double>(size), size, true};
       } else if constexpr (!on_device) {
-        snapshot_[s] = {shards_[s]->selection_state().total(), size, true};
+        snapshot_[s] = {size > 0 ? shards_[s]->selection_state().total() : 0.0, size, true};
       } else {
         double mass = snapshot_[s].mass;  // kept while a newer read-back is on its way
-        if (!fresh_ || (!streams_.mass_read(s, mass) && !streams_.mass_sent(s))) {
-          const detail::device_scope scope(devices_[s]);
-          streams_.fork(stream);
+        if (size == 0) {
+          mass = 0;
+        } else if (!fresh_ || (!streams_.mass_read(s, mass) && !streams_.mass_sent(s))) {
+          if (!forked) streams_.fork(stream);  // on the caller's device, before any scope
+          forked = true;
           streams_.start(s);
+          const detail::device_scope scope(devices_[s]);
           mass = shards_[s]->selection_state().total(streams_.of(s));  // synchronises
         }
         snapshot_[s] = {mass, size, true};
@@ -338,8 +370,10 @@ class sharded_buffer {
 
   /// Reads shard s's root back after its sample, for the next snapshot (prioritized, GPU).
   void read_mass(std::size_t s) {
-    if constexpr (prioritized && on_device)
+    if constexpr (prioritized && on_device) {
+      const detail::device_scope scope(devices_[s]);
       streams_.read_back(s, shards_[s]->selection_state().root_data());
+    }
   }
 
   void grow_scratch(std::int64_t words) {

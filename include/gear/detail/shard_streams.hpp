@@ -98,6 +98,7 @@ class shard_streams {
     mass_events_ = std::move(o.mass_events_);
     masses_ = std::move(o.masses_);
     mass_sent_ = std::move(o.mass_sent_);
+    started_ = o.started_;
     o.streams_.clear();
     return *this;
   }
@@ -118,6 +119,7 @@ class shard_streams {
   }
   /// Shard s's stream waits for the last fork.
   void start(std::size_t s) {
+    started_ = s;
     if (gpu_) GEAR_CUDA_TRY(cudaStreamWaitEvent(streams_[s], fork_, 0));
   }
   /// Shard s's work of this call is enqueued: the caller will wait for it at join.
@@ -125,6 +127,11 @@ class shard_streams {
     if (!gpu_) return;
     GEAR_CUDA_TRY(cudaEventRecord(joins_[s].get(), streams_[s]));
     joined_.push_back(s);
+  }
+  /// Shard `started`'s work so far, for a call that failed between start and finish: the last
+  /// shard started.
+  void finish_any() {
+    if (gpu_ && started_ < streams_.size()) finish(started_);
   }
   /// The caller's stream waits for every shard finished since the last join.
   void join(cuda::stream_ref caller) {
@@ -143,8 +150,11 @@ class shard_streams {
     try {
       f(of(s));
     } catch (...) {
-      finish(s);
-      join(caller);
+      try {
+        finish(s);
+        join(caller);
+      } catch (...) {  // a broken context: the shard that failed is unusable already
+      }
       throw;
     }
     finish(s);
@@ -189,6 +199,7 @@ class shard_streams {
   cudaEvent_t fork_ = nullptr;
   std::vector<event> joins_;
   std::vector<std::size_t> joined_;
+  std::size_t started_ = ~std::size_t{0};  // the last shard started
   std::vector<event> mass_events_;
   std::vector<allocation> masses_;  // pinned: each shard's last root read back
   std::vector<bool> mass_sent_;
