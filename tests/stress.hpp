@@ -29,6 +29,10 @@ inline std::int64_t checksum(std::int64_t id, std::int64_t t) noexcept {
   return (id * 0x9E3779B97F4A7C15ll) ^ (t * 0xC2B2AE3D27D4EB4Fll) ^ 0x5bd1e995;
 }
 
+/// Where a key's trajectory lives: its shard and ticket.
+using where = std::pair<std::uint32_t, std::uint64_t>;
+inline where where_of(const gear::key& k) noexcept { return {k.shard, k.ticket}; }
+
 struct result {
   std::int64_t operations = 0, rows = 0, torn = 0, wrong_key = 0, unknown_key = 0;
 };
@@ -40,8 +44,8 @@ template <class Buffer, class Streams, class Fetch>
 result run(Buffer& buf, int threads, std::int64_t ops_each, std::uint64_t seed, Streams& streams,
            Fetch&& fetch) {
   std::mutex log_mutex;
-  std::map<std::uint64_t, std::int64_t> id_of_ticket;  // from insert and commit results
-  std::vector<std::pair<std::uint64_t, std::int64_t>> seen;  // (ticket, id) from samples
+  std::map<where, std::int64_t> id_of_ticket;  // from insert and commit results
+  std::vector<std::pair<where, std::int64_t>> seen;  // (where, id) from samples
   std::atomic<std::int64_t> next_id{1}, rows{0}, torn{0};
 
   auto worker = [&](int me) {
@@ -50,7 +54,7 @@ result run(Buffer& buf, int threads, std::int64_t ops_each, std::uint64_t seed, 
     auto batch = buf.make_batch(gear::batch_size{16}, gear::window_length{window_len});
     gear::rng g{seed + static_cast<std::uint64_t>(me)};
     std::vector<gear::key> mine;
-    std::vector<std::pair<std::uint64_t, std::int64_t>> local_seen, local_log;
+    std::vector<std::pair<where, std::int64_t>> local_seen, local_log;
     for (std::int64_t op = 0; op < ops_each; ++op) {
       const int kind = static_cast<int>(gen() % 10);
       if (kind < 4) {  // insert 1-3 trajectories from host memory
@@ -72,25 +76,27 @@ result run(Buffer& buf, int threads, std::int64_t ops_each, std::uint64_t seed, 
         buf.insert_async(gear::trajectories<spec>{lens, {gear::input(v.data(), {3}), gear::input(r.data())}},
                          keys, stream);
         for (std::int64_t i = 0; i < n; ++i) {
-          local_log.emplace_back(keys[i].ticket, ids[i]);
+          local_log.emplace_back(where_of(keys[i]), ids[i]);
           mine.push_back(keys[i]);
         }
-      } else if (kind < 5) {  // a writer
-        auto w = buf.make_writer(stream);
-        const std::int64_t id = next_id++;
-        const std::int64_t len = 1 + static_cast<std::int64_t>(gen() % max_len);
-        try {
-          for (std::int64_t t = 0; t < len; ++t) {
-            const std::int64_t step[3] = {id, t, checksum(id, t)};
-            const float rew = static_cast<float>(id);
-            w.append(step, &rew);
+      } else if (kind < 5) {  // a writer (buffers that have them: not sharded_buffer)
+        if constexpr (requires { buf.make_writer(stream); }) {
+          auto w = buf.make_writer(stream);
+          const std::int64_t id = next_id++;
+          const std::int64_t len = 1 + static_cast<std::int64_t>(gen() % max_len);
+          try {
+            for (std::int64_t t = 0; t < len; ++t) {
+              const std::int64_t step[3] = {id, t, checksum(id, t)};
+              const float rew = static_cast<float>(id);
+              w.append(step, &rew);
+            }
+            const gear::key k = w.commit_async();
+            local_log.emplace_back(where_of(k), id);
+            mine.push_back(k);
+          } catch (const gear::error& e) {
+            // Other threads reserved capacity slots meanwhile and took the slot over.
+            if (e.code() != gear::errc::invalid_reservation) throw;
           }
-          const gear::key k = w.commit_async();
-          local_log.emplace_back(k.ticket, id);
-          mine.push_back(k);
-        } catch (const gear::error& e) {
-          // Other threads reserved capacity slots meanwhile and took the slot over.
-          if (e.code() != gear::errc::invalid_reservation) throw;
         }
       } else if (kind < 8) {  // sample, check every row, update priorities
         if (buf.size() == 0) continue;
@@ -113,7 +119,7 @@ result run(Buffer& buf, int threads, std::int64_t ops_each, std::uint64_t seed, 
             ++steps;
           }
           if (bad || steps == 0) ++torn;
-          else local_seen.emplace_back(view.keys[row].ticket, id);
+          else local_seen.emplace_back(where_of(view.keys[row]), id);
         }
         if constexpr (requires { buf.update_priorities_async(view.keys, std::vector<float>{}, stream); }) {
           std::vector<float> p(16);
