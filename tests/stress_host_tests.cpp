@@ -26,6 +26,15 @@ struct host_view {
   std::span<const std::int64_t> v;
 };
 
+/// A batch's keys, mask and column 0, where they already are (host memory).
+constexpr auto host_fetch = [](auto& batch, cuda::stream_ref) {
+  const std::int64_t n = batch.batch_size() * batch.window_length();
+  return host_view<void>{
+      {batch.keys_data(), static_cast<std::size_t>(batch.batch_size())},
+      {batch.mask_data(), static_cast<std::size_t>(n)},
+      {reinterpret_cast<const std::int64_t*>(batch.column_data(0)), static_cast<std::size_t>(n * 3)}};
+};
+
 }  // namespace
 
 TEST_CASE("stress: 8 threads on one host buffer, no lock of theirs: no torn or mislabeled row") {
@@ -34,13 +43,7 @@ TEST_CASE("stress: 8 threads on one host buffer, no lock of theirs: no torn or m
   gear::replay_buffer<gear_stress::spec, gear::storage::host, gear::select::prioritized> buf{
       gear::capacity{256}, gear::max_length{gear_stress::max_len}};
   no_streams streams;
-  const auto r = gear_stress::run(buf, 8, ops, 42, streams, [](auto& batch, cuda::stream_ref) {
-    const std::int64_t n = batch.batch_size() * batch.window_length();
-    return host_view<void>{
-        {batch.keys_data(), static_cast<std::size_t>(batch.batch_size())},
-        {batch.mask_data(), static_cast<std::size_t>(n)},
-        {reinterpret_cast<const std::int64_t*>(batch.column_data(0)), static_cast<std::size_t>(n * 3)}};
-  });
+  const auto r = gear_stress::run(buf, 8, ops, 42, streams, host_fetch);
   gear_stress::check(r, 8, ops);
 }
 
@@ -51,12 +54,6 @@ TEST_CASE("stress: 8 threads on one sharded host buffer (3 shards), no lock of t
       {0, 0, 0}, gear::capacity{96}, gear::max_length{gear_stress::max_len}, {},
       gear::insert_route::round_robin);
   no_streams streams;
-  const auto r = gear_stress::run(buf, 8, ops, 43, streams, [](auto& batch, cuda::stream_ref) {
-    const std::int64_t n = batch.batch_size() * batch.window_length();
-    return host_view<void>{
-        {batch.keys_data(), static_cast<std::size_t>(batch.batch_size())},
-        {batch.mask_data(), static_cast<std::size_t>(n)},
-        {reinterpret_cast<const std::int64_t*>(batch.column_data(0)), static_cast<std::size_t>(n * 3)}};
-  });
+  const auto r = gear_stress::run(buf, 8, ops, 43, streams, host_fetch);
   gear_stress::check(r, 8, ops);
 }

@@ -23,9 +23,10 @@
 // a time (each shard's selection scratch is reused in its stream's order).
 //
 // A shard on another device than the caller's stream: the call's work on it is ordered after the
-// caller's stream (an event) and the caller's stream after it. Its gather writes the caller's
-// batch on the batch's device: enable peer access between the devices (cudaDeviceEnablePeerAccess)
-// first, or keep the batch in memory every device reaches.
+// caller's stream (an event) and the caller's stream after it. A sample's batch is on the caller's
+// current device, which its shards' gathers write over peer access: the first sample that needs
+// a pair of devices enables it (cudaDeviceEnablePeerAccess), and one whose devices cannot reach
+// each other is refused (errc::wrong_memory) before anything is enqueued.
 
 #include <algorithm>
 #include <array>
@@ -159,8 +160,12 @@ class sharded_buffer {
   /// this file), consuming one draw of g. Stream-ordered after `stream`'s earlier work; `stream`'s
   /// later work sees the batch. Does not synchronise (sample does).
   /// Throws (g unchanged; the batch's contents unspecified): errc::empty_buffer (no shard holds a
-  /// trajectory), errc::not_enough_items (without replacement, fewer in the union than rows),
-  /// and what replay_buffer::sample_async throws.
+  /// trajectory, or, prioritized, none has a positive priority mass in the snapshot: a union
+  /// whose priorities are all 0 is not sampled, unlike one buffer, which then draws uniformly;
+  /// also a shard emptied since the snapshot, after which the next sample reads every mass
+  /// again), errc::not_enough_items (without replacement, fewer in the union than rows), and what
+  /// replay_buffer::sample_async throws. A shard's removals after k returns
+  /// (shard(s).set_max_times_sampled) stand when a later shard's share fails.
   void sample_async(batch_type& out, const window& w, rng& g, cuda::stream_ref stream) {
     const std::lock_guard<std::mutex> held(streams_.mutex());
     rng advanced = g;
@@ -175,6 +180,11 @@ class sharded_buffer {
     } catch (...) {
       fresh_ = false;  // every mass read again next time (a shard may hold mass the snapshot lost)
       throw;
+    }
+    if constexpr (on_device) {  // the batch is on the caller's device: every shard must reach it
+      const int here = detail::current_device_ordinal();
+      for (std::size_t s = 0; s < shards_.size(); ++s)
+        if (share_[s] > 0) streams_.reach(devices_[s], here);
     }
     if (scratch_.size() != shards_.size() || scratch_words_ < detail::claim_table_size(rows))
       grow_scratch(detail::claim_table_size(rows));

@@ -98,6 +98,7 @@ class shard_streams {
     mass_events_ = std::move(o.mass_events_);
     masses_ = std::move(o.masses_);
     mass_sent_ = std::move(o.mass_sent_);
+    peers_ = std::move(o.peers_);
     started_ = o.started_;
     o.streams_.clear();
     return *this;
@@ -161,6 +162,35 @@ class shard_streams {
     join(caller);
   }
 
+  /// Makes sure kernels on device `from` can write memory of device `to` (peer access, enabled
+  /// here the first time a pair is asked for, remembered after). Throws errc::wrong_memory where
+  /// the devices cannot reach each other, before anything is enqueued.
+  void reach(int from, int to) {
+    if (!gpu_ || from == to) return;
+    const auto count = forks_.size();
+    if (peers_.size() != count * count) peers_.assign(count * count, 0);
+    signed char& known =
+        peers_.at(static_cast<std::size_t>(from) * count + static_cast<std::size_t>(to));
+    if (known == 0) {
+      int can = 0;
+      GEAR_CUDA_TRY(cudaDeviceCanAccessPeer(&can, from, to));
+      known = can != 0 ? 1 : -1;
+      if (can != 0) {
+        const device_scope scope(from);
+        const cudaError_t enabled = cudaDeviceEnablePeerAccess(to, 0);
+        if (enabled == cudaErrorPeerAccessAlreadyEnabled)
+          (void)cudaGetLastError();
+        else
+          GEAR_CUDA_TRY(enabled);
+      }
+    }
+    GEAR_REQUIRE(known > 0, errc::wrong_memory,
+                 "a shard on device " + std::to_string(from) + " cannot write a batch on device " +
+                     std::to_string(to) +
+                     ": the devices have no peer access (sample into a "
+                     "batch on the shard's device, or one in memory both reach)");
+  }
+
   void synchronize(cuda::stream_ref caller) const {
     if (gpu_) GEAR_CUDA_TRY(cudaStreamSynchronize(caller.get()));
   }
@@ -203,6 +233,7 @@ class shard_streams {
   std::vector<event> mass_events_;
   std::vector<allocation> masses_;  // pinned: each shard's last root read back
   std::vector<bool> mass_sent_;
+  std::vector<signed char> peers_;  // [from * devices + to]: 0 not asked, 1 enabled, -1 impossible
   std::mutex mutex_;
 };
 

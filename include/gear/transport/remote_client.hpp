@@ -129,10 +129,13 @@ class remote_client {
   [[noreturn]] void lost(std::size_t s, const std::string& waiting_for) const {
     last_lost_ = s;
     const auto& b = links_[s].blob;
-    throw error(errc::peer_lost, "shard " + std::to_string(b.shard) + " (pid " +
-                                     std::to_string(b.pid) + " on '" + b.hostname + "', " +
-                                     b.provider + ") gave no " + waiting_for + " within " +
-                                     std::to_string(deadline_.count()) + " ms, or is gone");
+    throw error(errc::peer_lost,
+                "shard " + std::to_string(b.shard) + " (pid " + std::to_string(b.pid) + " on '" +
+                    b.hostname + "', " + b.provider + ") gave no " + waiting_for + " within " +
+                    std::to_string(deadline_.count()) + " ms, or is gone" +
+                    (unpinned_failure_.empty()
+                         ? std::string()
+                         : " (a transfer failed here meanwhile: " + unpinned_failure_ + ")"));
   }
 
   template <class Done>
@@ -149,8 +152,9 @@ class remote_client {
   }
 
   /// Makes progress: control messages go to on_message (welcomes and statuses are handled
-  /// here), remote writes to on_remote_write. A failed transfer throws errc::peer_lost, naming
-  /// the shard where the transfer says which.
+  /// here), remote writes to on_remote_write. A failed transfer of a shard's throws
+  /// errc::peer_lost naming it; one that names no shard is left to the deadline of the wait it
+  /// belongs to (every wait has one), whose peer_lost names the shard that did not answer.
   std::size_t poll() {
     namespace remote = detail::remote;
     return ep_->poll([&](const fabric::completion& c) {
@@ -160,8 +164,11 @@ class remote_client {
         (void)outbox_.completed(c.context);
         if (s && *s < links_.size() && written_off(*s)) return;  // already known lost
         if (s && *s < links_.size()) lost(*s, "delivery (" + c.detail + ")");
-        last_lost_.reset();
-        throw error(errc::peer_lost, "a transfer to a shard failed: " + c.detail);
+        // Nothing names its shard (an incoming write that failed at this end, as when shm's
+        // cross-memory attach reads from a shard that died): the wait it belongs to runs into
+        // its deadline, which names the shard that did not answer, with this failure.
+        unpinned_failure_ = c.detail;
+        return;
       }
       if (c.what == kind::sent) (void)outbox_.completed(c.context);
       if (c.what == kind::remote_write) on_remote_write(remote::cq_data::decode(c.data));
@@ -214,6 +221,7 @@ class remote_client {
     }
   }
   mutable std::optional<std::size_t> last_lost_;
+  std::string unpinned_failure_;  // the last failed transfer no shard could be named for
   std::uint64_t waiting_ns_ = 0;  // waiting_seconds()
 };
 
