@@ -27,6 +27,7 @@
 #include <fstream>
 #include <functional>
 #include <gear/gear.cuh>
+#include <gear/sharded_buffer.hpp>
 #include <map>
 #include <thrust/binary_search.h>
 #include <thrust/copy.h>
@@ -1446,6 +1447,60 @@ void register_select_axis() {
   }
 }
 
+// ---- sharded_buffer on one GPU ---------------------------------------------------------------
+
+/// Sampling from a sharded_buffer of `Shards` shards on this GPU against one replay_buffer of the
+/// same trajectories, in the same run: uniform, B = 256 windows of 16 steps of 4 KiB (16 MiB per
+/// sample). The ratio is what the split, the fork and join of the shards' streams and the launch
+/// that makes probabilities global cost on one GPU (median of 9 timings of 20 calls each).
+template <int Shards>
+void bm_sharded(benchmark::State& state) {
+  constexpr std::int64_t total = 4096, len = 16, batch = 256, chunk = 64;
+  auto& c = clock_();
+  int here = 0;
+  GEAR_CUDA_TRY(cudaGetDevice(&here));
+  gear::sharded_buffer<step_spec<4096>, gear::storage::device> sharded(
+      std::vector<int>(Shards, here), gear::capacity{total / Shards}, gear::max_length{len}, {},
+      gear::insert_route::round_robin);
+  gear::replay_buffer<step_spec<4096>, gear::storage::device> single{gear::capacity{total},
+                                                                     gear::max_length{len}};
+  // The same trajectories in both, from device memory, `chunk` per insert.
+  gear::detail::allocation src(gear::memory_kind::device,
+                               static_cast<std::size_t>(chunk * len * 4096));
+  GEAR_CUDA_TRY(cudaMemsetAsync(src.data(), 1, src.size(), c.stream));
+  const std::vector<std::int64_t> lengths(chunk, len);
+  std::vector<gear::key> keys(chunk);
+  const gear::trajectories<step_spec<4096>> in{
+      lengths, {gear::input(src.as<const std::uint8_t>(), {4096})}, gear::memory_kind::device};
+  for (std::int64_t at = 0; at < total; at += chunk) {
+    sharded.insert(in, keys, c.stream);
+    single.insert(in, keys, c.stream);
+  }
+  auto out = sharded.make_batch(gear::batch_size{batch}, gear::window_length{len});
+  auto out1 = single.make_batch(gear::batch_size{batch}, gear::window_length{len});
+  gear::rng g{3}, g1{3};
+  const gear::window w{.length = len};
+  const auto per_call = [&](auto&& f) {
+    for (int i = 0; i < 3; ++i) f();
+    std::vector<double> t;
+    for (int k = 0; k < 9; ++k) {
+      c.begin();
+      for (int i = 0; i < 20; ++i) f();
+      t.push_back(c.end() / 20);
+    }
+    return median(t);
+  };
+  double sharded_s = 0, single_s = 0;
+  for (auto _ : state) {
+    single_s = per_call([&] { single.sample_async(out1, w, g1, c.stream); });
+    sharded_s = per_call([&] { sharded.sample_async(out, w, g, c.stream); });
+    state.SetIterationTime(sharded_s);
+  }
+  const double bytes = static_cast<double>(batch * len * 4096);
+  record(state, table_row{"", bytes / sharded_s / 1e9, "one replay_buffer, same run",
+                          bytes / single_s / 1e9, "", 0});
+}
+
 void register_gpu_benchmarks() {
   add("limit/d2d_copy", bm_limit_d2d)->UseManualTime()->Iterations(3);
   add("limit/h2d_pinned_copy", bm_limit_h2d)->UseManualTime()->Iterations(3);
@@ -1474,6 +1529,14 @@ void register_gpu_benchmarks() {
   register_insert<1024>();
   register_insert<28672>();
   add("prioritized/device/N:16777216/batch:4096", bm_prioritized)
+      ->UseManualTime()
+      ->Iterations(1)
+      ->Unit(benchmark::kMicrosecond);
+  add("sharded/device/shards:2/step:4096/batch:256", bm_sharded<2>)
+      ->UseManualTime()
+      ->Iterations(1)
+      ->Unit(benchmark::kMicrosecond);
+  add("sharded/device/shards:4/step:4096/batch:256", bm_sharded<4>)
       ->UseManualTime()
       ->Iterations(1)
       ->Unit(benchmark::kMicrosecond);
