@@ -189,6 +189,7 @@ class sharded_buffer {
     if (scratch_.size() != shards_.size() || scratch_words_ < detail::claim_table_size(rows))
       grow_scratch(detail::claim_table_size(rows));
     parts_ = {};
+    const double total_mass = detail::remote::live_mass(snapshot_);
     std::int64_t first = 0;
     streams_.fork(stream);
     bool open = false;  // a shard started and not finished
@@ -202,7 +203,7 @@ class sharded_buffer {
                                           scratch_words_);
           rng shard_rng{detail::remote::share_seed(draw.seed, draw.call * max_shards + s)};
           shards_[s]->sample_async(slice, w, shard_rng, streams_.of(s));
-          parts_.add(first, share_[s], snapshot_[s].mass / detail::remote::live_mass(snapshot_));
+          parts_.add(first, share_[s], snapshot_[s].mass / total_mass);
         }
         read_mass(s);
         streams_.finish(s);
@@ -236,31 +237,22 @@ class sharded_buffer {
 
   /// Sets the priorities of `keys` (host spans) at the shards they name: stale keys are skipped
   /// and counted, as by replay_buffer::update_priorities_async. Every key's shard and every
-  /// priority are checked before any shard is asked. Throws (changing nothing)
-  /// errc::invalid_argument (sizes differ), errc::key_out_of_range (a shard this buffer does not
-  /// have), errc::invalid_priority; errc::cuda_error (shards asked before it keep their updates).
+  /// priority (as a shard checks it, with the alpha given at construction) are checked before
+  /// any shard is asked. Throws (changing nothing) errc::invalid_argument (sizes differ),
+  /// errc::key_out_of_range (a shard this buffer does not have), errc::invalid_priority;
+  /// errc::cuda_error (shards asked before it keep their updates).
   priority_update_result update_priorities_async(std::span<const key> keys,
                                                  std::span<const float> priorities,
                                                  cuda::stream_ref stream) requires prioritized {
-    GEAR_REQUIRE(keys.size() == priorities.size(), errc::invalid_argument,
-                 "update_priorities needs one priority per key: " + std::to_string(keys.size()) +
-                     " keys, " + std::to_string(priorities.size()) + " priorities");
-    for (std::size_t i = 0; i < keys.size(); ++i)
-      GEAR_REQUIRE(std::isfinite(priorities[i]) && priorities[i] >= 0, errc::invalid_priority,
-                   "priority " + std::to_string(i) + " is " + std::to_string(priorities[i]));
-    const auto by_shard = group(keys);
+    (void)detail::validate_priorities(keys, priorities, selection_.alpha);
+    const routed by_shard = route(keys, priorities);
     const auto guard = host_tree_guard();
     priority_update_result total;
     for (std::size_t s = 0; s < shards_.size(); ++s) {
-      if (by_shard[s].empty()) continue;
-      std::vector<key> k;
-      std::vector<float> p;
-      for (const std::size_t i : by_shard[s]) {
-        k.push_back(keys[i]);
-        p.push_back(priorities[i]);
-      }
+      if (by_shard.keys[s].empty()) continue;
       streams_.run(s, stream, [&](cuda::stream_ref on) {
-        const priority_update_result r = shards_[s]->update_priorities_async(k, p, on);
+        const priority_update_result r =
+            shards_[s]->update_priorities_async(by_shard.keys[s], by_shard.priorities[s], on);
         total.applied += r.applied;
         total.stale += r.stale;
       });
@@ -285,11 +277,10 @@ class sharded_buffer {
   /// Throws errc::key_out_of_range, errc::stale_key; errc::cuda_error. Another thread erasing the
   /// same keys at the same moment can make a shard refuse after others removed theirs.
   void erase_async(std::span<const key> keys, cuda::stream_ref stream) {
-    const auto by_shard = group(keys);
+    routed by_shard = route(keys);
     const auto guard = host_tree_guard();
     for (std::size_t s = 0; s < shards_.size(); ++s) {
-      std::vector<key> k;
-      for (const std::size_t i : by_shard[s]) k.push_back(keys[i]);
+      std::vector<key>& k = by_shard.keys[s];
       std::sort(k.begin(), k.end(), [](const key& a, const key& b) { return a.ticket < b.ticket; });
       for (std::size_t i = 0; i < k.size(); ++i)
         GEAR_REQUIRE(shards_[s]->contains(k[i]) && (i == 0 || k[i].ticket != k[i - 1].ticket),
@@ -297,12 +288,10 @@ class sharded_buffer {
                      "erase: shard " + std::to_string(s) + " does not hold key ticket " +
                          std::to_string(k[i].ticket) + " (evicted, removed or named twice)");
     }
-    for (std::size_t s = 0; s < shards_.size(); ++s) {
-      if (by_shard[s].empty()) continue;
-      std::vector<key> k;
-      for (const std::size_t i : by_shard[s]) k.push_back(keys[i]);
-      streams_.run(s, stream, [&](cuda::stream_ref on) { shards_[s]->erase_async(k, on); });
-    }
+    for (std::size_t s = 0; s < shards_.size(); ++s)
+      if (!by_shard.keys[s].empty())
+        streams_.run(s, stream,
+                     [&](cuda::stream_ref on) { shards_[s]->erase_async(by_shard.keys[s], on); });
   }
   void erase(std::span<const key> keys, cuda::stream_ref stream) {
     erase_async(keys, stream);
@@ -337,16 +326,24 @@ class sharded_buffer {
       return {};
   }
 
-  /// The indices of `keys` by the shard each names. Throws errc::key_out_of_range.
-  [[nodiscard]] std::vector<std::vector<std::size_t>> group(std::span<const key> keys) const {
-    std::vector<std::vector<std::size_t>> by_shard(shards_.size());
+  /// Keys (and their priorities, when given) by the shard each key names.
+  struct routed {
+    std::vector<std::vector<key>> keys;
+    std::vector<std::vector<float>> priorities;
+  };
+  /// Throws errc::key_out_of_range for a key of a shard this buffer does not have.
+  [[nodiscard]] routed route(std::span<const key> keys,
+                             std::span<const float> priorities = {}) const {
+    routed r{std::vector<std::vector<key>>(shards_.size()),
+             std::vector<std::vector<float>>(priorities.empty() ? 0 : shards_.size())};
     for (std::size_t i = 0; i < keys.size(); ++i) {
       GEAR_REQUIRE(keys[i].shard < shards_.size(), errc::key_out_of_range,
                    "key " + std::to_string(i) + " names shard " + std::to_string(keys[i].shard) +
                        " of a buffer of " + std::to_string(shards_.size()) + " shards");
-      by_shard[keys[i].shard].push_back(i);
+      r.keys[keys[i].shard].push_back(keys[i]);
+      if (!priorities.empty()) r.priorities[keys[i].shard].push_back(priorities[i]);
     }
-    return by_shard;
+    return r;
   }
 
   /// The masses to split by: sizes (uniform); the host tree's root (storage::host); on the GPU,

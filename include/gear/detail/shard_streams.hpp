@@ -72,18 +72,24 @@ class shard_streams {
  public:
   shard_streams() = default;
   /// A stream per shard on its device (none for host storage, gpu false).
-  shard_streams(const std::vector<int>& devices, bool gpu) : devices_(devices), gpu_(gpu) {
-    if (!gpu_) return;
+  shard_streams(const std::vector<int>& devices, bool gpu) : devices_(devices) {
+    if (!gpu) return;
     int count = 0;
     GEAR_CUDA_TRY(cudaGetDeviceCount(&count));
     forks_.resize(static_cast<std::size_t>(count));
-    for (const int d : devices_) {
-      const device_scope scope(d);
-      streams_.push_back(nullptr);
-      GEAR_CUDA_TRY(cudaStreamCreateWithFlags(&streams_.back(), cudaStreamNonBlocking));
-      joins_.push_back(event::make());
-      mass_events_.push_back(event::make());
-      masses_.emplace_back(memory_kind::pinned_host, sizeof(double));
+    try {
+      for (const int d : devices_) {
+        const device_scope scope(d);
+        cudaStream_t made{};
+        GEAR_CUDA_TRY(cudaStreamCreateWithFlags(&made, cudaStreamNonBlocking));
+        streams_.push_back(made);
+        joins_.push_back(event::make());
+        mass_events_.push_back(event::make());
+        masses_.emplace_back(memory_kind::pinned_host, sizeof(double));
+      }
+    } catch (...) {  // the streams made so far go with the half-built object
+      destroy();
+      throw;
     }
     mass_sent_.assign(devices_.size(), false);
   }
@@ -91,7 +97,6 @@ class shard_streams {
   shard_streams& operator=(shard_streams&& o) noexcept {
     destroy();
     devices_ = std::move(o.devices_);
-    gpu_ = o.gpu_;
     streams_ = std::move(o.streams_);
     forks_ = std::move(o.forks_);
     joins_ = std::move(o.joins_);
@@ -106,13 +111,15 @@ class shard_streams {
   ~shard_streams() { destroy(); }
 
   [[nodiscard]] cuda::stream_ref of(std::size_t s) const noexcept {
-    return gpu_ ? cuda::stream_ref{streams_[s]} : no_stream();
+    return gpu() ? cuda::stream_ref{streams_[s]} : no_stream();
   }
   [[nodiscard]] std::mutex& mutex() noexcept { return mutex_; }
+  /// GPU shards: a stream each (none for host storage).
+  [[nodiscard]] bool gpu() const noexcept { return !streams_.empty(); }
 
   /// Records the caller's point: shards started after this wait for its earlier work.
   void fork(cuda::stream_ref caller) {
-    if (!gpu_) return;
+    if (!gpu()) return;
     event& e = forks_.at(static_cast<std::size_t>(current_device_ordinal()));
     if (e.get() == nullptr) e = event::make();
     GEAR_CUDA_TRY(cudaEventRecord(e.get(), caller.get()));
@@ -121,18 +128,18 @@ class shard_streams {
   /// Shard s's stream waits for the last fork.
   void start(std::size_t s) {
     started_ = s;
-    if (gpu_) GEAR_CUDA_TRY(cudaStreamWaitEvent(streams_[s], fork_, 0));
+    if (gpu()) GEAR_CUDA_TRY(cudaStreamWaitEvent(streams_[s], fork_, 0));
   }
   /// Shard s's work of this call is enqueued: the caller will wait for it at join.
   void finish(std::size_t s) {
-    if (!gpu_) return;
+    if (!gpu()) return;
     GEAR_CUDA_TRY(cudaEventRecord(joins_[s].get(), streams_[s]));
     joined_.push_back(s);
   }
   /// Shard `started`'s work so far, for a call that failed between start and finish: the last
   /// shard started.
   void finish_any() {
-    if (gpu_ && started_ < streams_.size()) finish(started_);
+    if (gpu() && started_ < streams_.size()) finish(started_);
   }
   /// The caller's stream waits for every shard finished since the last join.
   void join(cuda::stream_ref caller) {
@@ -144,7 +151,7 @@ class shard_streams {
   /// current device (or host storage), else the shard's, forked from and joined to the caller's.
   template <class F>
   void run(std::size_t s, cuda::stream_ref caller, F&& f) {
-    if (!gpu_ || devices_[s] == current_device_ordinal()) return f(caller);
+    if (!gpu() || devices_[s] == current_device_ordinal()) return f(caller);
     const std::lock_guard<std::mutex> held(mutex_);
     fork(caller);
     start(s);
@@ -166,7 +173,7 @@ class shard_streams {
   /// here the first time a pair is asked for, remembered after). Throws errc::wrong_memory where
   /// the devices cannot reach each other, before anything is enqueued.
   void reach(int from, int to) {
-    if (!gpu_ || from == to) return;
+    if (!gpu() || from == to) return;
     const auto count = forks_.size();
     if (peers_.size() != count * count) peers_.assign(count * count, 0);
     signed char& known =
@@ -192,7 +199,7 @@ class shard_streams {
   }
 
   void synchronize(cuda::stream_ref caller) const {
-    if (gpu_) GEAR_CUDA_TRY(cudaStreamSynchronize(caller.get()));
+    if (gpu()) GEAR_CUDA_TRY(cudaStreamSynchronize(caller.get()));
   }
   void synchronize_all() const {
     for (cudaStream_t s : streams_) GEAR_CUDA_TRY(cudaStreamSynchronize(s));
@@ -205,7 +212,7 @@ class shard_streams {
     GEAR_CUDA_TRY(cudaEventRecord(mass_events_[s].get(), streams_[s]));
     mass_sent_[s] = true;
   }
-  [[nodiscard]] bool mass_sent(std::size_t s) const noexcept { return gpu_ && mass_sent_[s]; }
+  [[nodiscard]] bool mass_sent(std::size_t s) const noexcept { return gpu() && mass_sent_[s]; }
   /// The value the last read_back of shard s brought, if it has arrived.
   bool mass_read(std::size_t s, double& mass) const {
     if (!mass_sent_[s] || !event_reached(mass_events_[s].get())) return false;
@@ -223,7 +230,6 @@ class shard_streams {
   }
 
   std::vector<int> devices_;
-  bool gpu_ = false;
   std::vector<cudaStream_t> streams_;
   std::vector<event> forks_;  // by device ordinal, made when first used
   cudaEvent_t fork_ = nullptr;
