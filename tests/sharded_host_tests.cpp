@@ -165,6 +165,19 @@ TEST_CASE(
                                       std::vector<float>{3.0f, std::nanf("")});
         }) == gear::errc::invalid_priority);
   CHECK(before() == roots);
+  {  // p^alpha out of the tree's range: refused before any shard is asked
+    per_shards steep({0, 0}, gear::capacity{4}, gear::max_length{1},
+                     gear::select::prioritized{10.0, 0.5}, gear::insert_route::round_robin);
+    const auto a = insert_ids(steep, 0, 2), b = insert_ids(steep, 2, 2);
+    const double r0 = steep.shard(0).selection_state().total();
+    const double r1 = steep.shard(1).selection_state().total();
+    CHECK(gear_test::code_of([&] {
+            (void)steep.update_priorities(std::vector<gear::key>{a[0], b[0]},
+                                          std::vector<float>{2.0f, 3e38f});
+          }) == gear::errc::invalid_priority);
+    CHECK(steep.shard(0).selection_state().total() == r0);
+    CHECK(steep.shard(1).selection_state().total() == r1);
+  }
   CHECK(gear_test::code_of([&] {
           buf.erase(std::vector<gear::key>{all[1], foreign});
         }) == gear::errc::key_out_of_range);
