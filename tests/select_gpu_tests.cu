@@ -5,6 +5,7 @@
 // Exits 77 (skipped) where no GPU is usable.
 
 #include <gear/gear.cuh>
+#include <gear/rank_sampler.hpp>
 #include <gear/sharded_buffer.hpp>
 
 #define DOCTEST_CONFIG_IMPLEMENT
@@ -801,6 +802,67 @@ TEST_CASE("sharded (device): uniform shards, with and without replacement, one G
       if (!replacement) REQUIRE(seen.size() == 60);  // the whole union, each once
     }
   }
+}
+
+TEST_CASE("rank_sampler (device): two ranks on their own streams, one held busy, take disjoint "
+          "rows of each step; a staging is drawn again only after the last rank's copy from it") {
+  stream_holder s0, s1;
+  int here = 0;
+  GEAR_CUDA_TRY(cudaGetDevice(&here));
+  using uniform_shards = gear::sharded_buffer<spec, gear::storage::device, gear::select::uniform>;
+  uniform_shards buf({here, here}, gear::capacity{64}, gear::max_length{1},
+                     gear::select::uniform{.replacement = false});
+  std::map<std::pair<std::uint32_t, std::uint64_t>, int> ids;
+  for (const int first : {0, 20}) {
+    const auto k = insert_ids(buf, first, first == 0 ? 20 : 30, cuda::stream_ref{s0});
+    for (std::size_t i = 0; i < k.size(); ++i) ids[{k[i].shard, k[i].ticket}] = first + int(i);
+  }
+  constexpr std::int64_t rows = 16;
+  gear::rank_sampler<uniform_shards> sampler(buf, gear::rank_count{2}, gear::batch_size{rows},
+                                             gear::window{1}, gear::rng{21},
+                                             gear::rank_sampler_options{.rounds_ahead = 1});
+  auto b0 = sampler.make_batch(), b1 = sampler.make_batch();
+  auto ids_of = [&](const uniform_shards::batch_type& b) {
+    const auto id = to_host(reinterpret_cast<const std::int32_t*>(b.column_data(0)), rows);
+    const auto keys = to_host(b.keys_data(), rows);
+    std::set<int> out;
+    for (std::size_t i = 0; i < std::size_t(rows); ++i) {
+      REQUIRE(id[i] == ids.at({keys[i].shard, keys[i].ticket}));  // bytes of the key's trajectory
+      out.insert(id[i]);
+    }
+    REQUIRE(out.size() == std::size_t(rows));
+    return out;
+  };
+  auto disjoint = [](const std::set<int>& a, const std::set<int>& b) {
+    return std::none_of(a.begin(), a.end(), [&](int x) { return b.count(x) > 0; });
+  };
+  std::set<int> rank0 = [&] {
+    sampler.sample(0, b0, s0);
+    return ids_of(b0);
+  }();
+  for (int t = 0; t < 20; ++t) {
+    INFO("step " << t);
+    // Rank 1's stream is busy (a training step): its copy of step t waits behind it, and rank
+    // 0's draw of step t + 1 into the one staging must wait for that copy.
+    hold(s1, 30);
+    sampler.sample_async(1, b1, s1);
+    sampler.sample_async(0, b0, s0);
+    GEAR_CUDA_TRY(cudaStreamSynchronize(s1.s));
+    GEAR_CUDA_TRY(cudaStreamSynchronize(s0.s));
+    const std::set<int> rank1 = ids_of(b1), next0 = ids_of(b0);
+    REQUIRE(disjoint(rank0, rank1));  // rank 1's step t is not step t + 1's draw
+    rank0 = next0;
+  }
+  sampler.sample(1, b1, s1);  // step 20
+  CHECK(disjoint(rank0, ids_of(b1)));
+  // The busy rank draws step 21: the draw follows its stream, held while it is enqueued.
+  hold(s1, 30);
+  sampler.sample_async(1, b1, s1);
+  sampler.sample(0, b0, s0);
+  GEAR_CUDA_TRY(cudaStreamSynchronize(s1.s));
+  CHECK(disjoint(ids_of(b0), ids_of(b1)));
+  CHECK(sampler.next_step(0) == 22);
+  CHECK(sampler.next_step(1) == 22);
 }
 
 int main(int argc, char** argv) {

@@ -7,10 +7,12 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <gear/rank_sampler.hpp>
 #include <gear/sharded_buffer.hpp>
 #include <map>
 #include <random>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include "select_common.hpp"
@@ -234,4 +236,224 @@ TEST_CASE(
   CHECK(buf.size() == 198);
   CHECK(buf.shard(all[0].shard).size() == 49);
   CHECK(buf.shard(all[120].shard).size() == 49);
+}
+
+// ---- rank_sampler: data-parallel ranks with disjoint rows ------------------------------------
+
+namespace {
+
+/// A buffer of 3 shards holding ids 0..99 (10, 30 and 60 of them), uniform without replacement.
+struct ranked_union {
+  uniform_shards buf{{0, 0, 0},
+                     gear::capacity{100},
+                     gear::max_length{1},
+                     gear::select::uniform{.replacement = false},
+                     gear::insert_route::round_robin};
+  std::map<std::pair<std::uint32_t, std::uint64_t>, int> ids;
+  ranked_union() {
+    insert_into(buf, 0, 10, ids);
+    insert_into(buf, 10, 30, ids);
+    insert_into(buf, 40, 60, ids);
+  }
+  /// The ids of a batch's rows, each checked against its key.
+  std::vector<int> rows_of(const uniform_shards::batch_type& b) const {
+    std::vector<int> out;
+    for (std::int64_t r = 0; r < b.batch_size(); ++r) {
+      const gear::key k = b.keys_data()[r];
+      const int id = ids.at({k.shard, k.ticket});
+      REQUIRE(b.column<"id">()(r, 0) == id);
+      out.push_back(id);
+    }
+    return out;
+  }
+};
+using ranks4 = gear::rank_sampler<uniform_shards>;
+
+}  // namespace
+
+TEST_CASE(
+    "rank_sampler: the ranks of a step hold disjoint rows; each rank's rows are uniform over the "
+    "union (chi-square, 0.001); power: unshuffled slices of the joint draw are rejected") {
+  const std::uint64_t seed = 4242;
+  MESSAGE("rank_sampler chi-square seed " << seed);
+  ranked_union u;
+  constexpr std::int64_t ranks = 4, rows = 8;
+  ranks4 sampler(u.buf, gear::rank_count{ranks}, gear::batch_size{rows}, gear::window{1},
+                 gear::rng{seed});
+  std::vector<uniform_shards::batch_type> out;
+  for (int r = 0; r < ranks; ++r) out.push_back(sampler.make_batch());
+  std::vector<double> counts(100, 0);
+  const int steps = 4000;
+  for (int t = 0; t < steps; ++t) {
+    std::set<int> step_ids;
+    for (std::int64_t r = 0; r < ranks; ++r) {
+      sampler.sample(r, out[std::size_t(r)]);
+      for (const int id : u.rows_of(out[std::size_t(r)])) {
+        step_ids.insert(id);
+        if (r == 2) counts[std::size_t(id)] += 1;
+      }
+      REQUIRE(out[std::size_t(r)].probabilities_data()[0] > 0);
+    }
+    REQUIRE(step_ids.size() == std::size_t(ranks * rows));  // no id in two ranks (or twice)
+  }
+  for (std::int64_t r = 0; r < ranks; ++r) CHECK(sampler.next_step(r) == std::uint64_t(steps));
+  const double draws = double(rows) * steps;
+  const auto fair = chi2_test(counts, std::vector<double>(100, 0.01), draws);
+  MESSAGE("rank 2 over the union: chi2 " << fair.statistic << " critical " << fair.critical);
+  CHECK_FALSE(fair.rejects());
+  // Power: rank 2 taking positions [16, 24) of the joint draw as it comes (rows grouped by
+  // shard, not shuffled) sees shard 2's ids far more often; the same test rejects it.
+  std::vector<double> planted(100, 0);
+  auto joint = u.buf.make_batch(gear::batch_size{ranks * rows}, gear::window_length{1});
+  gear::rng g{seed};
+  for (int t = 0; t < steps; ++t) {
+    u.buf.sample(joint, gear::window{1}, g);
+    const auto ids = u.rows_of(joint);
+    for (std::int64_t i = 2 * rows; i < 3 * rows; ++i) planted[std::size_t(ids[std::size_t(i)])] += 1;
+  }
+  CHECK(chi2_test(planted, std::vector<double>(100, 0.01), draws).rejects());
+}
+
+TEST_CASE("rank_sampler: 4 rank threads at once, each step disjoint; the same seed, the same rows") {
+  ranked_union u;
+  constexpr std::int64_t ranks = 4, rows = 5;
+  const int steps = 400;
+  // [step][rank][row] ids, written by the rank threads.
+  std::vector<int> seen(std::size_t(steps * ranks * rows), -1);
+  {
+    ranks4 sampler(u.buf, gear::rank_count{ranks}, gear::batch_size{rows}, gear::window{1},
+                   gear::rng{9});
+    std::vector<std::thread> pool;
+    for (std::int64_t r = 0; r < ranks; ++r)
+      pool.emplace_back([&, r] {
+        auto b = sampler.make_batch();
+        for (int t = 0; t < steps; ++t) {
+          sampler.sample(r, b);
+          for (std::int64_t i = 0; i < rows; ++i)
+            seen[std::size_t((t * ranks + r) * rows + i)] = b.column<"id">()(i, 0);
+        }
+      });
+    for (auto& th : pool) th.join();
+  }
+  for (int t = 0; t < steps; ++t) {
+    const std::set<int> step_ids(seen.begin() + (t * ranks) * rows,
+                                 seen.begin() + (t + 1) * ranks * rows);
+    REQUIRE(step_ids.size() == std::size_t(ranks * rows));
+    REQUIRE(*step_ids.begin() >= 0);
+  }
+  // One thread, ranks in turn, the same seed: the same rows (the draw is the seed's, whichever
+  // rank makes it).
+  ranks4 again(u.buf, gear::rank_count{ranks}, gear::batch_size{rows}, gear::window{1},
+               gear::rng{9});
+  auto b = again.make_batch();
+  for (int t = 0; t < steps; ++t)
+    for (std::int64_t r = ranks - 1; r >= 0; --r) {
+      again.sample(r, b);
+      for (std::int64_t i = 0; i < rows; ++i)
+        REQUIRE(b.column<"id">()(i, 0) == seen[std::size_t((t * ranks + r) * rows + i)]);
+    }
+}
+
+TEST_CASE("rank_sampler: bad input and failed draws change nothing; a rank too far ahead times out") {
+  ranked_union u;
+  using opts = gear::rank_sampler_options;
+  CHECK(gear_test::code_of([&] {
+          ranks4 s(u.buf, gear::rank_count{0}, gear::batch_size{4}, gear::window{1}, gear::rng{1});
+        }) == gear::errc::invalid_argument);
+  CHECK(gear_test::code_of([&] {
+          ranks4 s(u.buf, gear::rank_count{2}, gear::batch_size{0}, gear::window{1}, gear::rng{1});
+        }) == gear::errc::invalid_argument);
+  CHECK(gear_test::code_of([&] {
+          ranks4 s(u.buf, gear::rank_count{2}, gear::batch_size{4}, gear::window{1}, gear::rng{1},
+                   opts{.rounds_ahead = 0});
+        }) == gear::errc::invalid_argument);
+  CHECK(gear_test::code_of([&] {
+          ranks4 s(u.buf, gear::rank_count{2}, gear::batch_size{4}, gear::window{0}, gear::rng{1});
+        }) == gear::errc::empty_window);
+
+  ranks4 sampler(u.buf, gear::rank_count{2}, gear::batch_size{4}, gear::window{1}, gear::rng{5},
+                 opts{.rounds_ahead = 1, .wait = std::chrono::milliseconds{50}});
+  auto b = sampler.make_batch();
+  auto steps = [&] { return std::pair{sampler.next_step(0), sampler.next_step(1)}; };
+  CHECK(gear_test::code_of([&] { sampler.sample(2, b); }) == gear::errc::invalid_argument);
+  CHECK(gear_test::code_of([&] { sampler.sample(-1, b); }) == gear::errc::invalid_argument);
+  auto wide = u.buf.make_batch(gear::batch_size{5}, gear::window_length{1});
+  CHECK(gear_test::code_of([&] { sampler.sample(0, wide); }) == gear::errc::batch_mismatch);
+  auto longer = u.buf.make_batch(gear::batch_size{4}, gear::window_length{2});
+  CHECK(gear_test::code_of([&] { sampler.sample(0, longer); }) == gear::errc::batch_mismatch);
+  CHECK(steps() == std::pair<std::uint64_t, std::uint64_t>{0, 0});
+
+  // Rank 0 takes step 0; its step 1 needs the one staging, which rank 1 has not taken yet.
+  sampler.sample(0, b);
+  const auto step0 = u.rows_of(b);
+  std::string message;
+  try {
+    sampler.sample(0, b);
+  } catch (const gear::error& e) {
+    message = e.what();
+    CHECK(e.code() == gear::errc::timeout);
+  }
+  MESSAGE(message);
+  CHECK(message.find("rank 1 has not taken step 0") != std::string::npos);
+  CHECK(steps() == std::pair<std::uint64_t, std::uint64_t>{1, 0});
+  CHECK(u.rows_of(b) == step0);  // the timed-out call wrote nothing
+  sampler.sample(1, b);          // rank 1's step 0: disjoint from rank 0's
+  for (const int id : u.rows_of(b))
+    CHECK(std::find(step0.begin(), step0.end(), id) == step0.end());
+  sampler.sample(0, b);
+  CHECK(steps() == std::pair<std::uint64_t, std::uint64_t>{2, 1});
+
+  // A joint draw that fails (8 distinct rows from a union of 5) takes no step; after inserts the
+  // same step is drawn.
+  uniform_shards tiny({0, 0}, gear::capacity{10}, gear::max_length{1},
+                      gear::select::uniform{.replacement = false}, gear::insert_route::round_robin);
+  insert_ids(tiny, 0, 5);
+  gear::rank_sampler<uniform_shards> two(tiny, gear::rank_count{2}, gear::batch_size{4},
+                                         gear::window{1}, gear::rng{3});
+  auto c = two.make_batch();
+  CHECK(gear_test::code_of([&] { two.sample(1, c); }) == gear::errc::not_enough_items);
+  CHECK(two.next_step(1) == 0);
+  CHECK(tiny.size() == 5);
+  insert_ids(tiny, 5, 5);
+  two.sample(1, c);
+  CHECK(two.next_step(1) == 1);
+  two.sample(0, c);
+  CHECK(two.next_step(0) == 1);
+}
+
+TEST_CASE("rank_sampler over prioritized shards: each step's weights are normalised over its joint "
+          "draw (the largest of all ranks' is 1); probabilities are the union's") {
+  per_shards buf({0, 0}, gear::capacity{100}, gear::max_length{1},
+                 gear::select::prioritized{0.6, 0.4}, gear::insert_route::round_robin);
+  std::vector<gear::key> all = insert_ids(buf, 0, 50);
+  const auto more = insert_ids(buf, 50, 50);
+  all.insert(all.end(), more.begin(), more.end());
+  const auto p = random_priorities(31, all.size(), false);
+  buf.update_priorities(all, p);
+  std::vector<double> want(100);
+  double m = 0;
+  for (std::size_t i = 0; i < 100; ++i) m += std::pow(double(p[i]), 0.6);
+  for (std::size_t i = 0; i < 100; ++i) want[i] = std::pow(double(p[i]), 0.6) / m;
+  gear::rank_sampler<per_shards> sampler(buf, gear::rank_count{3}, gear::batch_size{16},
+                                         gear::window{1}, gear::rng{11});
+  auto b = sampler.make_batch();
+  int per_rank_below_one = 0;
+  for (int t = 0; t < 200; ++t) {
+    float largest = 0;
+    for (std::int64_t r = 0; r < 3; ++r) {
+      sampler.sample(r, b);
+      float rank_largest = 0;
+      for (std::int64_t i = 0; i < 16; ++i) {
+        const int id = b.column<"id">()(i, 0);
+        REQUIRE(std::abs(b.probabilities_data()[i] - want[std::size_t(id)]) <=
+                1e-5 * want[std::size_t(id)]);
+        rank_largest = std::max(rank_largest, b.weights_data()[i]);
+      }
+      per_rank_below_one += rank_largest < 1.0f;
+      largest = std::max(largest, rank_largest);
+    }
+    REQUIRE(largest == 1.0f);
+  }
+  // Some rank's own rows miss the step's rarest row: its weights are not rescaled to reach 1.
+  CHECK(per_rank_below_one > 0);
 }

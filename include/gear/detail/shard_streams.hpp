@@ -68,6 +68,22 @@ inline int current_device_ordinal() {
   return d;
 }
 
+/// Lets kernels on device `from` access memory of device `to` (peer access, enabled here unless
+/// it is already). Returns false where the two devices have no peer access. Throws
+/// errc::cuda_error.
+inline bool enable_peer_access(int from, int to) {
+  int can = 0;
+  GEAR_CUDA_TRY(cudaDeviceCanAccessPeer(&can, from, to));
+  if (can == 0) return false;
+  const device_scope scope(from);
+  const cudaError_t enabled = cudaDeviceEnablePeerAccess(to, 0);
+  if (enabled == cudaErrorPeerAccessAlreadyEnabled)
+    (void)cudaGetLastError();
+  else
+    GEAR_CUDA_TRY(enabled);
+  return true;
+}
+
 class shard_streams {
  public:
   shard_streams() = default;
@@ -178,19 +194,7 @@ class shard_streams {
     if (peers_.size() != count * count) peers_.assign(count * count, 0);
     signed char& known =
         peers_.at(static_cast<std::size_t>(from) * count + static_cast<std::size_t>(to));
-    if (known == 0) {
-      int can = 0;
-      GEAR_CUDA_TRY(cudaDeviceCanAccessPeer(&can, from, to));
-      known = can != 0 ? 1 : -1;
-      if (can != 0) {
-        const device_scope scope(from);
-        const cudaError_t enabled = cudaDeviceEnablePeerAccess(to, 0);
-        if (enabled == cudaErrorPeerAccessAlreadyEnabled)
-          (void)cudaGetLastError();
-        else
-          GEAR_CUDA_TRY(enabled);
-      }
-    }
+    if (known == 0) known = enable_peer_access(from, to) ? 1 : -1;
     GEAR_REQUIRE(known > 0, errc::wrong_memory,
                  "a shard on device " + std::to_string(from) + " cannot write a batch on device " +
                      std::to_string(to) +
