@@ -12,12 +12,12 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
-#include <map>
-#include <set>
-#include <numeric>
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <numeric>
 #include <random>
+#include <set>
 #include <span>
 #include <string>
 #include <utility>
@@ -263,8 +263,9 @@ TEST_CASE("prioritized (device): duplicates (last write wins), stale keys, bad p
   CHECK(buf.size() == 8);
 }
 
-TEST_CASE("prioritized (device): set_exponents refuses an alpha that takes a stored priority out "
-          "of range (the range reduced on the GPU)") {
+TEST_CASE(
+    "prioritized (device): set_exponents refuses an alpha that takes a stored priority out "
+    "of range (the range reduced on the GPU)") {
   stream_holder s;
   per_buffer buf{gear::capacity{8}, gear::max_length{1}, gear::select::prioritized{1.0, 0.4}};
   const auto keys = insert_ids(buf, 0, 4, cuda::stream_ref{s});
@@ -655,8 +656,9 @@ TEST_CASE("recency (device): uniform over the newest K committed (chi-square, 0.
   CHECK(chi2_test(c, pl, 4096.0 * 245).rejects());
 }
 
-TEST_CASE("sharded (device): two prioritized shards on one GPU sample the union's law into the "
-          "caller's batch, after the caller's stream's earlier work") {
+TEST_CASE(
+    "sharded (device): two prioritized shards on one GPU sample the union's law into the "
+    "caller's batch, after the caller's stream's earlier work") {
   const std::uint64_t seed = 4242;
   MESSAGE("sharded device chi-square seed " << seed);
   const double alpha = 0.7, beta = 0.5;
@@ -730,8 +732,9 @@ TEST_CASE("sharded (device): two prioritized shards on one GPU sample the union'
   CHECK(chi2_test(counts, planted, draws).rejects());
 }
 
-TEST_CASE("sharded (device): a shard whose priorities went to 0 and back is sampled again; a "
-          "union of zero mass refuses, then recovers") {
+TEST_CASE(
+    "sharded (device): a shard whose priorities went to 0 and back is sampled again; a "
+    "union of zero mass refuses, then recovers") {
   stream_holder s;
   int here = 0;
   GEAR_CUDA_TRY(cudaGetDevice(&here));
@@ -804,8 +807,98 @@ TEST_CASE("sharded (device): uniform shards, with and without replacement, one G
   }
 }
 
-TEST_CASE("rank_sampler (device): two ranks on their own streams, one held busy, take disjoint "
-          "rows of each step; a staging is drawn again only after the last rank's copy from it") {
+TEST_CASE(
+    "sharded (device): updates from device memory: each shard applies its keys and skips "
+    "the others', equal to host-span updates bit for bit; stale keys counted; a bad pair "
+    "changes no shard and is raised once") {
+  stream_holder s;
+  int here = 0;
+  GEAR_CUDA_TRY(cudaGetDevice(&here));
+  using per_shards = gear::sharded_buffer<spec, gear::storage::device, gear::select::prioritized>;
+  auto make = [&] {
+    return std::make_unique<per_shards>(std::vector<int>{here, here, here}, gear::capacity{64},
+                                        gear::max_length{1}, gear::select::prioritized{0.7, 0.5},
+                                        gear::insert_route::round_robin);
+  };
+  auto a = make(), b = make();  // a: host spans; b: device memory
+  std::vector<gear::key> keys;
+  for (int call = 0; call < 3; ++call) {
+    const auto k = insert_ids(*a, call * 40, 40, cuda::stream_ref{s});
+    REQUIRE(insert_ids(*b, call * 40, 40, cuda::stream_ref{s}) == k);
+    keys.insert(keys.end(), k.begin(), k.end());
+  }
+  auto snapshots = [&](per_shards& buf) {
+    std::vector<per_snapshot> out;
+    for (std::size_t sh = 0; sh < 3; ++sh)
+      out.push_back(snapshot(buf.shard(sh).selection_state(), s));
+    return out;
+  };
+  std::mt19937_64 gen(99);
+  for (int round = 0; round < 6; ++round) {
+    INFO("round " << round);
+    std::vector<gear::key> ks;  // every shard's keys, mixed, some twice
+    std::vector<float> ps;
+    for (int i = 0; i < 150; ++i) {
+      ks.push_back(keys[gen() % keys.size()]);
+      ps.push_back(float(0.01 + double(gen() % 10000) / 100.0));
+    }
+    a->update_priorities(ks, ps, s);
+    const gpu_array<gear::key> dk(ks, round % 2 ? gpu_memory::pinned : gpu_memory::device);
+    const gpu_array<float> dp(ps);
+    b->update_priorities(dk.span(), dp.span(), gear::memory_kind::device, s);
+    REQUIRE(snapshots(*b) == snapshots(*a));
+  }
+  CHECK(b->stale_pairs(s) == 0);
+
+  // Two keys of shard 1 erased: skipped and counted once (by their shard), the rest applied.
+  b->erase(std::vector<gear::key>{keys[40], keys[41]}, s);
+  a->erase(std::vector<gear::key>{keys[40], keys[41]}, s);
+  std::vector<float> all(keys.size(), 2.5f);
+  const gpu_array<gear::key> dall(keys);
+  const gpu_array<float> dps(all);
+  b->update_priorities(dall.span(), dps.span(), gear::memory_kind::device, s);
+  std::vector<gear::key> live;
+  for (std::size_t i = 0; i < keys.size(); ++i)
+    if (i != 40 && i != 41) live.push_back(keys[i]);
+  a->update_priorities(live, std::vector<float>(live.size(), 2.5f), s);
+  CHECK(snapshots(*b) == snapshots(*a));
+  CHECK(b->stale_pairs(s) == 2);
+
+  // A NaN priority of shard 2's key, or a key of a shard the buffer lacks: no shard changes, and
+  // the failure is raised once.
+  const auto before = snapshots(*b);
+  std::vector<float> bad(all);
+  bad[100] = std::numeric_limits<float>::quiet_NaN();
+  const gpu_array<float> dbad(bad);
+  CHECK(error_of([&] {
+          b->update_priorities(dall.span(), dbad.span(), gear::memory_kind::device, s);
+        }).first == gear::errc::invalid_priority);
+  CHECK(snapshots(*b) == before);
+  CHECK(error_of([&] { b->check_priority_updates(s); }).first == gear::errc{});
+  std::vector<gear::key> foreign(keys);
+  foreign[5].shard = 7;
+  const gpu_array<gear::key> dforeign(foreign);
+  b->update_priorities_async(dforeign.span(), dps.span(), gear::memory_kind::device, s);
+  GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
+  // The failure has arrived: the next update raises it at its start and does nothing.
+  std::vector<float> other(all.size(), 7.0f);
+  const gpu_array<float> dother(other);
+  const auto [code, message] = error_of([&] {
+    b->update_priorities_async(dall.span(), dother.span(), gear::memory_kind::device, s);
+  });
+  CHECK(code == gear::errc::key_out_of_range);
+  MESSAGE(message);
+  GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
+  CHECK(snapshots(*b) == before);
+  CHECK(error_of([&] { b->check_priority_updates(s); }).first == gear::errc{});
+  b->update_priorities(dall.span(), dother.span(), gear::memory_kind::device, s);
+  a->update_priorities(live, std::vector<float>(live.size(), 7.0f), s);
+  CHECK(snapshots(*b) == snapshots(*a));
+}
+
+TEST_CASE(
+    "rank_sampler (device): two ranks on their own streams, one held busy, take disjoint "
+    "rows of each step; a staging is drawn again only after the last rank's copy from it") {
   stream_holder s0, s1;
   int here = 0;
   GEAR_CUDA_TRY(cudaGetDevice(&here));

@@ -309,12 +309,14 @@ TEST_CASE(
   for (int t = 0; t < steps; ++t) {
     u.buf.sample(joint, gear::window{1}, g);
     const auto ids = u.rows_of(joint);
-    for (std::int64_t i = 2 * rows; i < 3 * rows; ++i) planted[std::size_t(ids[std::size_t(i)])] += 1;
+    for (std::int64_t i = 2 * rows; i < 3 * rows; ++i)
+      planted[std::size_t(ids[std::size_t(i)])] += 1;
   }
   CHECK(chi2_test(planted, std::vector<double>(100, 0.01), draws).rejects());
 }
 
-TEST_CASE("rank_sampler: 4 rank threads at once, each step disjoint; the same seed, the same rows") {
+TEST_CASE(
+    "rank_sampler: 4 rank threads at once, each step disjoint; the same seed, the same rows") {
   ranked_union u;
   constexpr std::int64_t ranks = 4, rows = 5;
   const int steps = 400;
@@ -354,7 +356,8 @@ TEST_CASE("rank_sampler: 4 rank threads at once, each step disjoint; the same se
     }
 }
 
-TEST_CASE("rank_sampler: bad input and failed draws change nothing; a rank too far ahead times out") {
+TEST_CASE(
+    "rank_sampler: bad input and failed draws change nothing; a rank too far ahead times out") {
   ranked_union u;
   using opts = gear::rank_sampler_options;
   CHECK(gear_test::code_of([&] {
@@ -398,8 +401,7 @@ TEST_CASE("rank_sampler: bad input and failed draws change nothing; a rank too f
   CHECK(steps() == std::pair<std::uint64_t, std::uint64_t>{1, 0});
   CHECK(u.rows_of(b) == step0);  // the timed-out call wrote nothing
   sampler.sample(1, b);          // rank 1's step 0: disjoint from rank 0's
-  for (const int id : u.rows_of(b))
-    CHECK(std::find(step0.begin(), step0.end(), id) == step0.end());
+  for (const int id : u.rows_of(b)) CHECK(std::find(step0.begin(), step0.end(), id) == step0.end());
   sampler.sample(0, b);
   CHECK(steps() == std::pair<std::uint64_t, std::uint64_t>{2, 1});
 
@@ -421,8 +423,9 @@ TEST_CASE("rank_sampler: bad input and failed draws change nothing; a rank too f
   CHECK(two.next_step(0) == 1);
 }
 
-TEST_CASE("rank_sampler over prioritized shards: each step's weights are normalised over its joint "
-          "draw (the largest of all ranks' is 1); probabilities are the union's") {
+TEST_CASE(
+    "rank_sampler over prioritized shards: each step's weights are normalised over its joint "
+    "draw (the largest of all ranks' is 1); probabilities are the union's") {
   per_shards buf({0, 0}, gear::capacity{100}, gear::max_length{1},
                  gear::select::prioritized{0.6, 0.4}, gear::insert_route::round_robin);
   std::vector<gear::key> all = insert_ids(buf, 0, 50);
@@ -456,4 +459,38 @@ TEST_CASE("rank_sampler over prioritized shards: each step's weights are normali
   }
   // Some rank's own rows miss the step's rarest row: its weights are not rescaled to reach 1.
   CHECK(per_rank_below_one > 0);
+}
+
+TEST_CASE(
+    "sharded updates from device memory: the GPU's pair check skips a sibling shard's good "
+    "pair, fails a bad one alike in every shard; host shards refuse device memory") {
+  using gear::detail::check_priority_pair;
+  const std::int64_t lengths[4] = {1, 1, 0, 1};
+  const std::uint64_t tickets[4] = {0, 1, 2, 3};
+  const gear::key_owner shard1{1, 0};
+  auto verdict = [&](gear::key k, float p, std::uint32_t siblings) {
+    return check_priority_pair(k, p, 9, lengths, tickets, 4, shard1, siblings);
+  };
+  const auto code = [](unsigned long long v) { return gear::detail::priority_verdict_code(v); };
+  CHECK(verdict({1, 1, 0}, 2.0f, 3) == gear::detail::priority_ok);
+  CHECK(code(verdict({2, 1, 0}, 2.0f, 3)) == gear::errc::stale_key);  // slot 2 not committed
+  CHECK(verdict({1, 0, 0}, 2.0f, 3) == gear::detail::priority_sibling);
+  CHECK(verdict({1, 2, 0}, 2.0f, 3) == gear::detail::priority_sibling);
+  CHECK(code(verdict({1, 3, 0}, 2.0f, 3)) == gear::errc::key_out_of_range);   // no shard 3
+  CHECK(code(verdict({1, 0, 1}, 2.0f, 3)) == gear::errc::key_out_of_range);   // other incarnation
+  CHECK(code(verdict({1, 0, 0}, 2.0f, 0)) == gear::errc::key_out_of_range);   // a lone buffer
+  CHECK(code(verdict({1, 0, 0}, -1.0f, 3)) == gear::errc::invalid_priority);  // checked anyway
+  CHECK(gear::detail::priority_verdict_index(verdict({1, 0, 0}, -1.0f, 3)) == 9);
+
+  per_shards buf({0, 0}, gear::capacity{10}, gear::max_length{1}, gear::select::prioritized{},
+                 gear::insert_route::round_robin);
+  const auto keys = insert_ids(buf, 0, 4);
+  const std::vector<float> p(4, 3.0f);
+  const double before = buf.shard(0).selection_state().total();
+  CHECK(gear_test::code_of([&] {
+          buf.update_priorities(keys, p, gear::memory_kind::device, gear::detail::no_stream());
+        }) == gear::errc::wrong_memory);
+  CHECK(buf.shard(0).selection_state().total() == before);
+  buf.update_priorities(keys, p, gear::memory_kind::host, gear::detail::no_stream());
+  CHECK(buf.shard(0).selection_state().total() != before);
 }

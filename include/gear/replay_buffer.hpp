@@ -51,8 +51,7 @@
 //   streams enqueued before it, and a write waits for the samples and writes other streams
 //   enqueued before it. So a trajectory is never visible before its bytes are stored, and no
 //   slot is overwritten while a gather that may read it runs. A buffer used from one stream
-//   records and waits for nothing; the first call from a second stream synchronises the device
-//   once.
+//   records and waits for nothing; a second stream's first call synchronises the device once.
 //
 //   Host inserts that land: once a buffer whose columns are all in device memory has been used
 //   from a second stream, an insert of host data only copies it into pinned staging (with the
@@ -68,8 +67,7 @@
 //   them. Any call that names a landing insert's keys (erase, host-span priority updates)
 //   publishes it first; host queries count it as stored. Priority updates from device memory see
 //   a still-landing key as stale.
-//   selection_state() is not synchronised: change its settings while no other thread uses the
-//   buffer.
+//   selection_state() is not synchronised: change its settings while no other thread uses it.
 //
 // Errors: every call checks its input, then acquires what it needs (staging, allocations), and
 // only then changes anything: a gear::error thrown before that point leaves the buffer exactly as
@@ -481,6 +479,8 @@ class replay_buffer {
   }
 
  private:
+  template <trajectory_spec, class, class>
+  friend class sharded_buffer;  // a sharded update from device memory: every shard, or none
   [[nodiscard]] core_type& core() noexcept { return *core_; }
   [[nodiscard]] const core_type& core() const noexcept { return *core_; }
 

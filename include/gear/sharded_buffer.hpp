@@ -38,6 +38,7 @@
 #include <gear/detail/batch_slice.hpp>
 #include <gear/detail/claim.hpp>
 #include <gear/detail/remote/split.hpp>
+#include <gear/detail/shard_routing.hpp>
 #include <gear/detail/shard_streams.hpp>
 #include <gear/replay_buffer.hpp>
 #include <gear/select/prioritized.hpp>
@@ -89,7 +90,9 @@ class sharded_buffer {
       if constexpr (on_device) detail::check_device_ordinal(device);
       const detail::device_scope scope(device);
       shards_.push_back(std::make_unique<shard_type>(
-          per_shard, length, selection, transport::shard_view{{static_cast<std::uint32_t>(s), 0}}));
+          per_shard, length, selection,
+          transport::shard_view{{static_cast<std::uint32_t>(s), 0},
+                                static_cast<std::uint32_t>(devices.size())}));
       devices_.push_back(device);
     }
     streams_ = detail::shard_streams(devices_, on_device);
@@ -173,7 +176,7 @@ class sharded_buffer {
     const std::int64_t rows = out.batch_size();
     try {
       take_snapshot(stream);
-      if (without_replacement(selection_))
+      if (detail::draws_without_replacement(selection_))
         share_ = detail::remote::split_without_replacement(snapshot_, rows, draw);
       else
         detail::remote::split_with_replacement(snapshot_, rows, draw, share_, upto_);
@@ -245,14 +248,21 @@ class sharded_buffer {
                                                  std::span<const float> priorities,
                                                  cuda::stream_ref stream) requires prioritized {
     (void)detail::validate_priorities(keys, priorities, selection_.alpha);
-    const routed by_shard = route(keys, priorities);
+    const detail::routed_keys by_shard = detail::route_keys(shards_.size(), keys, priorities);
     const auto guard = host_tree_guard();
+    std::unique_lock<std::mutex> updates;
+    if constexpr (on_device) {  // every shard's failed updates from device memory before any
+      updates = std::unique_lock<std::mutex>(updates_);
+      raise_update_failures();
+    }
     priority_update_result total;
     for (std::size_t s = 0; s < shards_.size(); ++s) {
       if (by_shard.keys[s].empty()) continue;
       streams_.run(s, stream, [&](cuda::stream_ref on) {
-        const priority_update_result r =
-            shards_[s]->update_priorities_async(by_shard.keys[s], by_shard.priorities[s], on);
+        const detail::device_scope scope(devices_[s]);
+        const priority_update_result r = detail::update_from_host(
+            shards_[s]->core(), by_shard.keys[s], by_shard.priorities[s], on,
+            /*raise_earlier=*/false);
         total.applied += r.applied;
         total.stale += r.stale;
       });
@@ -272,22 +282,92 @@ class sharded_buffer {
     return update_priorities_async(keys, priorities, detail::no_stream());
   }
 
+  /// Sets priorities from `source` memory. memory_kind::host is the call above (its counts are
+  /// dropped). memory_kind::device (GPU shards): `keys` and `priorities` in memory every shard's
+  /// device reads (device memory, with peer access from the shards' devices, enabled here;
+  /// managed; pinned), read in stream order by every shard's update kernels, each applying the
+  /// pairs whose key names it and skipping the others'; keep them valid and unchanged until the
+  /// update has run. No copy, no synchronisation, one update per shard.
+  /// Checked on the GPU by every shard alike: a stale key is skipped and counted by its shard
+  /// (stale_pairs); a key of a shard this buffer does not have, or a bad priority, fails the
+  /// update in every shard, which then changes nothing; check_priority_updates raises it.
+  /// Throws at once (changing nothing): an earlier failed update from device memory whose kernels
+  /// have finished (every shard's record of it raised as one error; this call then does
+  /// nothing), errc::invalid_argument, errc::null_pointer, errc::misaligned_pointer,
+  /// errc::wrong_memory (memory a shard cannot read; host storage); errc::cuda_error (shards asked
+  /// before it keep their updates).
+  void update_priorities_async(std::span<const key> keys, std::span<const float> priorities,
+                               memory_kind source, cuda::stream_ref stream) requires prioritized {
+    if (source == memory_kind::host) {
+      (void)update_priorities_async(keys, priorities, stream);
+      return;
+    }
+    GEAR_REQUIRE(source == memory_kind::device, errc::wrong_memory,
+                 "update_priorities source must be memory_kind::host or ::device");
+    GEAR_REQUIRE(on_device, errc::wrong_memory,
+                 "host shards take priorities from host memory only: use memory_kind::host");
+    const std::lock_guard<std::mutex> held(updates_);
+    raise_update_failures();
+    GEAR_REQUIRE(keys.size() == priorities.size(), errc::invalid_argument,
+                 "update_priorities needs one priority per key: " + std::to_string(keys.size()) +
+                     " keys, " + std::to_string(priorities.size()) + " priorities");
+    if (keys.empty()) return;
+    {
+      const std::lock_guard<std::mutex> peers(streams_.mutex());
+      for (const void* p :
+           {static_cast<const void*>(keys.data()), static_cast<const void*>(priorities.data())})
+        if (cudaPointerAttributes a{};
+            cudaPointerGetAttributes(&a, p) == cudaSuccess && a.type == cudaMemoryTypeDevice)
+          for (const int d : devices_) streams_.reach(d, a.device);
+      (void)cudaGetLastError();  // a pointer the runtime does not know: the shards' checks say so
+    }
+    for (std::size_t s = 0; s < shards_.size(); ++s)
+      streams_.run(s, stream, [&](cuda::stream_ref on) {
+        const detail::device_scope scope(devices_[s]);
+        detail::update_from_device(shards_[s]->core(), keys, priorities, on,
+                                   /*raise_earlier=*/false);
+      });
+  }
+  /// update_priorities_async from `source`, synchronous; from device memory it runs
+  /// check_priority_updates before and after, so it throws only when this call changed nothing.
+  void update_priorities(std::span<const key> keys, std::span<const float> priorities,
+                         memory_kind source, cuda::stream_ref stream) requires prioritized {
+    if (source == memory_kind::host) {
+      (void)update_priorities(keys, priorities, stream);
+      return;
+    }
+    check_priority_updates(stream);
+    update_priorities_async(keys, priorities, source, stream);
+    check_priority_updates(stream);
+  }
+  /// Synchronises the stream, then throws the earliest failed update from device memory not yet
+  /// raised (every shard's record of it as one error).
+  void check_priority_updates(cuda::stream_ref stream) requires prioritized {
+    streams_.synchronize(stream);
+    const std::lock_guard<std::mutex> held(updates_);
+    raise_update_failures();
+  }
+  /// Pairs the shards skipped as stale in updates from device memory so far (synchronises).
+  [[nodiscard]] std::uint64_t stale_pairs(cuda::stream_ref stream) requires prioritized
+      && on_device {
+    streams_.synchronize(stream);
+    std::uint64_t n = 0;
+    for (std::size_t s = 0; s < shards_.size(); ++s) {
+      const detail::device_scope scope(devices_[s]);
+      n += shards_[s]->selection_state().stale_pairs(streams_.of(s));
+    }
+    return n;
+  }
+
   /// Removes the trajectories `keys` from the shards they name. Every key is checked first (its
   /// shard, that the shard holds it, that it is named once), so bad input removes nothing.
   /// Throws errc::key_out_of_range, errc::stale_key; errc::cuda_error. Another thread erasing the
   /// same keys at the same moment can make a shard refuse after others removed theirs.
   void erase_async(std::span<const key> keys, cuda::stream_ref stream) {
-    routed by_shard = route(keys);
+    detail::routed_keys by_shard = detail::route_keys(shards_.size(), keys);
     const auto guard = host_tree_guard();
-    for (std::size_t s = 0; s < shards_.size(); ++s) {
-      std::vector<key>& k = by_shard.keys[s];
-      std::sort(k.begin(), k.end(), [](const key& a, const key& b) { return a.ticket < b.ticket; });
-      for (std::size_t i = 0; i < k.size(); ++i)
-        GEAR_REQUIRE(shards_[s]->contains(k[i]) && (i == 0 || k[i].ticket != k[i - 1].ticket),
-                     errc::stale_key,
-                     "erase: shard " + std::to_string(s) + " does not hold key ticket " +
-                         std::to_string(k[i].ticket) + " (evicted, removed or named twice)");
-    }
+    detail::check_erase(by_shard,
+                        [&](std::size_t s, const key& k) { return shards_[s]->contains(k); });
     for (std::size_t s = 0; s < shards_.size(); ++s)
       if (!by_shard.keys[s].empty())
         streams_.run(s, stream,
@@ -302,6 +382,15 @@ class sharded_buffer {
   }
 
  private:
+  /// Raises the failed updates from device memory every shard has seen arrive (under updates_).
+  void raise_update_failures() {
+    if constexpr (on_device)
+      detail::raise_first_of(shards_.size(), [&](std::size_t s) {
+        const auto held = shards_[s]->core().lock();
+        shards_[s]->selection_state().raise_update_failures();
+      });
+  }
+
   std::size_t route_insert() {
     const std::size_t n = shards_.size();
     const std::size_t turn = next_.fetch_add(1, std::memory_order_relaxed);
@@ -324,26 +413,6 @@ class sharded_buffer {
       return std::unique_lock<std::mutex>(streams_.mutex());
     else
       return {};
-  }
-
-  /// Keys (and their priorities, when given) by the shard each key names.
-  struct routed {
-    std::vector<std::vector<key>> keys;
-    std::vector<std::vector<float>> priorities;
-  };
-  /// Throws errc::key_out_of_range for a key of a shard this buffer does not have.
-  [[nodiscard]] routed route(std::span<const key> keys,
-                             std::span<const float> priorities = {}) const {
-    routed r{std::vector<std::vector<key>>(shards_.size()),
-             std::vector<std::vector<float>>(priorities.empty() ? 0 : shards_.size())};
-    for (std::size_t i = 0; i < keys.size(); ++i) {
-      GEAR_REQUIRE(keys[i].shard < shards_.size(), errc::key_out_of_range,
-                   "key " + std::to_string(i) + " names shard " + std::to_string(keys[i].shard) +
-                       " of a buffer of " + std::to_string(shards_.size()) + " shards");
-      r.keys[keys[i].shard].push_back(keys[i]);
-      if (!priorities.empty()) r.priorities[keys[i].shard].push_back(priorities[i]);
-    }
-    return r;
   }
 
   /// The masses to split by: sizes (uniform); the host tree's root (storage::host); on the GPU,
@@ -396,7 +465,7 @@ class sharded_buffer {
 
   /// Turns the shards' local probabilities into global ones and writes the union's weights.
   void make_global(batch_type& out, cuda::stream_ref stream) {
-    const double beta = prioritized ? beta_of(selection_) : 0.0;
+    const double beta = detail::beta_of(selection_);
     if constexpr (on_device) {
 #if defined(GEAR_DEVICE_BACKEND)
       detail::globalize_on_device(out.probabilities_data(), out.weights_data(), parts_, beta,
@@ -410,25 +479,13 @@ class sharded_buffer {
       detail::globalize_on_host(out.probabilities_data(), out.weights_data(), parts_, beta);
     }
   }
-  static bool without_replacement(const Selection& s) noexcept {
-    if constexpr (prioritized)
-      return false;
-    else
-      return !s.replacement;
-  }
-  static double beta_of(const Selection& s) noexcept {
-    if constexpr (prioritized)
-      return s.beta;
-    else
-      return 0.0;
-  }
-
   Selection selection_;
   insert_route route_;
   std::vector<std::unique_ptr<shard_type>> shards_;
   std::vector<int> devices_;
   detail::shard_streams streams_;
   std::atomic<std::size_t> next_{0};
+  std::mutex updates_;  // updates from device memory and their failures, one call at a time
   // Sampling (under streams_.mutex()): the snapshot, the split, each shard's selection scratch
   // (on its device), and the rows each shard wrote with its factor M_s / M.
   std::vector<detail::remote::shard_share> snapshot_;

@@ -35,7 +35,8 @@ struct priority_source {
   const std::int64_t* lengths = nullptr;
   const std::uint64_t* tickets = nullptr;
   key_owner owner{};
-  std::uint64_t call = 0;  ///< which update from device memory, for the failure record
+  std::uint32_t siblings = 0;  ///< a sharded_buffer's shards: their keys are skipped, not bad
+  std::uint64_t call = 0;      ///< which update from device memory, for the failure record
 
   /// The slot of pair i; out of range only for a bad key of an update from device memory.
   GEAR_HD std::int64_t slot(std::int64_t i) const noexcept {
@@ -94,10 +95,11 @@ __global__ void priority_mark_kernel(priority_source src, Tree t, unsigned long 
   if (marks && src.keys != nullptr) {
     const unsigned long long verdict =
         check_priority_pair(src.keys[i], src.priorities[i], static_cast<std::uint64_t>(i),
-                            src.lengths, src.tickets, src.capacity, src.owner);
+                            src.lengths, src.tickets, src.capacity, src.owner, src.siblings);
     if (verdict != priority_ok) {
-      // A stale pair is skipped (counted by the apply, if the update stands); a bad one fails it.
-      if (priority_verdict_code(verdict) != errc::stale_key)
+      // A stale pair is skipped (counted by the apply, if the update stands), a sibling shard's
+      // too (not counted); a bad one fails it.
+      if (verdict != priority_sibling && priority_verdict_code(verdict) != errc::stale_key)
         atomicMin(t.status->verdict + (epoch & 1), verdict);
       marks = false;  // a bad or stale pair neither bids nor marks
     }
@@ -169,14 +171,16 @@ __global__ void priority_apply_kernel(priority_source src, Tree t, unsigned long
   const bool failed = verdict != priority_ok;
   if (failed && leader && static_cast<std::uint64_t>(i) == priority_verdict_index(verdict))
     priority_record_failure(src, t, verdict, i);
-  // A stale pair (the mark kernel skipped it; the mirror is as it was then) is not folded.
-  const bool stale =
-      src.keys != nullptr && check_priority_pair(src.keys[i], 0.0f, 0, src.lengths, src.tickets,
-                                                 src.capacity, src.owner) != priority_ok;
-  if (leader && !failed && !stale && src.priorities != nullptr)
+  // A stale pair (the mark kernel skipped it; the mirror is as it was then) is not folded, nor
+  // is a sibling shard's.
+  const unsigned long long own =
+      src.keys == nullptr ? priority_ok
+                          : check_priority_pair(src.keys[i], 0.0f, 0, src.lengths, src.tickets,
+                                                src.capacity, src.owner, src.siblings);
+  if (leader && !failed && own == priority_ok && src.priorities != nullptr)
     priority_fold_max(t, src.priorities[i]);
-  if (stale) {
-    if (leader && !failed) atomicAdd(&t.status->stale, 1ull);
+  if (own != priority_ok) {
+    if (leader && !failed && own != priority_sibling) atomicAdd(&t.status->stale, 1ull);
     return;
   }
   const std::int64_t slot = src.slot(i);

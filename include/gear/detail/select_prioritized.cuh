@@ -283,13 +283,15 @@ class prioritized::state<exec::device> {
   /// Both arrays are read by the kernels, in stream order (earlier work on the stream may write
   /// them), and must stay valid until then. Two launches, no copy, no synchronisation.
   /// On the GPU, every key is checked against `table` (its device lengths and tickets, as of
-  /// stream order) and `owner`, every priority for NaN, negative or infinite: an update with a bad
+  /// stream order) and `owner` (a good pair of a key of shard [0, siblings) other than the
+  /// owner's is that sibling shard's: skipped, not counted as stale), every priority for NaN, negative or infinite: an update with a bad
   /// pair changes nothing and is recorded, with its first bad key (or, if every key is good, its
   /// first bad priority), for raise_update_failures().
   /// Throws at once (changing nothing) errc::invalid_argument (sizes differ, 2^32 pairs or more),
   /// errc::cuda_error.
   void update_from_device(const slot_table& table, key_owner owner, std::span<const key> keys,
-                          std::span<const float> priorities, cuda::stream_ref stream) {
+                          std::span<const float> priorities, cuda::stream_ref stream,
+                          std::uint32_t siblings = 0) {
     GEAR_REQUIRE(keys.size() == priorities.size(), errc::invalid_argument,
                  "update_priorities needs one priority per key: " + std::to_string(keys.size()) +
                      " keys, " + std::to_string(priorities.size()) + " priorities");
@@ -304,6 +306,7 @@ class prioritized::state<exec::device> {
     src.lengths = table.lengths;
     src.tickets = table.tickets;
     src.owner = owner;
+    src.siblings = siblings;
     src.call = device_calls_ + 1;
     apply(src, stream);
     ++device_calls_;

@@ -196,10 +196,10 @@ class shard_streams {
         peers_.at(static_cast<std::size_t>(from) * count + static_cast<std::size_t>(to));
     if (known == 0) known = enable_peer_access(from, to) ? 1 : -1;
     GEAR_REQUIRE(known > 0, errc::wrong_memory,
-                 "a shard on device " + std::to_string(from) + " cannot write a batch on device " +
+                 "a shard on device " + std::to_string(from) + " cannot reach memory of device " +
                      std::to_string(to) +
-                     ": the devices have no peer access (sample into a "
-                     "batch on the shard's device, or one in memory both reach)");
+                     ": the devices have no peer access (use memory on the shard's device, or "
+                     "memory both reach)");
   }
 
   void synchronize(cuda::stream_ref caller) const {

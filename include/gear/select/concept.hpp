@@ -33,14 +33,16 @@
 //       exists only for policies that provide it;
 //   void update_from_device(const slot_table& table, key_owner owner,
 //                           std::span<const key> keys, std::span<const float> priorities,
-//                           cuda::stream_ref s);
+//                           cuda::stream_ref s[, std::uint32_t siblings]);
 //   void raise_update_failures();
 //       (device states; both or neither) the same from GPU-readable memory, not checked by the
 //       buffer: the state checks each key against table (device lengths, tickets) and owner (shard and incarnation),
 //       and each priority, on the GPU in stream order without synchronising; an update with a
 //       bad pair changes nothing, and raise_update_failures() throws the earliest failure not
 //       yet thrown whose kernels have finished, without waiting. update_priorities with
-//       memory_kind::device exists for such policies (others: errc::wrong_memory);
+//       memory_kind::device exists for such policies (others: errc::wrong_memory). A state
+//       with the last parameter serves sharded_buffer's shards: a good pair whose key names
+//       shard [0, siblings) other than owner's, same incarnation, is skipped, not counted;
 //
 // A device state may also provide, for a policy whose draw of each row is a pure function of the
 // row, request.draw and the state at the call (it reads metadata and the policy's own arrays and

@@ -48,7 +48,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <limits>
 #include <cuda/stream_ref>
 #include <gear/config.hpp>
 #include <gear/detail/sum_tree.hpp>
@@ -56,6 +55,7 @@
 #include <gear/key.hpp>
 #include <gear/select/concept.hpp>
 #include <gear/select/uniform.hpp>
+#include <limits>
 #include <span>
 #include <string>
 #include <vector>
@@ -148,16 +148,27 @@ GEAR_HD constexpr errc priority_verdict_code(unsigned long long verdict) noexcep
   return static_cast<errc>(verdict & 0xFFu);
 }
 
+/// The verdict of a good pair whose key names a sibling shard (another shard of the same
+/// sharded_buffer): that shard's to apply; skipped here, not counted as stale.
+inline constexpr unsigned long long priority_sibling = ~0ull - 1;
+
 /// Checks pair `index` of an update the way replay_buffer::check_key and validate_priorities do,
 /// against slot metadata (lengths: committed length, 0 unless committed; tickets): returns
-/// priority_ok or the pair's verdict. Runs unchanged in the update kernel.
-GEAR_HD constexpr unsigned long long check_priority_pair(
-    const key& k, float priority, std::uint64_t index, const std::int64_t* lengths,
-    const std::uint64_t* tickets, std::int64_t capacity, key_owner owner) noexcept {
-  if (!owner.owns(k))  // another shard, or another incarnation of this one
+/// priority_ok, priority_sibling (a key of shard [0, siblings) other than the owner's, of its
+/// incarnation, with a good priority) or the pair's verdict. Runs unchanged in the update kernel.
+GEAR_HD constexpr unsigned long long check_priority_pair(const key& k, float priority,
+                                                         std::uint64_t index,
+                                                         const std::int64_t* lengths,
+                                                         const std::uint64_t* tickets,
+                                                         std::int64_t capacity, key_owner owner,
+                                                         std::uint32_t siblings = 0) noexcept {
+  const bool sibling =
+      k.incarnation == owner.incarnation && k.shard != owner.shard && k.shard < siblings;
+  if (!owner.owns(k) && !sibling)  // another buffer's shard, or another incarnation
     return priority_verdict(errc::key_out_of_range, index);
   if (!(priority >= 0 && priority <= 0x1.fffffep127f))  // NaN, negative or infinite
     return priority_verdict(errc::invalid_priority, index);
+  if (sibling) return priority_sibling;
   const std::int64_t slot = k.slot(capacity);
   if (tickets[slot] != k.ticket || lengths[slot] <= 0)
     return priority_verdict(errc::stale_key, index);  // skipped and counted, not a failure
@@ -195,8 +206,7 @@ inline std::string priority_failure_message(const priority_failure& f, std::int6
              std::to_string(k.ticket) + ") is not in this shard";
     case errc::stale_key:
       return what + "key " + std::to_string(f.index) + " (ticket " + std::to_string(k.ticket) +
-             ", slot " + std::to_string(k.slot(capacity)) +
-             ") names a trajectory no longer stored";
+             ", slot " + std::to_string(k.slot(capacity)) + ") names a trajectory no longer stored";
     default:
       return what + "priority " + std::to_string(f.index) + " is " + std::to_string(f.priority) +
              "; priorities must be finite and >= 0";
@@ -252,8 +262,8 @@ inline float validate_priorities(std::span<const key> keys, std::span<const floa
                      "; priorities must be finite and >= 0");
     const double leaf = priority_leaf(p, alpha);
     GEAR_REQUIRE(std::isfinite(leaf) && (p == 0 || leaf > 0), errc::invalid_priority,
-                 "priority " + std::to_string(i) + " is " + std::to_string(p) + ": p^alpha (alpha " +
-                     std::to_string(alpha) + ") is " + std::to_string(leaf) +
+                 "priority " + std::to_string(i) + " is " + std::to_string(p) +
+                     ": p^alpha (alpha " + std::to_string(alpha) + ") is " + std::to_string(leaf) +
                      ", outside the range a sum tree can draw from");
     largest = std::max(largest, p);
   }

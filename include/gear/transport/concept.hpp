@@ -26,6 +26,8 @@ namespace transport {
 /// sharded_buffer): its id and incarnation, which its keys carry.
 struct shard_view {
   key_owner owner;
+  /// The sharded_buffer's shard count: updates from device memory skip the other shards' keys.
+  std::uint32_t siblings = 0;
   [[nodiscard]] std::uint32_t shard_id() const noexcept { return owner.shard; }
   [[nodiscard]] std::uint32_t shard_count() const noexcept { return 1; }
   [[nodiscard]] std::uint32_t incarnation() const noexcept { return owner.incarnation; }
@@ -43,6 +45,16 @@ constexpr key_owner owner_of(const T& t) noexcept {
                      static_cast<std::uint32_t>(t.incarnation())};
   else
     return key_owner{static_cast<std::uint32_t>(t.shard_id()), 0};
+}
+
+/// The shards whose keys an update from device memory may name besides the buffer's own (their
+/// pairs skipped): a sharded_buffer's shards see each other (0: none, the key must be its own).
+template <class T>
+constexpr std::uint32_t sibling_shards(const T&) noexcept {
+  return 0;
+}
+constexpr std::uint32_t sibling_shards(const transport::shard_view& t) noexcept {
+  return t.siblings;
 }
 
 }  // namespace detail

@@ -31,14 +31,16 @@ inline void check_gpu_readable(const void* p, std::size_t align, const char* wha
                    "pinned) as memory_kind::device says");
 }
 
+/// With raise_earlier false (sharded_buffer, which raised every shard's first) an earlier failed
+/// update from device memory is left to check_priority_updates.
 template <class Core>
 priority_update_result update_from_host(Core& b, std::span<const key> keys,
-                                        std::span<const float> priorities,
-                                        cuda::stream_ref stream) {
+                                        std::span<const float> priorities, cuda::stream_ref stream,
+                                        bool raise_earlier = true) {
   const auto held = b.lock();
   b.check_usable();
   if constexpr (device_priority_update<typename Core::state_type>)
-    b.selection_->raise_update_failures();
+    if (raise_earlier) b.selection_->raise_update_failures();
   GEAR_REQUIRE(keys.size() == priorities.size(), errc::invalid_argument,
                "update_priorities needs one priority per key: " + std::to_string(keys.size()) +
                    " keys, " + std::to_string(priorities.size()) + " priorities");
@@ -89,13 +91,14 @@ priority_update_result update_from_host(Core& b, std::span<const key> keys,
   return {n - stale, stale};
 }
 
+/// raise_earlier: as update_from_host's.
 template <class Core>
 void update_from_device(Core& b, std::span<const key> keys, std::span<const float> priorities,
-                        cuda::stream_ref stream) {
+                        cuda::stream_ref stream, bool raise_earlier = true) {
   const auto held = b.lock();
   b.check_usable();
   if constexpr (device_priority_update<typename Core::state_type>) {
-    b.selection_->raise_update_failures();
+    if (raise_earlier) b.selection_->raise_update_failures();
     GEAR_REQUIRE(keys.size() == priorities.size(), errc::invalid_argument,
                  "update_priorities needs one priority per key: " + std::to_string(keys.size()) +
                      " keys, " + std::to_string(priorities.size()) + " priorities");
@@ -108,12 +111,21 @@ void update_from_device(Core& b, std::span<const key> keys, std::span<const floa
     settle_landing(b, landing_force{}, stream);
     b.order_before(stream, Core::write);
     b.enqueue([&] {
-      b.selection_->update_from_device(b.table(), b.owner_, keys, priorities,
-                                       stream);
+      // A sharded_buffer's shard skips its siblings' keys (a state that may take them says so
+      // with a last parameter).
+      auto& state = *b.selection_;
+      const std::uint32_t siblings = sibling_shards(b.transport_);
+      if constexpr (requires {
+                      state.update_from_device(b.table(), b.owner_, keys, priorities, stream,
+                                               siblings);
+                    })
+        state.update_from_device(b.table(), b.owner_, keys, priorities, stream, siblings);
+      else
+        state.update_from_device(b.table(), b.owner_, keys, priorities, stream);
       b.order_after(stream, Core::write, /*bytes=*/false);
     });
   } else {
-    (void)keys, (void)priorities, (void)stream;
+    (void)keys, (void)priorities, (void)stream, (void)raise_earlier;
     throw error(errc::wrong_memory,
                 "this buffer takes priorities from host memory only (storage::host selects on "
                 "the CPU; other policies may lack update_from_device): use memory_kind::host");
