@@ -494,3 +494,25 @@ TEST_CASE(
   buf.update_priorities(keys, p, gear::memory_kind::host, gear::detail::no_stream());
   CHECK(buf.shard(0).selection_state().total() != before);
 }
+
+TEST_CASE("rank_sampler over one replay_buffer: the same contract (disjoint ranks, each row its "
+          "key's trajectory)") {
+  using single = gear::replay_buffer<spec, gear::storage::host, gear::select::uniform>;
+  single buf{gear::capacity{64}, gear::max_length{1}, gear::select::uniform{.replacement = false}};
+  const auto keys = insert_ids(buf, 0, 40);
+  gear::rank_sampler<single> sampler(buf, gear::rank_count{3}, gear::batch_size{10},
+                                     gear::window{1}, gear::rng{8});
+  auto b = sampler.make_batch();
+  for (int t = 0; t < 100; ++t) {
+    std::set<int> step;
+    for (std::int64_t r = 0; r < 3; ++r) {
+      sampler.sample(r, b);
+      for (std::int64_t i = 0; i < 10; ++i) {
+        const int id = b.column<"id">()(i, 0);
+        REQUIRE(b.keys_data()[i] == keys[std::size_t(id)]);
+        step.insert(id);
+      }
+    }
+    REQUIRE(step.size() == 30);
+  }
+}
