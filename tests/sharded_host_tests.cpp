@@ -419,6 +419,12 @@ TEST_CASE(
   insert_ids(tiny, 5, 5);
   two.sample(1, c);
   CHECK(two.next_step(1) == 1);
+  // The failed draw left the sampler's rng alone: a fresh sampler of the seed draws the same.
+  gear::rank_sampler<uniform_shards> fresh(tiny, gear::rank_count{2}, gear::batch_size{4},
+                                           gear::window{1}, gear::rng{3});
+  auto d = fresh.make_batch();
+  fresh.sample(1, d);
+  for (std::int64_t i = 0; i < 4; ++i) CHECK(d.keys_data()[i] == c.keys_data()[i]);
   two.sample(0, c);
   CHECK(two.next_step(0) == 1);
 }

@@ -15,20 +15,24 @@
 //   ranks' weights of a step are on one scale.
 //
 // Whichever rank calls first for step t makes the draw, on a stream of the sampler's on the
-// staging device (the current device when the sampler was made), ordered after that rank's
-// stream; every rank, the first included, then copies its rows into its batch on its own stream
-// (one kernel, reading the staging over peer access where the rank's device is another). A rank
-// never waits for another rank's stream, and no rank's call waits for the GPU, except that a rank
-// more than `rounds_ahead` steps ahead of the slowest waits on the host, up to `wait`, for that
-// rank to take its step (the staging of that step is reused). With host storage, everything is
-// done in the call.
+// staging device (a replay_buffer's own device; else the current device when the sampler was
+// made), ordered after that rank's stream; every rank, the first included, then copies its rows
+// into its batch on its own stream (one kernel, reading the staging over peer access where the
+// rank's device is another). So on the GPU a rank's copy of step t follows the step's draw, and
+// with it the work the drawing rank had enqueued before its call, and the draws of all steps
+// follow each other. On the host a call waits for no stream, with two exceptions: a rank
+// `rounds_ahead` steps ahead of the slowest waits, up to `wait`, for that rank to take its step
+// (the step's staging is reused), and a rank whose calls come from another device than before
+// waits once for its earlier copies. Keep the ranks' collective operations (a gradient
+// all-reduce) after their sample calls in each step: a rank blocked on the host before its call
+// does not hold the others. With host storage, everything is done in the call.
 //
 // The draw sees what the calls that returned before it started left in the buffer (the buffer's
 // own contract): a step's rows can include trajectories inserted after a slower rank's call of the
 // step before; that does not break disjointness, which holds within each step.
 //
 // Memory: `rounds_ahead` staging batches of R x B rows on the staging device, made with the
-// sampler; nothing is allocated afterwards.
+// sampler; afterwards only a rank's events, made by its first call from a device.
 
 #include <algorithm>
 #include <chrono>
@@ -62,7 +66,8 @@ using rank_count = strong_int<struct rank_count_tag>;
 struct rank_sampler_options {
   /// Steps the fastest rank may be ahead of the slowest before it waits (staging batches kept).
   std::int64_t rounds_ahead = 2;
-  /// How long a rank that is rounds_ahead steps ahead waits before errc::timeout.
+  /// How long a rank that is rounds_ahead steps ahead waits before errc::timeout (at most a
+  /// year).
   std::chrono::milliseconds wait{60000};
 };
 
@@ -74,8 +79,8 @@ class rank_sampler {
   static constexpr bool on_device = Buffer::on_device;
 
   /// R = `ranks` ranks of `rows_per_rank` rows of window `w` each per step, drawn from `buf` with
-  /// `g` (every step takes two of its calls). The staging batches are made on the current device
-  /// (for a replay_buffer on the GPU, its own device). Throws errc::invalid_argument (ranks,
+  /// `g` (every step takes two of its calls). The staging batches are made on the staging device
+  /// (a replay_buffer's own; else the current device). Throws errc::invalid_argument (ranks,
   /// rows_per_rank or rounds_ahead below 1), errc::empty_window, and what making a batch throws.
   rank_sampler(Buffer& buf, gear::rank_count ranks, gear::batch_size rows_per_rank, const window& w,
                rng g, rank_sampler_options options = {})
@@ -85,6 +90,8 @@ class rank_sampler {
         window_(w),
         rng_(g),
         options_(options) {
+    options_.wait = std::clamp(options_.wait, std::chrono::milliseconds{0},
+                               std::chrono::milliseconds{std::chrono::hours{24 * 366}});
     GEAR_REQUIRE(
         ranks_ >= 1 && rows_ >= 1 && options_.rounds_ahead >= 1, errc::invalid_argument,
         "a rank_sampler needs at least 1 rank, 1 row per rank and rounds_ahead >= 1, got " +
@@ -96,18 +103,23 @@ class rank_sampler {
                  std::to_string(ranks_) + " ranks of " + std::to_string(rows_) +
                      " rows exceed the 2^31 rows of one step");
     if constexpr (on_device) {
-      device_ = detail::current_device_ordinal();
-      GEAR_CUDA_TRY(cudaStreamCreateWithFlags(&draw_stream_, cudaStreamNonBlocking));
+      if constexpr (requires { buf.device(); })
+        device_ = buf.device();  // a replay_buffer samples on its own device
+      else
+        device_ = detail::current_device_ordinal();
     }
+    const detail::device_scope scope(device_);
+    if constexpr (on_device)
+      GEAR_CUDA_TRY(cudaStreamCreateWithFlags(&draw_stream_, cudaStreamNonBlocking));
     try {
       rounds_.reserve(static_cast<std::size_t>(options_.rounds_ahead));
       for (std::int64_t k = 0; k < options_.rounds_ahead; ++k) rounds_.emplace_back(*this);
+      next_.assign(static_cast<std::size_t>(ranks_), 0);
+      lanes_.resize(static_cast<std::size_t>(ranks_));
     } catch (...) {
       destroy();
       throw;
     }
-    next_.assign(static_cast<std::size_t>(ranks_), 0);
-    lanes_.resize(static_cast<std::size_t>(ranks_));
   }
   rank_sampler(const rank_sampler&) = delete;
   rank_sampler& operator=(const rank_sampler&) = delete;
@@ -134,13 +146,14 @@ class rank_sampler {
   /// Rank `rank`'s rows of its next step, into `out` (on the current device), stream-ordered
   /// after `stream`'s earlier work; `stream`'s later work sees them. Does not synchronise (a rank
   /// rounds_ahead steps ahead of the slowest waits on the host, see the top of this file).
-  /// Throws, the sampler and the buffer as before the call (the rank's step not taken):
-  /// errc::invalid_argument (a rank outside [0, R)), errc::batch_mismatch (`out` not made for
-  /// rows_per_rank rows of the window, or in the wrong memory), errc::timeout (the slowest rank
-  /// did not take its step in time; the message names it), errc::wrong_memory (the rank's device
-  /// cannot reach the staging device), what the buffer's sample_async throws for the joint draw
-  /// (errc::empty_buffer, errc::not_enough_items: fewer than R x B trajectories without
-  /// replacement), errc::cuda_error.
+  /// Throws, the rank's step not taken (its next call takes the same step) and, but for
+  /// errc::cuda_error, the sampler as before the call: errc::invalid_argument (a rank outside
+  /// [0, R)), errc::batch_mismatch (`out` not made for rows_per_rank rows of the window, or in
+  /// the wrong memory), errc::timeout (the slowest rank did not take its step in time; the
+  /// message names it), errc::wrong_memory (the rank's device cannot reach the staging device),
+  /// what the buffer's sample_async throws for the joint draw, which then changes what that call
+  /// would (errc::empty_buffer, errc::not_enough_items: fewer than R x B trajectories without
+  /// replacement), errc::cuda_error (if the draw had been made, the step stays drawn).
   void sample_async(std::int64_t rank, batch_type& out, cuda::stream_ref stream) {
     check_rank(rank);
     GEAR_REQUIRE(out.batch_size() == rows_ && out.window_length() == window_.length &&
@@ -152,6 +165,7 @@ class rank_sampler {
                      std::to_string(rows_) + " rows of " + std::to_string(window_.length) +
                      " (make it with make_batch())");
     std::unique_lock<std::mutex> held(mutex_);
+    if constexpr (on_device) (void)lane_of(rank);  // what can fail before the draw, first
     const std::uint64_t step = next_[static_cast<std::size_t>(rank)];
     round& r = rounds_[static_cast<std::size_t>(step % rounds_.size())];
     if (r.step != step) {
@@ -189,7 +203,7 @@ class rank_sampler {
     explicit round(const rank_sampler& s)
         : staging(Buffer::batch_memory, gear::batch_size{s.ranks_ * s.rows_},
                   gear::window_length{s.window_.length}),
-          order_host(on_device ? memory_kind::pinned_host : memory_kind::host,
+          order_host(memory_kind::host,  // pageable: copied out during cudaMemcpyAsync
                      static_cast<std::size_t>(s.ranks_ * s.rows_) * sizeof(std::int32_t)),
           taken(s.ranks_) {
       if constexpr (on_device) {
@@ -253,12 +267,12 @@ class rank_sampler {
       lane& l = lane_of(rank);
       GEAR_CUDA_TRY(cudaEventRecord(l.fork.get(), caller.get()));
       GEAR_CUDA_TRY(cudaStreamWaitEvent(draw_stream_, l.fork.get(), 0));
-      // This round's last copies (on every rank's stream) end before the draw overwrites it,
-      // and its order (pinned) was copied to the device before they started.
+      // This round's last copies (on every rank's stream) end before the draw overwrites its
+      // staging and its order on the device. Its order on the host (pageable) was copied out
+      // during the last draw's cudaMemcpyAsync, so the shuffle may rewrite it at once.
       for (lane& other : lanes_)
         if (other.device != -2 && other.recorded[index])
           GEAR_CUDA_TRY(cudaStreamWaitEvent(draw_stream_, other.taken[index].get(), 0));
-      GEAR_CUDA_TRY(cudaEventSynchronize(r.drawn.get()));
       const detail::device_scope scope(device_);
       buf_->sample_async(r.staging, window_, g, cuda::stream_ref{draw_stream_});
       shuffle(r, g.next());
