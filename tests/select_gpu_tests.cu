@@ -894,6 +894,18 @@ TEST_CASE(
   b->update_priorities(dall.span(), dother.span(), gear::memory_kind::device, s);
   a->update_priorities(live, std::vector<float>(live.size(), 7.0f), s);
   CHECK(snapshots(*b) == snapshots(*a));
+
+  // A failed update still running (behind a busy stream) is not raised by the next update, which
+  // is applied; check_priority_updates waits for it and raises it once.
+  hold_gpu(s.s, 50);
+  b->update_priorities_async(dall.span(), dbad.span(), gear::memory_kind::device, s);
+  CHECK(error_of([&] {
+          b->update_priorities_async(dall.span(), dps.span(), gear::memory_kind::device, s);
+        }).first == gear::errc{});
+  CHECK(error_of([&] { b->check_priority_updates(s); }).first == gear::errc::invalid_priority);
+  CHECK(error_of([&] { b->check_priority_updates(s); }).first == gear::errc{});
+  a->update_priorities(live, std::vector<float>(live.size(), 2.5f), s);
+  CHECK(snapshots(*b) == snapshots(*a));
 }
 
 TEST_CASE(

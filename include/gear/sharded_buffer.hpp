@@ -28,7 +28,6 @@
 // a pair of devices enables it (cudaDeviceEnablePeerAccess), and one whose devices cannot reach
 // each other is refused (errc::wrong_memory) before anything is enqueued.
 
-#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cmath>
@@ -117,7 +116,8 @@ class sharded_buffer {
   // ---- queries -------------------------------------------------------------------------------
 
   [[nodiscard]] std::size_t shard_count() const noexcept { return shards_.size(); }
-  /// Shard s (every call of a replay_buffer; its keys name s).
+  /// Shard s (every call of a replay_buffer; its keys name s; its updates from device memory
+  /// skip the keys of the other shards).
   [[nodiscard]] shard_type& shard(std::size_t s) { return *shards_.at(s); }
   [[nodiscard]] const shard_type& shard(std::size_t s) const { return *shards_.at(s); }
   /// The device shard s lives on (-1 for storage::host).
@@ -241,9 +241,10 @@ class sharded_buffer {
   /// Sets the priorities of `keys` (host spans) at the shards they name: stale keys are skipped
   /// and counted, as by replay_buffer::update_priorities_async. Every key's shard and every
   /// priority (as a shard checks it, with the alpha given at construction) are checked before
-  /// any shard is asked. Throws (changing nothing) errc::invalid_argument (sizes differ),
-  /// errc::key_out_of_range (a shard this buffer does not have), errc::invalid_priority;
-  /// errc::cuda_error (shards asked before it keep their updates).
+  /// any shard is asked. Throws (changing nothing) an earlier failed update from device memory
+  /// (see below), errc::invalid_argument (sizes differ), errc::key_out_of_range (a shard this
+  /// buffer does not have), errc::invalid_priority; errc::cuda_error (shards asked before it
+  /// keep their updates).
   priority_update_result update_priorities_async(std::span<const key> keys,
                                                  std::span<const float> priorities,
                                                  cuda::stream_ref stream) requires prioritized {
@@ -291,11 +292,11 @@ class sharded_buffer {
   /// Checked on the GPU by every shard alike: a stale key is skipped and counted by its shard
   /// (stale_pairs); a key of a shard this buffer does not have, or a bad priority, fails the
   /// update in every shard, which then changes nothing; check_priority_updates raises it.
-  /// Throws at once (changing nothing): an earlier failed update from device memory whose kernels
-  /// have finished (every shard's record of it raised as one error; this call then does
-  /// nothing), errc::invalid_argument, errc::null_pointer, errc::misaligned_pointer,
-  /// errc::wrong_memory (memory a shard cannot read; host storage); errc::cuda_error (shards asked
-  /// before it keep their updates).
+  /// Throws at once (changing nothing): an earlier failed update from device memory, once every
+  /// update from device memory enqueued before has finished on the GPU (every shard's record of
+  /// it raised as one error; this call then does nothing), errc::invalid_argument,
+  /// errc::null_pointer, errc::misaligned_pointer, errc::wrong_memory (memory a shard cannot read;
+  /// host storage); errc::cuda_error (shards asked before it keep their updates).
   void update_priorities_async(std::span<const key> keys, std::span<const float> priorities,
                                memory_kind source, cuda::stream_ref stream) requires prioritized {
     if (source == memory_kind::host) {
@@ -312,21 +313,20 @@ class sharded_buffer {
                  "update_priorities needs one priority per key: " + std::to_string(keys.size()) +
                      " keys, " + std::to_string(priorities.size()) + " priorities");
     if (keys.empty()) return;
-    {
-      const std::lock_guard<std::mutex> peers(streams_.mutex());
-      for (const void* p :
-           {static_cast<const void*>(keys.data()), static_cast<const void*>(priorities.data())})
-        if (cudaPointerAttributes a{};
-            cudaPointerGetAttributes(&a, p) == cudaSuccess && a.type == cudaMemoryTypeDevice)
-          for (const int d : devices_) streams_.reach(d, a.device);
-      (void)cudaGetLastError();  // a pointer the runtime does not know: the shards' checks say so
+    streams_.reach_pointer(keys.data());
+    streams_.reach_pointer(priorities.data());
+    try {
+      for (std::size_t s = 0; s < shards_.size(); ++s)
+        streams_.run(s, stream, [&](cuda::stream_ref on) {
+          const detail::device_scope scope(devices_[s]);
+          detail::update_from_device(shards_[s]->core(), keys, priorities, on,
+                                     /*raise_earlier=*/false);
+        });
+    } catch (...) {
+      in_flight_.note(stream);  // the shards asked so far
+      throw;
     }
-    for (std::size_t s = 0; s < shards_.size(); ++s)
-      streams_.run(s, stream, [&](cuda::stream_ref on) {
-        const detail::device_scope scope(devices_[s]);
-        detail::update_from_device(shards_[s]->core(), keys, priorities, on,
-                                   /*raise_earlier=*/false);
-      });
+    in_flight_.note(stream);
   }
   /// update_priorities_async from `source`, synchronous; from device memory it runs
   /// check_priority_updates before and after, so it throws only when this call changed nothing.
@@ -345,9 +345,10 @@ class sharded_buffer {
   void check_priority_updates(cuda::stream_ref stream) requires prioritized {
     streams_.synchronize(stream);
     const std::lock_guard<std::mutex> held(updates_);
-    raise_update_failures();
+    raise_update_failures(/*wait=*/true);
   }
-  /// Pairs the shards skipped as stale in updates from device memory so far (synchronises).
+  /// Pairs the shards skipped as stale on the GPU so far: keys of updates from device memory, and
+  /// of host-span updates that went stale before their update ran (synchronises).
   [[nodiscard]] std::uint64_t stale_pairs(cuda::stream_ref stream) requires prioritized
       && on_device {
     streams_.synchronize(stream);
@@ -383,27 +384,22 @@ class sharded_buffer {
 
  private:
   /// Raises the failed updates from device memory every shard has seen arrive (under updates_).
-  void raise_update_failures() {
-    if constexpr (on_device)
+  /// The shards of one failed update record it each when their own kernels end, so nothing is
+  /// taken while an update is still running (wait: wait for them all).
+  void raise_update_failures(bool wait = false) {
+    if constexpr (on_device) {
+      if (!in_flight_.finished(wait)) return;
       detail::raise_first_of(shards_.size(), [&](std::size_t s) {
         const auto held = shards_[s]->core().lock();
         shards_[s]->selection_state().raise_update_failures();
       });
+    }
   }
 
   std::size_t route_insert() {
-    const std::size_t n = shards_.size();
     const std::size_t turn = next_.fetch_add(1, std::memory_order_relaxed);
-    if constexpr (on_device)
-      if (route_ == insert_route::device_first) {
-        const int here = detail::current_device_ordinal();
-        const auto local =
-            static_cast<std::size_t>(std::count(devices_.begin(), devices_.end(), here));
-        if (local > 0)
-          for (std::size_t s = 0, k = turn % local;; ++s)
-            if (devices_[s] == here && k-- == 0) return s;
-      }
-    return turn % n;
+    const bool local = on_device && route_ == insert_route::device_first;
+    return detail::route_insert(turn, devices_, local ? detail::current_device_ordinal() : -1);
   }
 
   /// Host trees (storage::host, prioritized): calls that change a shard's tree and a sample's
@@ -486,6 +482,7 @@ class sharded_buffer {
   detail::shard_streams streams_;
   std::atomic<std::size_t> next_{0};
   std::mutex updates_;  // updates from device memory and their failures, one call at a time
+  detail::updates_in_flight in_flight_;  // under updates_
   // Sampling (under streams_.mutex()): the snapshot, the split, each shard's selection scratch
   // (on its device), and the rows each shard wrote with its factor M_s / M.
   std::vector<detail::remote::shard_share> snapshot_;

@@ -202,6 +202,19 @@ class shard_streams {
                      "memory both reach)");
   }
 
+  /// Makes sure every shard's device reaches `p` where it is device memory (reach; other memory
+  /// needs nothing, and a pointer the runtime does not know is left to the shards' checks).
+  void reach_pointer(const void* p) {
+    const std::lock_guard<std::mutex> held(mutex_);
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return;
+    }
+    if (a.type == cudaMemoryTypeDevice)
+      for (const int d : devices_) reach(d, a.device);
+  }
+
   void synchronize(cuda::stream_ref caller) const {
     if (gpu()) GEAR_CUDA_TRY(cudaStreamSynchronize(caller.get()));
   }
