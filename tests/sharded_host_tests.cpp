@@ -522,3 +522,21 @@ TEST_CASE("rank_sampler over one replay_buffer: the same contract (disjoint rank
     REQUIRE(step.size() == 30);
   }
 }
+
+TEST_CASE("sharded insert routing: device_first picks the caller's device's shards in turn, else "
+          "every shard in turn") {
+  using gear::detail::route_insert;
+  const std::vector<int> devices{0, 1, 0, 1, 2};
+  std::vector<std::size_t> on1, on0, on3, none;
+  for (std::size_t turn = 0; turn < 6; ++turn) {
+    on1.push_back(route_insert(turn, devices, 1));
+    on0.push_back(route_insert(turn, devices, 0));
+    on3.push_back(route_insert(turn, devices, 3));   // no shard on device 3
+    none.push_back(route_insert(turn, devices, -1));  // round_robin, or host storage
+  }
+  CHECK(on1 == std::vector<std::size_t>{1, 3, 1, 3, 1, 3});
+  CHECK(on0 == std::vector<std::size_t>{0, 2, 0, 2, 0, 2});
+  CHECK(on3 == std::vector<std::size_t>{0, 1, 2, 3, 4, 0});
+  CHECK(none == on3);
+  CHECK(route_insert(7, {2}, 2) == 0);
+}
