@@ -501,8 +501,9 @@ TEST_CASE(
   CHECK(buf.shard(0).selection_state().total() != before);
 }
 
-TEST_CASE("rank_sampler over one replay_buffer: the same contract (disjoint ranks, each row its "
-          "key's trajectory)") {
+TEST_CASE(
+    "rank_sampler over one replay_buffer: the same contract (disjoint ranks, each row its "
+    "key's trajectory)") {
   using single = gear::replay_buffer<spec, gear::storage::host, gear::select::uniform>;
   single buf{gear::capacity{64}, gear::max_length{1}, gear::select::uniform{.replacement = false}};
   const auto keys = insert_ids(buf, 0, 40);
@@ -523,15 +524,16 @@ TEST_CASE("rank_sampler over one replay_buffer: the same contract (disjoint rank
   }
 }
 
-TEST_CASE("sharded insert routing: device_first picks the caller's device's shards in turn, else "
-          "every shard in turn") {
+TEST_CASE(
+    "sharded insert routing: device_first picks the caller's device's shards in turn, else "
+    "every shard in turn") {
   using gear::detail::route_insert;
   const std::vector<int> devices{0, 1, 0, 1, 2};
   std::vector<std::size_t> on1, on0, on3, none;
   for (std::size_t turn = 0; turn < 6; ++turn) {
     on1.push_back(route_insert(turn, devices, 1));
     on0.push_back(route_insert(turn, devices, 0));
-    on3.push_back(route_insert(turn, devices, 3));   // no shard on device 3
+    on3.push_back(route_insert(turn, devices, 3));    // no shard on device 3
     none.push_back(route_insert(turn, devices, -1));  // round_robin, or host storage
   }
   CHECK(on1 == std::vector<std::size_t>{1, 3, 1, 3, 1, 3});
