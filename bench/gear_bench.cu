@@ -27,6 +27,7 @@
 #include <fstream>
 #include <functional>
 #include <gear/gear.cuh>
+#include <gear/rank_sampler.hpp>
 #include <gear/sharded_buffer.hpp>
 #include <map>
 #include <thrust/binary_search.h>
@@ -1449,6 +1450,21 @@ void register_select_axis() {
 
 // ---- sharded_buffer on one GPU ---------------------------------------------------------------
 
+/// Seconds per call of f on the bench stream: the median of 9 timings of 20 calls each, after 3
+/// calls of warm-up.
+template <class F>
+double median_per_call(F&& f) {
+  auto& c = clock_();
+  for (int i = 0; i < 3; ++i) f();
+  std::vector<double> t;
+  for (int k = 0; k < 9; ++k) {
+    c.begin();
+    for (int i = 0; i < 20; ++i) f();
+    t.push_back(c.end() / 20);
+  }
+  return median(t);
+}
+
 /// Sampling from a sharded_buffer of `Shards` shards on this GPU against one replay_buffer of the
 /// same trajectories, in the same run: uniform, B = 256 windows of 16 steps of 4 KiB (16 MiB per
 /// sample). The ratio is what the split, the fork and join of the shards' streams and the launch
@@ -1480,25 +1496,56 @@ void bm_sharded(benchmark::State& state) {
   auto out1 = single.make_batch(gear::batch_size{batch}, gear::window_length{len});
   gear::rng g{3}, g1{3};
   const gear::window w{.length = len};
-  const auto per_call = [&](auto&& f) {
-    for (int i = 0; i < 3; ++i) f();
-    std::vector<double> t;
-    for (int k = 0; k < 9; ++k) {
-      c.begin();
-      for (int i = 0; i < 20; ++i) f();
-      t.push_back(c.end() / 20);
-    }
-    return median(t);
-  };
   double sharded_s = 0, single_s = 0;
   for (auto _ : state) {
-    single_s = per_call([&] { single.sample_async(out1, w, g1, c.stream); });
-    sharded_s = per_call([&] { sharded.sample_async(out, w, g, c.stream); });
+    single_s = median_per_call([&] { single.sample_async(out1, w, g1, c.stream); });
+    sharded_s = median_per_call([&] { sharded.sample_async(out, w, g, c.stream); });
     state.SetIterationTime(sharded_s);
   }
   const double bytes = static_cast<double>(batch * len * 4096);
   record(state, table_row{"", bytes / sharded_s / 1e9, "one replay_buffer, same run",
                           bytes / single_s / 1e9, "", 0});
+}
+
+/// One step of `Ranks` ranks through a rank_sampler (the joint draw of Ranks x 64 rows without
+/// replacement, then each rank's copy of its rows) against the sharded sample of the same Ranks x
+/// 64 rows into one batch, in the same run: what the ranks' copies and the draw's own stream cost.
+/// Two shards on this GPU, windows of 16 steps of 4 KiB; the ranks' calls share the bench stream.
+template <int Ranks>
+void bm_rank_sampler(benchmark::State& state) {
+  constexpr std::int64_t total = 4096, len = 16, rows = 64, chunk = 64;
+  using shards = gear::sharded_buffer<step_spec<4096>, gear::storage::device>;
+  auto& c = clock_();
+  int here = 0;
+  GEAR_CUDA_TRY(cudaGetDevice(&here));
+  shards buf({here, here}, gear::capacity{total / 2}, gear::max_length{len},
+             gear::select::uniform{.replacement = false}, gear::insert_route::round_robin);
+  gear::detail::allocation src(gear::memory_kind::device,
+                               static_cast<std::size_t>(chunk * len * 4096));
+  GEAR_CUDA_TRY(cudaMemsetAsync(src.data(), 1, src.size(), c.stream));
+  const std::vector<std::int64_t> lengths(chunk, len);
+  std::vector<gear::key> keys(chunk);
+  const gear::trajectories<step_spec<4096>> in{
+      lengths, {gear::input(src.as<const std::uint8_t>(), {4096})}, gear::memory_kind::device};
+  for (std::int64_t at = 0; at < total; at += chunk) buf.insert(in, keys, c.stream);
+  const gear::window w{.length = len};
+  gear::rank_sampler<shards> sampler(buf, gear::rank_count{Ranks}, gear::batch_size{rows}, w,
+                                     gear::rng{5});
+  std::vector<shards::batch_type> outs;
+  for (int r = 0; r < Ranks; ++r) outs.push_back(sampler.make_batch());
+  auto joint = buf.make_batch(gear::batch_size{Ranks * rows}, gear::window_length{len});
+  gear::rng g{5};
+  double step_s = 0, joint_s = 0;
+  for (auto _ : state) {
+    joint_s = median_per_call([&] { buf.sample_async(joint, w, g, c.stream); });
+    step_s = median_per_call([&] {
+      for (int r = 0; r < Ranks; ++r) sampler.sample_async(r, outs[std::size_t(r)], c.stream);
+    });
+    state.SetIterationTime(step_s);
+  }
+  const double bytes = static_cast<double>(Ranks * rows * len * 4096);
+  record(state, table_row{"", bytes / step_s / 1e9, "sharded sample of the joint rows, same run",
+                          bytes / joint_s / 1e9, "", 0});
 }
 
 void register_gpu_benchmarks() {
@@ -1537,6 +1584,14 @@ void register_gpu_benchmarks() {
       ->Iterations(1)
       ->Unit(benchmark::kMicrosecond);
   add("sharded/device/shards:4/step:4096/batch:256", bm_sharded<4>)
+      ->UseManualTime()
+      ->Iterations(1)
+      ->Unit(benchmark::kMicrosecond);
+  add("rank_sampler/device/ranks:2/step:4096/rows:64", bm_rank_sampler<2>)
+      ->UseManualTime()
+      ->Iterations(1)
+      ->Unit(benchmark::kMicrosecond);
+  add("rank_sampler/device/ranks:4/step:4096/rows:64", bm_rank_sampler<4>)
       ->UseManualTime()
       ->Iterations(1)
       ->Unit(benchmark::kMicrosecond);
