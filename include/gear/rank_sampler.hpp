@@ -20,12 +20,15 @@
 // into its batch on its own stream (one kernel, reading the staging over peer access where the
 // rank's device is another). So on the GPU a rank's copy of step t follows the step's draw, and
 // with it the work the drawing rank had enqueued before its call, and the draws of all steps
-// follow each other. On the host a call waits for no stream, with two exceptions: a rank
-// `rounds_ahead` steps ahead of the slowest waits, up to `wait`, for that rank to take its step
-// (the step's staging is reused), and a rank whose calls come from another device than before
-// waits once for its earlier copies. Keep the ranks' collective operations (a gradient
-// all-reduce) after their sample calls in each step: a rank blocked on the host before its call
-// does not hold the others. With host storage, everything is done in the call.
+// follow each other. On the host, a rank `rounds_ahead` steps ahead of the slowest waits, up to
+// `wait`, for that rank to take its step (the step's staging is reused); the draw that reuses a
+// staging waits for that staging's draw of rounds_ahead steps before (which every rank has
+// since taken a step after); a rank whose calls come from another device than before waits once
+// for its earlier copies; and the first draw, the buffer's first call from the sampler's
+// stream, may synchronise the device once (replay_buffer.hpp: a second stream's first call). Keep
+// the ranks' collective operations (a gradient all-reduce) after their sample calls in each step,
+// and make the first step's calls before any collective: then none of these waits can wait for a
+// rank that is itself waiting. With host storage, everything is done in the call.
 //
 // The draw sees what the calls that returned before it started left in the buffer (the buffer's
 // own contract): a step's rows can include trajectories inserted after a slower rank's call of the
@@ -203,7 +206,7 @@ class rank_sampler {
     explicit round(const rank_sampler& s)
         : staging(Buffer::batch_memory, gear::batch_size{s.ranks_ * s.rows_},
                   gear::window_length{s.window_.length}),
-          order_host(memory_kind::host,  // pageable: copied out during cudaMemcpyAsync
+          order_host(on_device ? memory_kind::pinned_host : memory_kind::host,
                      static_cast<std::size_t>(s.ranks_ * s.rows_) * sizeof(std::int32_t)),
           taken(s.ranks_) {
       if constexpr (on_device) {
@@ -268,11 +271,13 @@ class rank_sampler {
       GEAR_CUDA_TRY(cudaEventRecord(l.fork.get(), caller.get()));
       GEAR_CUDA_TRY(cudaStreamWaitEvent(draw_stream_, l.fork.get(), 0));
       // This round's last copies (on every rank's stream) end before the draw overwrites its
-      // staging and its order on the device. Its order on the host (pageable) was copied out
-      // during the last draw's cudaMemcpyAsync, so the shuffle may rewrite it at once.
+      // staging and its order on the device. Its order on the host (pinned, which a copy from
+      // pageable memory would make the call wait for the draw's stream, and through it for the
+      // drawing rank's stream) is rewritten once its copy of rounds_ahead steps ago has ended.
       for (lane& other : lanes_)
         if (other.device != -2 && other.recorded[index])
           GEAR_CUDA_TRY(cudaStreamWaitEvent(draw_stream_, other.taken[index].get(), 0));
+      GEAR_CUDA_TRY(cudaEventSynchronize(r.drawn.get()));
       const detail::device_scope scope(device_);
       buf_->sample_async(r.staging, window_, g, cuda::stream_ref{draw_stream_});
       shuffle(r, g.next());
