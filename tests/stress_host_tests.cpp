@@ -1,14 +1,22 @@
 // Stress, host storage: 8 threads insert, write, sample, update priorities and erase on one
-// buffer with no lock of their own (tests/stress.hpp). CI builds this suite with ThreadSanitizer;
+// buffer with no lock of their own (tests/stress.hpp); rank threads draw through a rank_sampler
+// while actors insert. CI builds this suite with ThreadSanitizer;
 // GEAR_STRESS_OPS sets the operations per thread (default 2500: 2 * 10^4 in all).
 
 #include <gear/gear.hpp>
+#include <gear/rank_sampler.hpp>
 #include <gear/sharded_buffer.hpp>
 
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <cstdlib>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
 
 #include "stress.hpp"
 
@@ -29,10 +37,10 @@ struct host_view {
 /// A batch's keys, mask and column 0, where they already are (host memory).
 constexpr auto host_fetch = [](auto& batch, cuda::stream_ref) {
   const std::int64_t n = batch.batch_size() * batch.window_length();
-  return host_view<void>{
-      {batch.keys_data(), static_cast<std::size_t>(batch.batch_size())},
-      {batch.mask_data(), static_cast<std::size_t>(n)},
-      {reinterpret_cast<const std::int64_t*>(batch.column_data(0)), static_cast<std::size_t>(n * 3)}};
+  return host_view<void>{{batch.keys_data(), static_cast<std::size_t>(batch.batch_size())},
+                         {batch.mask_data(), static_cast<std::size_t>(n)},
+                         {reinterpret_cast<const std::int64_t*>(batch.column_data(0)),
+                          static_cast<std::size_t>(n * 3)}};
 };
 
 }  // namespace
@@ -56,4 +64,61 @@ TEST_CASE("stress: 8 threads on one sharded host buffer (3 shards), no lock of t
   no_streams streams;
   const auto r = gear_stress::run(buf, 8, ops, 43, streams, host_fetch);
   gear_stress::check(r, 8, ops);
+}
+
+TEST_CASE(
+    "stress: 4 rank threads through a rank_sampler while 2 actors insert: every step's rows "
+    "disjoint, every row its key's trajectory") {
+  using id_spec = gear::spec<gear::column<"id", std::int64_t>>;
+  using shards = gear::sharded_buffer<id_spec, gear::storage::host, gear::select::uniform>;
+  shards buf({0, 0}, gear::capacity{64}, gear::max_length{1},
+             gear::select::uniform{.replacement = false}, gear::insert_route::round_robin);
+  std::mutex ids_mutex;  // the test's own bookkeeping, not the buffer's
+  std::map<std::pair<std::uint32_t, std::uint64_t>, std::int64_t> ids;
+  std::atomic<std::int64_t> next_id{0};
+  auto insert = [&](int count) {
+    std::vector<std::int64_t> values(static_cast<std::size_t>(count));
+    for (auto& v : values) v = next_id++;
+    const std::vector<std::int64_t> lengths(values.size(), 1);
+    std::vector<gear::key> keys(values.size());
+    buf.insert({lengths, {gear::input(values.data())}, gear::memory_kind::host}, keys);
+    const std::lock_guard<std::mutex> held(ids_mutex);
+    for (std::size_t i = 0; i < keys.size(); ++i) ids[{keys[i].shard, keys[i].ticket}] = values[i];
+  };
+  for (int i = 0; i < 20; ++i) insert(4);
+  constexpr std::int64_t ranks = 4, rows = 4;
+  const int steps = 300;
+  gear::rank_sampler<shards> sampler(buf, gear::rank_count{ranks}, gear::batch_size{rows},
+                                     gear::window{1}, gear::rng{77});
+  // [step][rank][row]: the key and the id each rank read.
+  std::vector<gear::key> seen_keys(std::size_t(steps * ranks * rows));
+  std::vector<std::int64_t> seen_ids(seen_keys.size());
+  std::vector<std::thread> pool;
+  for (int a = 0; a < 2; ++a)
+    pool.emplace_back([&] {
+      for (int i = 0; i < steps; ++i) insert(2);
+    });
+  for (std::int64_t r = 0; r < ranks; ++r)
+    pool.emplace_back([&, r] {
+      auto b = sampler.make_batch();
+      for (int t = 0; t < steps; ++t) {
+        sampler.sample(r, b);
+        for (std::int64_t i = 0; i < rows; ++i) {
+          const auto at = std::size_t((t * ranks + r) * rows + i);
+          seen_keys[at] = b.keys_data()[i];
+          seen_ids[at] = b.column<"id">()(i, 0);
+        }
+      }
+    });
+  for (auto& th : pool) th.join();
+  for (int t = 0; t < steps; ++t) {
+    std::set<std::pair<std::uint32_t, std::uint64_t>> step;
+    for (std::int64_t k = 0; k < ranks * rows; ++k) {
+      const auto at = std::size_t(t * ranks * rows + k);
+      const gear::key key = seen_keys[at];
+      step.insert({key.shard, key.ticket});
+      REQUIRE(ids.at({key.shard, key.ticket}) == seen_ids[at]);
+    }
+    REQUIRE(step.size() == std::size_t(ranks * rows));
+  }
 }
