@@ -15,6 +15,11 @@
 // figures of the others; they skip with a message where the machine lacks the memory.
 
 #include <benchmark/benchmark.h>
+#include <thrust/binary_search.h>
+#include <thrust/copy.h>
+#include <thrust/device_vector.h>
+#include <thrust/execution_policy.h>
+#include <thrust/scan.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -30,11 +35,6 @@
 #include <gear/rank_sampler.hpp>
 #include <gear/sharded_buffer.hpp>
 #include <map>
-#include <thrust/binary_search.h>
-#include <thrust/copy.h>
-#include <thrust/device_vector.h>
-#include <thrust/execution_policy.h>
-#include <thrust/scan.h>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -968,8 +968,9 @@ void bm_prioritized(benchmark::State& state) {
     double total = 0;
     for (float p : raw) total += std::pow(double(p), policy.alpha);
     for (std::size_t i = 0; i < slots.size(); ++i) {
-      const double want =
-          slots[i] < 0 || slots[i] >= n ? -1 : std::pow(double(raw[slots[i]]), policy.alpha) / total;
+      const double want = slots[i] < 0 || slots[i] >= n
+                              ? -1
+                              : std::pow(double(raw[slots[i]]), policy.alpha) / total;
       if (!(std::abs(probabilities[i] - want) <= 1e-3 * want))
         return fail(state, "prioritized row " + std::to_string(i) + ": slot " +
                                std::to_string(slots[i]) + " probability " +
@@ -1020,10 +1021,10 @@ void bm_prioritized(benchmark::State& state) {
                                         uk.size() * (sizeof(gear::key) + sizeof(float)));
   auto* device_keys = device_pairs.as<gear::key>();
   auto* device_priorities = reinterpret_cast<float*>(device_keys + uk.size());
-  GEAR_CUDA_TRY(cudaMemcpy(device_keys, uk.data(), uk.size() * sizeof(gear::key),
-                           cudaMemcpyHostToDevice));
-  GEAR_CUDA_TRY(cudaMemcpy(device_priorities, up.data(), up.size() * sizeof(float),
-                           cudaMemcpyHostToDevice));
+  GEAR_CUDA_TRY(
+      cudaMemcpy(device_keys, uk.data(), uk.size() * sizeof(gear::key), cudaMemcpyHostToDevice));
+  GEAR_CUDA_TRY(
+      cudaMemcpy(device_priorities, up.data(), up.size() * sizeof(float), cudaMemcpyHostToDevice));
   const double update_host_us = median_call_us(200, [&] { dev.update(t, uk, up, c.stream); });
   const std::span<const gear::key> dk(device_keys, uk.size());
   const std::span<const float> dp(device_priorities, up.size());
@@ -1037,7 +1038,7 @@ void bm_prioritized(benchmark::State& state) {
   }
   {
     const std::vector<float> now = dev.priorities(c.stream);
-    std::map<std::uint64_t, float> last;  // last write wins
+    std::map<std::uint64_t, float> last;                                     // last write wins
     for (std::size_t i = 0; i < uk.size(); ++i) last[uk[i].ticket] = up[i];  // ticket = slot
     for (const auto& [slot, p] : last)
       if (now[slot] != p)
@@ -1056,8 +1057,7 @@ void bm_prioritized(benchmark::State& state) {
   state.counters["cpu_tree_update_us"] = cpu_update_us;
   const std::string name = g_name;
   char note[160];
-  auto row = [&](const std::string& what, double us, const std::string& base_name,
-                 double base_us) {
+  auto row = [&](const std::string& what, double us, const std::string& base_name, double base_us) {
     table_row r(name + "/" + what, us, base_name, base_us, "", 0);
     r.unit = "us";
     return r;
@@ -1065,10 +1065,10 @@ void bm_prioritized(benchmark::State& state) {
   // P3: <= 30 us, >= 3x the scan, >= 50x the CPU tree.
   table_row p3 = row("select", select_us, "thrust scan + upper_bound", scan_us);
   p3.target = "P3 <= 30 us";
-  p3.met = select_us <= 30 && scan_us >= 3 * select_us && cpu_select_us >= 50 * select_us
-               ? "yes"
-               : "NO";
-  std::snprintf(note, sizeof note, "%.1fx faster than the scan (>= 3x), %.0fx the CPU tree (>= 50x)",
+  p3.met =
+      select_us <= 30 && scan_us >= 3 * select_us && cpu_select_us >= 50 * select_us ? "yes" : "NO";
+  std::snprintf(note, sizeof note,
+                "%.1fx faster than the scan (>= 3x), %.0fx the CPU tree (>= 50x)",
                 scan_us / select_us, cpu_select_us / select_us);
   p3.note = note;
   record(state, p3);
@@ -1465,13 +1465,29 @@ double median_per_call(F&& f) {
   return median(t);
 }
 
+/// Inserts `total` trajectories of `len` steps of 4 KiB into every buffer of `bufs`, from device
+/// memory, 64 per insert, on the bench stream.
+template <class... Buffers>
+void fill_4k(std::int64_t total, std::int64_t len, Buffers&... bufs) {
+  constexpr std::int64_t chunk = 64;
+  auto& c = clock_();
+  gear::detail::allocation src(gear::memory_kind::device,
+                               static_cast<std::size_t>(chunk * len * 4096));
+  GEAR_CUDA_TRY(cudaMemsetAsync(src.data(), 1, src.size(), c.stream));
+  const std::vector<std::int64_t> lengths(chunk, len);
+  std::vector<gear::key> keys(chunk);
+  const gear::trajectories<step_spec<4096>> in{
+      lengths, {gear::input(src.as<const std::uint8_t>(), {4096})}, gear::memory_kind::device};
+  for (std::int64_t at = 0; at < total; at += chunk) (bufs.insert(in, keys, c.stream), ...);
+}
+
 /// Sampling from a sharded_buffer of `Shards` shards on this GPU against one replay_buffer of the
 /// same trajectories, in the same run: uniform, B = 256 windows of 16 steps of 4 KiB (16 MiB per
 /// sample). The ratio is what the split, the fork and join of the shards' streams and the launch
 /// that makes probabilities global cost on one GPU (median of 9 timings of 20 calls each).
 template <int Shards>
 void bm_sharded(benchmark::State& state) {
-  constexpr std::int64_t total = 4096, len = 16, batch = 256, chunk = 64;
+  constexpr std::int64_t total = 4096, len = 16, batch = 256;
   auto& c = clock_();
   int here = 0;
   GEAR_CUDA_TRY(cudaGetDevice(&here));
@@ -1480,18 +1496,7 @@ void bm_sharded(benchmark::State& state) {
       gear::insert_route::round_robin);
   gear::replay_buffer<step_spec<4096>, gear::storage::device> single{gear::capacity{total},
                                                                      gear::max_length{len}};
-  // The same trajectories in both, from device memory, `chunk` per insert.
-  gear::detail::allocation src(gear::memory_kind::device,
-                               static_cast<std::size_t>(chunk * len * 4096));
-  GEAR_CUDA_TRY(cudaMemsetAsync(src.data(), 1, src.size(), c.stream));
-  const std::vector<std::int64_t> lengths(chunk, len);
-  std::vector<gear::key> keys(chunk);
-  const gear::trajectories<step_spec<4096>> in{
-      lengths, {gear::input(src.as<const std::uint8_t>(), {4096})}, gear::memory_kind::device};
-  for (std::int64_t at = 0; at < total; at += chunk) {
-    sharded.insert(in, keys, c.stream);
-    single.insert(in, keys, c.stream);
-  }
+  fill_4k(total, len, sharded, single);  // the same trajectories in both
   auto out = sharded.make_batch(gear::batch_size{batch}, gear::window_length{len});
   auto out1 = single.make_batch(gear::batch_size{batch}, gear::window_length{len});
   gear::rng g{3}, g1{3};
@@ -1513,21 +1518,14 @@ void bm_sharded(benchmark::State& state) {
 /// Two shards on this GPU, windows of 16 steps of 4 KiB; the ranks' calls share the bench stream.
 template <int Ranks>
 void bm_rank_sampler(benchmark::State& state) {
-  constexpr std::int64_t total = 4096, len = 16, rows = 64, chunk = 64;
+  constexpr std::int64_t total = 4096, len = 16, rows = 64;
   using shards = gear::sharded_buffer<step_spec<4096>, gear::storage::device>;
   auto& c = clock_();
   int here = 0;
   GEAR_CUDA_TRY(cudaGetDevice(&here));
   shards buf({here, here}, gear::capacity{total / 2}, gear::max_length{len},
              gear::select::uniform{.replacement = false}, gear::insert_route::round_robin);
-  gear::detail::allocation src(gear::memory_kind::device,
-                               static_cast<std::size_t>(chunk * len * 4096));
-  GEAR_CUDA_TRY(cudaMemsetAsync(src.data(), 1, src.size(), c.stream));
-  const std::vector<std::int64_t> lengths(chunk, len);
-  std::vector<gear::key> keys(chunk);
-  const gear::trajectories<step_spec<4096>> in{
-      lengths, {gear::input(src.as<const std::uint8_t>(), {4096})}, gear::memory_kind::device};
-  for (std::int64_t at = 0; at < total; at += chunk) buf.insert(in, keys, c.stream);
+  fill_4k(total, len, buf);
   const gear::window w{.length = len};
   gear::rank_sampler<shards> sampler(buf, gear::rank_count{Ranks}, gear::batch_size{rows}, w,
                                      gear::rng{5});
@@ -1575,26 +1573,15 @@ void register_gpu_benchmarks() {
   register_sample_family<28672, gear::storage::pinned_host>();
   register_insert<1024>();
   register_insert<28672>();
-  add("prioritized/device/N:16777216/batch:4096", bm_prioritized)
-      ->UseManualTime()
-      ->Iterations(1)
-      ->Unit(benchmark::kMicrosecond);
-  add("sharded/device/shards:2/step:4096/batch:256", bm_sharded<2>)
-      ->UseManualTime()
-      ->Iterations(1)
-      ->Unit(benchmark::kMicrosecond);
-  add("sharded/device/shards:4/step:4096/batch:256", bm_sharded<4>)
-      ->UseManualTime()
-      ->Iterations(1)
-      ->Unit(benchmark::kMicrosecond);
-  add("rank_sampler/device/ranks:2/step:4096/rows:64", bm_rank_sampler<2>)
-      ->UseManualTime()
-      ->Iterations(1)
-      ->Unit(benchmark::kMicrosecond);
-  add("rank_sampler/device/ranks:4/step:4096/rows:64", bm_rank_sampler<4>)
-      ->UseManualTime()
-      ->Iterations(1)
-      ->Unit(benchmark::kMicrosecond);
+  // Rows that repeat and time their calls themselves: one iteration, in microseconds.
+  const auto add_once = [](const std::string& name, void (*f)(benchmark::State&)) {
+    add(name, f)->UseManualTime()->Iterations(1)->Unit(benchmark::kMicrosecond);
+  };
+  add_once("prioritized/device/N:16777216/batch:4096", bm_prioritized);
+  add_once("sharded/device/shards:2/step:4096/batch:256", bm_sharded<2>);
+  add_once("sharded/device/shards:4/step:4096/batch:256", bm_sharded<4>);
+  add_once("rank_sampler/device/ranks:2/step:4096/rows:64", bm_rank_sampler<2>);
+  add_once("rank_sampler/device/ranks:4/step:4096/rows:64", bm_rank_sampler<4>);
   register_select_axis<gear::select::uniform>();
   register_select_axis<gear::select::prioritized>();
   register_select_axis<gear::select::recency>();

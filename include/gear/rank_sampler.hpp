@@ -168,9 +168,11 @@ class rank_sampler {
                      std::to_string(rows_) + " rows of " + std::to_string(window_.length) +
                      " (make it with make_batch())");
     std::unique_lock<std::mutex> held(mutex_);
-    if constexpr (on_device) (void)lane_of(rank);  // what can fail before the draw, first
+    lane* l = nullptr;  // this rank's events (GPU): made first, what can fail before the draw
+    if constexpr (on_device) l = &lane_of(rank);
     const std::uint64_t step = next_[static_cast<std::size_t>(rank)];
-    round& r = rounds_[static_cast<std::size_t>(step % rounds_.size())];
+    const auto k = static_cast<std::size_t>(step % rounds_.size());
+    round& r = rounds_[k];
     if (r.step != step) {
       const bool free =
           cv_.wait_for(held, options_.wait, [&] { return r.step == step || r.taken == ranks_; });
@@ -180,9 +182,9 @@ class rank_sampler {
                        std::to_string(step) + ": rank " + std::to_string(slowest()) +
                        " has not taken step " + std::to_string(r.step) +
                        " (rounds_ahead = " + std::to_string(rounds_.size()) + ")");
-      if (r.step != step) draw(r, step, rank, stream);
+      if (r.step != step) draw(r, k, step, l, stream);
     }
-    take(r, rank, out, stream);
+    take(r, k, rank, l, out, stream);
     next_[static_cast<std::size_t>(rank)] = step + 1;
     ++r.taken;
     held.unlock();
@@ -261,15 +263,14 @@ class rank_sampler {
     return l;
   }
 
-  /// Draws step `step` into round r (free): the buffer's joint sample into staging and the
-  /// ranks' order. On failure r and the rng are as before (r still free).
-  void draw(round& r, std::uint64_t step, std::int64_t rank, cuda::stream_ref caller) {
+  /// Draws step `step` into round r = rounds_[index] (free), after the stream of the rank whose
+  /// events are `l` (GPU): the buffer's joint sample into staging and the ranks' order. On
+  /// failure r and the rng are as before (r still free).
+  void draw(round& r, std::size_t index, std::uint64_t step, lane* l, cuda::stream_ref caller) {
     rng g = rng_;
-    const auto index = static_cast<std::size_t>(&r - rounds_.data());
     if constexpr (on_device) {
-      lane& l = lane_of(rank);
-      GEAR_CUDA_TRY(cudaEventRecord(l.fork.get(), caller.get()));
-      GEAR_CUDA_TRY(cudaStreamWaitEvent(draw_stream_, l.fork.get(), 0));
+      GEAR_CUDA_TRY(cudaEventRecord(l->fork.get(), caller.get()));
+      GEAR_CUDA_TRY(cudaStreamWaitEvent(draw_stream_, l->fork.get(), 0));
       // This round's last copies (on every rank's stream) end before the draw overwrites its
       // staging and its order on the device. Its order on the host (pinned, which a copy from
       // pageable memory would make the call wait for the draw's stream, and through it for the
@@ -285,9 +286,7 @@ class rank_sampler {
                                     cudaMemcpyHostToDevice, draw_stream_));
       GEAR_CUDA_TRY(cudaEventRecord(r.drawn.get(), draw_stream_));
     } else {
-      (void)caller;
-      (void)rank;
-      (void)index;
+      (void)caller, (void)index, (void)l;
       buf_->sample(r.staging, window_, g);
       shuffle(r, g.next());
     }
@@ -307,25 +306,25 @@ class rank_sampler {
           order[d.below(static_cast<std::uint64_t>(i + 1), static_cast<std::uint64_t>(i), 0)]);
   }
 
-  /// Copies rank `rank`'s rows of round r into `out` on `stream`.
-  void take(round& r, std::int64_t rank, batch_type& out, cuda::stream_ref stream) {
+  /// Copies rank `rank`'s rows of round r = rounds_[index] into `out` on `stream`, recording the
+  /// rank's event `l` (GPU) of that round after the copy.
+  void take(round& r, std::size_t index, std::int64_t rank, lane* l, batch_type& out,
+            cuda::stream_ref stream) {
     const detail::row_parts parts = detail::row_parts::of(out, r.staging);
     const std::int64_t first = rank * rows_;
     if constexpr (on_device) {
 #if defined(GEAR_DEVICE_BACKEND)
-      lane& l = lane_of(rank);
-      const auto index = static_cast<std::size_t>(&r - rounds_.data());
       GEAR_CUDA_TRY(cudaStreamWaitEvent(stream.get(), r.drawn.get(), 0));
       detail::copy_rows_on_device(parts, r.order_device.template as<std::int32_t>() + first, rows_,
                                   stream);
-      GEAR_CUDA_TRY(cudaEventRecord(l.taken[index].get(), stream.get()));
-      l.recorded[index] = true;
+      GEAR_CUDA_TRY(cudaEventRecord(l->taken[index].get(), stream.get()));
+      l->recorded[index] = true;
 #else
       static_assert(detail::dependent_false<Buffer>,
                     "gear::rank_sampler on the GPU needs <gear/gear.cuh>, compiled by nvcc");
 #endif
     } else {
-      (void)stream;
+      (void)stream, (void)index, (void)l;
       detail::copy_rows_on_host(parts, r.order_host.template as<std::int32_t>() + first, rows_);
     }
   }

@@ -1,14 +1,10 @@
 #pragma once
 // sharded_buffer's routing of keys to the shards they name (priority updates, erases), with every
 // check made before any shard is asked; the failed updates from device memory that all shards
-// recorded for one update, raised as one error once no update may still be running; and what
-// the split needs of a policy.
+// recorded for one update, raised as one error; and what the split needs of a policy.
 
 #include <algorithm>
 #include <cstddef>
-#include <cuda/stream_ref>
-#include <deque>
-#include <gear/detail/cuda.hpp>
 #include <gear/error.hpp>
 #include <gear/key.hpp>
 #include <optional>
@@ -76,36 +72,6 @@ void raise_first_of(std::size_t n, F&& f) {
     }
   if (first) throw *first;
 }
-
-/// The updates from device memory that may still run: an event after each, on its caller's
-/// stream, dropped once seen reached.
-class updates_in_flight {
- public:
-  /// Records the event of an update just enqueued on `stream` (nothing if that fails: a broken
-  /// context fails every later call anyway).
-  void note(cuda::stream_ref stream) noexcept {
-    try {
-      event e = event::make();
-      GEAR_CUDA_TRY(cudaEventRecord(e.get(), stream.get()));
-      events_.push_back(std::move(e));
-    } catch (...) {
-    }
-  }
-  /// True once every update noted has finished (with `wait`, waits for them).
-  bool finished(bool wait) {
-    while (!events_.empty()) {
-      if (wait)
-        GEAR_CUDA_TRY(cudaEventSynchronize(events_.front().get()));
-      else if (!event_reached(events_.front().get()))
-        return false;
-      events_.pop_front();
-    }
-    return true;
-  }
-
- private:
-  std::deque<event> events_;
-};
 
 /// A policy's importance-sampling exponent (0 for a policy without one).
 template <class Selection>

@@ -2,11 +2,15 @@
 // The streams of a sharded_buffer's shards and how a call's work on them is ordered with the
 // caller's stream (fork: the shard's stream waits for an event recorded on the caller's; join: the
 // caller's waits for one recorded on the shard's), the read-back of each shard's selection mass,
-// and the rows each shard wrote into a sample with their global factor (shard_parts). For
-// storage::host every stream is the null stream and nothing is recorded.
+// the rows each shard wrote into a sample with their global factor (shard_parts), and the updates
+// from device memory that may still run (updates_in_flight). For storage::host every stream is
+// the null stream and nothing is recorded.
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cuda/stream_ref>
+#include <deque>
 #include <gear/detail/buffer/core.hpp>
 #include <gear/detail/cuda.hpp>
 #include <gear/detail/memory.hpp>
@@ -83,6 +87,46 @@ inline bool enable_peer_access(int from, int to) {
     GEAR_CUDA_TRY(enabled);
   return true;
 }
+
+/// The updates from device memory that may still run: an event after each, on its caller's
+/// stream, dropped once seen reached and kept for the next update on its device.
+class updates_in_flight {
+ public:
+  /// Records the event of an update just enqueued on `stream` (nothing if that fails: a broken
+  /// context fails every later call anyway).
+  void note(cuda::stream_ref stream) noexcept {
+    try {
+      const int here = current_device_ordinal();
+      const auto spare = std::find_if(spare_.begin(), spare_.end(),
+                                      [&](const noted& n) { return n.device == here; });
+      noted n = spare != spare_.end() ? std::move(*spare) : noted{here, event::make()};
+      if (spare != spare_.end()) spare_.erase(spare);
+      GEAR_CUDA_TRY(cudaEventRecord(n.done.get(), stream.get()));
+      events_.push_back(std::move(n));
+    } catch (...) {
+    }
+  }
+  /// True once every update noted has finished (with `wait`, waits for them).
+  bool finished(bool wait) {
+    while (!events_.empty()) {
+      if (wait)
+        GEAR_CUDA_TRY(cudaEventSynchronize(events_.front().done.get()));
+      else if (!event_reached(events_.front().done.get()))
+        return false;
+      spare_.push_back(std::move(events_.front()));
+      events_.pop_front();
+    }
+    return true;
+  }
+
+ private:
+  struct noted {
+    int device;
+    event done;  // made on `device`, where a stream records it
+  };
+  std::deque<noted> events_;
+  std::vector<noted> spare_;
+};
 
 class shard_streams {
  public:
