@@ -10,7 +10,8 @@
 //                   many as the learner has), and microseconds per sample against the raw round
 //                   trip; with samples in flight, the share of the time each of the shard's
 //                   threads (progress, packer, writer) and the learner's was busy: which one
-//                   bounds it
+//                   bounds it; and the same with every request sent alone (no bundles of
+//                   requests: remote_learner's requests_per_message 1)
 //   insert          2 and 8 actor processes insert trajectories of 16 steps of 4 KiB into one
 //                   shard, started together once all are connected, with keys and without:
 //                   GB/s together (the sum of their rates), against raw writedata of an entry's
@@ -252,6 +253,7 @@ int main(int argc, char** argv) {
     std::int64_t rows = 0;
     std::size_t reply_bytes = 0;
     std::vector<double> raw_reply, raw_shallow, sample_gbps, sample_us, pipelined_gbps;
+    std::vector<double> alone_gbps;  // pipelined, every request sent alone (no bundles)
     std::array<std::vector<double>, 4> busy;  // pipelined: the shard's threads and the learner
   };
   // The shard's threads' busy seconds so far: progress, packer, writers.
@@ -292,28 +294,38 @@ int main(int argc, char** argv) {
       r.sample_us.push_back(s / double(n) * 1e6);
       // As many in flight as a learner may have (a training loop keeps the next batches
       // begun while it trains on one): the shard gathers a share while others are on the wire.
+      // Then the same with every request sent alone (requests_per_message 1): what bundling
+      // the requests gives.
       std::vector<gear::batch<spec>> batches;
       for (std::size_t i = 0; i < in_flight; ++i)
         batches.emplace_back(gear::memory_kind::host, gear::batch_size{rows},
                              gear::window_length{window});
-      for (auto& b : batches) learner.sample_begin(b, gear::window{.length = window}, g);
-      n = 0;
-      const auto busy_before = shard_busy();
-      const double waited_before = learner.waiting_seconds();
-      const auto t2 = clock_type::now();
-      while (seconds_since(t2) < seconds) {
-        gear::batch<spec>& b = batches[static_cast<std::size_t>(n) % in_flight];
-        learner.sample_end(b);
-        learner.sample_begin(b, gear::window{.length = window}, g);
-        ++n;
-      }
-      const double phase = seconds_since(t2);
-      r.pipelined_gbps.push_back(double(n) * double(r.reply_bytes) / phase / 1e9);
-      const auto busy_after = shard_busy();
-      for (std::size_t k = 0; k < 3; ++k)
-        r.busy[k].push_back(100 * (busy_after[k] - busy_before[k]) / phase);
-      r.busy[3].push_back(100 * (1 - (learner.waiting_seconds() - waited_before) / phase));
-      for (auto& b : batches) learner.sample_end(b);
+      const auto pipelined = [&](gear::transport::remote_learner<spec>& l, bool busy) {
+        for (auto& b : batches) l.sample_begin(b, gear::window{.length = window}, g);
+        std::int64_t k = 0;
+        const auto busy_before = shard_busy();
+        const double waited_before = l.waiting_seconds();
+        const auto t2 = clock_type::now();
+        while (seconds_since(t2) < seconds) {
+          gear::batch<spec>& b = batches[static_cast<std::size_t>(k) % in_flight];
+          l.sample_end(b);
+          l.sample_begin(b, gear::window{.length = window}, g);
+          ++k;
+        }
+        const double phase = seconds_since(t2);
+        const auto busy_after = shard_busy();
+        if (busy) {
+          for (std::size_t j = 0; j < 3; ++j)
+            r.busy[j].push_back(100 * (busy_after[j] - busy_before[j]) / phase);
+          r.busy[3].push_back(100 * (1 - (l.waiting_seconds() - waited_before) / phase));
+        }
+        for (auto& b : batches) l.sample_end(b);
+        return double(k) * double(r.reply_bytes) / phase / 1e9;
+      };
+      r.pipelined_gbps.push_back(pipelined(learner, true));
+      o.requests_per_message = 1;
+      gear::transport::remote_learner<spec> alone(blobs, o);
+      r.alone_gbps.push_back(pipelined(alone, false));
     }
     return r;
   };
@@ -435,6 +447,10 @@ int main(int argc, char** argv) {
     std::printf("%-52s %7.2f GB/s %11.2f GB/s %7.1f%%   rounds: %s\n", what,
                 median(m.pipelined_gbps), median(m.raw_reply), median(two_ratios),
                 listed(two_ratios).c_str());
+    const auto alone = ratios(m.alone_gbps, m.raw_reply);
+    std::printf("%-52s %7.2f GB/s %11.2f GB/s %7.1f%%   rounds: %s\n",
+                "  the same, every request sent alone (no bundles)", median(m.alone_gbps),
+                median(m.raw_reply), median(alone), listed(alone).c_str());
     const auto same_depth = ratios(m.pipelined_gbps, m.raw_shallow);
     std::snprintf(what, sizeof what, "  the same, against raw with %zu in flight", in_flight);
     std::printf("%-52s %7.2f GB/s %11.2f GB/s %7.1f%%   rounds: %s\n", what,

@@ -370,6 +370,74 @@ TEST_CASE("remote CQ data and frame senders round-trip") {
   CHECK(info.value.type == remote::message_type::status);
 }
 
+TEST_CASE("bundles: several requests of one sender in one message, split back whole") {
+  // Three requests of sender 9, each its own frame, in one bundle.
+  std::vector<std::vector<std::byte>> frames;
+  for (std::uint32_t i = 0; i < 3; ++i) {
+    remote::sample_request r = some_request();
+    r.request = 100 + i;
+    frames.push_back(remote::encode(r));
+    remote::stamp_sender(frames.back(), 9);
+  }
+  const auto bundle_of = [](const std::vector<std::vector<std::byte>>& fs, std::uint32_t sender) {
+    std::vector<std::byte> b;
+    remote::start_bundle(b);
+    for (const auto& f : fs) remote::add_to_bundle(b, f);
+    remote::finish_bundle(b, sender);
+    return b;
+  };
+  const std::vector<std::byte> bundle = bundle_of(frames, 9);
+  std::vector<std::span<const std::byte>> split;
+  const auto ok = remote::split_bundle(bundle, remote::default_max_message,
+                                       remote::message_type::sample_request, split);
+  REQUIRE(ok);
+  CHECK(ok.value.sender == 9);
+  CHECK(ok.value.type == remote::message_type::bundle);
+  REQUIRE(split.size() == 3);
+  remote::message_limits l;
+  l.max_length = 64;
+  for (std::size_t i = 0; i < 3; ++i) {
+    CHECK(std::equal(split[i].begin(), split[i].end(), frames[i].begin(), frames[i].end()));
+    const auto r = remote::parse_sample_request(split[i], l);
+    REQUIRE(r);
+    CHECK(r.value.request == 100 + i);
+  }
+
+  // Refused whole, with its reason: a bundle of nothing, a frame cut short or running past the
+  // end, a frame of another sender, of another type, a bundle in a bundle, a bad inner header,
+  // a lone request where a bundle was expected.
+  const auto refused = [&](const std::vector<std::byte>& b) {
+    split.assign(2, {});
+    const auto d = remote::split_bundle(b, remote::default_max_message,
+                                        remote::message_type::sample_request, split);
+    CHECK(split.empty());  // nothing of it handed out
+    return d ? refusal::none : d.why;
+  };
+  CHECK(refused(bundle_of({}, 9)) == refusal::out_of_range);
+  std::vector<std::byte> cut = bundle;
+  cut.resize(cut.size() - 5);
+  remote::finish_bundle(cut, 9);  // the outer length agrees; the last frame's does not
+  CHECK(refused(cut) == refusal::truncated);
+  std::vector<std::byte> short_header = bundle_of(frames, 9);
+  short_header.resize(short_header.size() + 7);  // 7 bytes of no frame after the last one
+  remote::finish_bundle(short_header, 9);
+  CHECK(refused(short_header) == refusal::truncated);
+  auto other_sender = frames;
+  remote::stamp_sender(other_sender[1], 8);
+  CHECK(refused(bundle_of(other_sender, 9)) == refusal::mismatch);
+  auto status_frame = remote::encode(some_status());
+  remote::stamp_sender(status_frame, 9);
+  CHECK(refused(bundle_of({frames[0], status_frame}, 9)) == refusal::wrong_type);
+  CHECK(refused(bundle_of({frames[0], bundle}, 9)) == refusal::wrong_type);
+  auto bad_magic = frames;
+  bad_magic[2][0] ^= std::byte{1};
+  CHECK(refused(bundle_of(bad_magic, 9)) == refusal::bad_magic);
+  CHECK(refused(frames[0]) == refusal::wrong_type);
+  auto outer_truncated = bundle;
+  outer_truncated.pop_back();
+  CHECK(refused(outer_truncated) == refusal::truncated);  // the outer length no longer agrees
+}
+
 TEST_CASE("a peer that does not fit is refused, naming both sides") {
   const auto mine = some_blob();
   CHECK_NOTHROW(remote::check_peer(mine, some_blob()));

@@ -1,6 +1,7 @@
 // Decentralised sampling between processes over loopback (tcp;ofi_rxm, shm, shm without CMA): 2
 // shards of unequal size (8 and 16 trajectories, uniform selection, host storage) and 1 learner
-// (remote_learner). Over 320 batches of 64 rows, every row holds its trajectory's bytes (its id
+// (remote_learner). Over 320 batches of 64 rows (half of them with 8 samples in flight, whose
+// requests go to the shards in bundles), every row holds its trajectory's bytes (its id
 // in every step, a pattern of (id, step), its mask) and a key naming its shard, incarnation and
 // ticket; every probability is the union's, 1/24; and the rows follow the union's law: chi-square
 // at significance 0.001 over the 24 trajectories, with power shown on the same counts against a
@@ -89,6 +90,7 @@ int run_shard(int fd, const gear::transport::libfabric_config& fabric, std::uint
   char byte = 0;
   if (read(fd, &byte, 1) != 1) return 11;
   server.stop();
+  if (server.stats().bundles == 0) return 13;  // the learner's held requests came bundled
   return server.stats().refused.total() == 0 ? 0 : 12;
 }
 
@@ -121,8 +123,6 @@ int run_learner(int fd, const gear::transport::libfabric_config& fabric) {
   std::vector<double> counts(24, 0.0), law(24);
   gear::rng g{2026};
   const auto ids = out.column<"id">();
-  const auto obs = out.column<"obs">();
-  const auto mask = out.mask();
   double mass = 0;
   for (std::size_t c = 0; c < 24; ++c) {
     const std::int64_t id = c < 8 ? id_of(0, c) : id_of(1, c - 8);
@@ -179,20 +179,18 @@ int run_learner(int fd, const gear::transport::libfabric_config& fabric) {
   } catch (const gear::error& e) {
     if (e.code() != gear::errc::invalid_argument) return 38;
   }
-  for (std::int64_t b = 0; b < batches; ++b) {
-    if (b % 2 == 0) {
-      learner.sample(out, gear::window{.length = max_length}, g);
-    } else {  // the shards work while this thread does something else
-      learner.sample_begin(out, gear::window{.length = max_length}, g);
-      std::this_thread::yield();
-      learner.sample_end(out);
-    }
+  // Every row of a finished batch: its trajectory's bytes, mask and key; the union's
+  // probability; counted for the law.
+  const auto check = [&](gear::batch<spec>& done) {
+    const auto ids = done.column<"id">();
+    const auto obs = done.column<"obs">();
+    const auto mask = done.mask();
     for (std::int64_t r = 0; r < rows; ++r) {
       const std::int64_t id = ids(r, 0);
       const auto shard = static_cast<std::uint32_t>(id / 100);
       const std::int64_t i = id % 100;
       if (shard > 1 || i >= sizes[shard]) return 22;
-      const gear::key k = out.keys()[static_cast<std::size_t>(r)];
+      const gear::key k = done.keys()[static_cast<std::size_t>(r)];
       if (k.shard != shard || k.incarnation != incarnation[shard] ||
           k.ticket != static_cast<std::uint64_t>(i))
         return 23;
@@ -205,14 +203,56 @@ int run_learner(int fd, const gear::transport::libfabric_config& fabric) {
           if (obs(r, s, q) != obs_of(id, s, q)) return 26;
       }
       const std::size_t cell = shard * 8 + std::size_t(i);
-      if (std::fabs(out.probabilities()[static_cast<std::size_t>(r)] - law[cell]) >
+      if (std::fabs(done.probabilities()[static_cast<std::size_t>(r)] - law[cell]) >
           1e-5 * law[cell] + 1e-7)
         return 27;
-      if (out.weights()[static_cast<std::size_t>(r)] != 1.0f) return 28;
-      counts[static_cast<std::size_t>(shard * 8 + i)] += 1;
+      if (done.weights()[static_cast<std::size_t>(r)] != 1.0f) return 28;
+      counts[cell] += 1;
+    }
+    return 0;
+  };
+  for (std::int64_t b = 0; b < batches / 2; ++b) {
+    if (b % 2 == 0) {
+      learner.sample(out, gear::window{.length = max_length}, g);
+    } else {  // the shards work while this thread does something else
+      learner.sample_begin(out, gear::window{.length = max_length}, g);
+      std::this_thread::yield();
+      learner.sample_end(out);
+    }
+    if (const int rc = check(out); rc != 0) return rc;
+  }
+  // As many in flight as allowed, begun ahead as a training loop does: from the fifth on, with
+  // four being served, a new sample's requests are held and go four samples' at a time in one
+  // message per shard (run_shard checks that bundles came). Mostly the oldest is ended first;
+  // every fifth time the newest, whose requests may still be held (its sample_end sends them).
+  constexpr std::size_t most = gear::transport::max_samples_in_flight;
+  std::vector<gear::batch<spec>> ahead;
+  std::vector<std::size_t> order;  // the batches in flight, oldest first
+  ahead.reserve(most);             // they stay put while in flight
+  for (std::size_t i = 0; i < most; ++i) {
+    ahead.emplace_back(gear::memory_kind::host, gear::batch_size{rows},
+                       gear::window_length{max_length});
+    learner.sample_begin(ahead[i], gear::window{.length = max_length}, g);
+    order.push_back(i);
+  }
+  for (std::int64_t b = batches / 2; b < batches; ++b) {
+    const bool newest = b % 5 == 0;
+    const std::size_t i = newest ? order.back() : order.front();
+    order.erase(newest ? order.end() - 1 : order.begin());
+    learner.sample_end(ahead[i]);
+    if (const int rc = check(ahead[i]); rc != 0) return rc;
+    if (b + static_cast<std::int64_t>(most) < batches) {
+      learner.sample_begin(ahead[i], gear::window{.length = max_length}, g);
+      order.push_back(i);
     }
   }
-  const double n = batches * rows;
+  for (const std::size_t i : order) {
+    learner.sample_end(ahead[i]);
+    if (const int rc = check(ahead[i]); rc != 0) return rc;
+  }
+  double n = 0;
+  for (const double c : counts) n += c;
+  if (n != double(batches * rows)) return 39;
   std::vector<double> union_law(24), mixture(24);
   double shard_mass[2] = {0, 0};
   for (std::size_t c = 0; c < 24; ++c) shard_mass[c < 8 ? 0 : 1] += law[c];

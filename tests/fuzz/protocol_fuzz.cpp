@@ -1,5 +1,5 @@
-// libFuzzer target for the remote transport's parsers (frame.hpp, messages.hpp, blob.hpp,
-// entry.hpp): whatever bytes a peer sends, a parser must refuse or accept them without reading
+// libFuzzer target for the remote transport's parsers (frame.hpp and its bundles, messages.hpp,
+// blob.hpp, entry.hpp): whatever bytes a peer sends, a parser must refuse or accept them without reading
 // outside them (AddressSanitizer), without undefined behaviour (UBSan), and an accepted message
 // must re-encode to the bytes it came from. The first input byte picks the parser; the rest is
 // either the message itself or an XOR mask over a valid one (so that the search starts deep).
@@ -63,6 +63,17 @@ std::vector<std::byte> valid(unsigned kind) {
     }
     case 5:
       return remote::encode(remote::ack{1, 1, 3, gear::key{5, 0, 7}});
+    case 9: {  // a bundle of two sample requests
+      std::vector<std::byte> b;
+      remote::start_bundle(b);
+      for (int i = 0; i < 2; ++i) {
+        auto frame = valid(3);
+        remote::stamp_sender(frame, 3);
+        remote::add_to_bundle(b, frame);
+      }
+      remote::finish_bundle(b, 3);
+      return b;
+    }
     default: {
       remote::address_blob b;
       b.provider = "shm";
@@ -119,6 +130,22 @@ void parse(unsigned kind, std::span<const std::byte> b) {
       (void)remote::check_entry(ring, {1, 1, first, 4, 4096, 64, steps});
       break;
     }
+    case 9: {  // a bundle: what is accepted is whole frames, which rebuild it byte for byte
+      std::vector<std::span<const std::byte>> frames;
+      const auto d = remote::split_bundle(b, l.max_message, remote::message_type::sample_request,
+                                          frames);
+      if (!d) break;
+      std::vector<std::byte> again;
+      remote::start_bundle(again);
+      for (const auto f : frames) {
+        remote::add_to_bundle(again, f);
+        (void)remote::parse_sample_request(f, l);
+      }
+      remote::finish_bundle(again, d.value.sender);
+      if (again.size() != b.size() || std::memcmp(again.data(), b.data(), b.size()) != 0)
+        std::abort();
+      break;
+    }
     default: {  // a sample reply, the slice as long as the input
       const std::int64_t steps[] = {24, 4};
       (void)remote::check_reply(b, 1, 7, 2, 2, steps);
@@ -131,8 +158,8 @@ void parse(unsigned kind, std::span<const std::byte> b) {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size < 2) return 0;
-  const unsigned kind = data[0] % 9;
-  const bool mask = (data[1] & 1) != 0 && kind < 7;
+  const unsigned kind = data[0] % 10;
+  const bool mask = (data[1] & 1) != 0 && (kind < 7 || kind == 9);
   std::vector<std::byte> bytes;
   if (mask) {  // XOR the rest over a valid message of that kind (and its length, if longer)
     bytes = valid(kind);

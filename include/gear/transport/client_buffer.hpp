@@ -220,6 +220,7 @@ class replay_buffer<Spec, storage::none, Selection, transport::libfabric> {
       o.max_batch = transport_.max_batch;
       o.max_window = transport_.max_window;
       o.skip_lost_shards = transport_.skip_lost_shards;
+      o.requests_per_message = transport_.requests_per_message;
       if constexpr (requires { selection_.beta; }) o.beta = selection_.beta;
       o.deadline = transport_.deadline;
       o.token = transport_.token;

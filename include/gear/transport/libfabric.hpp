@@ -87,6 +87,9 @@ struct libfabric {
   /// erases count as stale. The call that finds it lost still throws errc::peer_lost. False:
   /// every call needs every shard.
   bool skip_lost_shards = false;
+  /// With this many samples or more in flight and unanswered, a new one's requests wait and go
+  /// this many samples' to a shard in one message (remote_learner's option). 1: never wait.
+  std::size_t requests_per_message = 4;
 
   [[nodiscard]] std::uint32_t shard_id() const noexcept { return shard; }
   [[nodiscard]] std::uint32_t shard_count() const noexcept {

@@ -321,8 +321,7 @@ class remote_actor : public remote_client {
     }
     std::vector<std::size_t> pool;  // the shards taken in turn
     if (options_.route == routing::local_first) {
-      char host[256] = {};
-      (void)gethostname(host, sizeof(host) - 1);
+      const std::string host = detail::remote::host_name();
       for (std::size_t s = 0; s < links_.size(); ++s)
         if (links_[s].blob.hostname == host) pool.push_back(s);
     }

@@ -98,6 +98,7 @@ class remote_client {
       links_.push_back({b.value, ep_->insert_peer(b.value.address), {}, {}});
     }
     GEAR_REQUIRE(!links_.empty(), errc::invalid_argument, "a client needs at least one shard");
+    lost_.assign(links_.size(), false);
   }
   ~remote_client() { close(); }
   /// Closes the endpoint (and every registration) first: a derived class calls it in its
@@ -179,7 +180,23 @@ class remote_client {
 
   virtual void on_message(std::span<const std::byte>, detail::remote::message_type) {}
   /// True for a shard this client no longer counts on: its failed transfers are ignored.
-  [[nodiscard]] virtual bool written_off(std::size_t) const { return false; }
+  [[nodiscard]] bool written_off(std::size_t s) const { return lost_[s]; }
+  /// Runs `call` for shard s. When it throws errc::peer_lost naming a shard and skip_lost_ is
+  /// set, that shard is lost from then on (lost_); the error is thrown again unless it named s
+  /// and not `rethrow`, when an empty result is returned.
+  template <class Call>
+  auto guarded(std::size_t s, Call&& call, bool rethrow = false)
+      -> std::optional<decltype(call())> {
+    try {
+      return call();
+    } catch (const error& e) {
+      const std::optional<std::size_t> named = last_lost();
+      if (e.code() != errc::peer_lost || !skip_lost_ || !named) throw;
+      lost_[*named] = true;
+      if (rethrow || *named != s) throw;
+      return std::nullopt;
+    }
+  }
   /// The shard the last errc::peer_lost this client threw named (none: a failure it could not
   /// pin on one shard).
   [[nodiscard]] std::optional<std::size_t> last_lost() const noexcept { return last_lost_; }
@@ -190,6 +207,8 @@ class remote_client {
   std::string token_;
   fabric::host_region inbox_;
   std::vector<shard_link> links_;  // their memory outlives the endpoint
+  std::vector<bool> lost_;         // shards left out (a learner's skip_lost_shards)
+  bool skip_lost_ = false;
   std::unique_ptr<fabric::endpoint> ep_;
   fabric::region inbox_region_{};
   fabric::outbox outbox_;

@@ -29,6 +29,7 @@
 #include <gear/priority_update.hpp>
 #include <gear/rng.hpp>
 #include <gear/select/uniform.hpp>
+#include <gear/transport/held_requests.hpp>
 #include <gear/transport/remote_client.hpp>
 #include <gear/transport/reply_slice.hpp>
 #include <gear/transport/sample_flight.hpp>
@@ -59,6 +60,12 @@ class remote_learner : public remote_client {
     /// throws errc::peer_lost (its sample cannot be completed), unless it was a status request
     /// of sample_begin, which then goes on without it. False: every call needs every shard.
     bool skip_lost_shards = false;
+    /// While this many samples or more are being served (replies not all in), a new sample's
+    /// requests are held back and go with the next ones', this many samples' to a shard in one
+    /// message (sooner if its sample_end, an update or an erase comes first): over tcp a send
+    /// costs the learner's thread what receiving a 64 KiB reply does. With fewer in flight (two,
+    /// say: one training, the next coming) every request goes at once. 1: never held.
+    std::size_t requests_per_message = 4;
   };
 
   /// Connects to every shard whose address blob is given (same spec and selection policy).
@@ -68,10 +75,13 @@ class remote_learner : public remote_client {
                       detail::remote::selection_fingerprint<Selection>(), o.token),
         options_(std::move(o)),
         slices_(links_.size()),
-        lost_(links_.size(), false) {
+        held_(links_.size()) {
     namespace remote = detail::remote;
     GEAR_REQUIRE(options_.max_batch >= 1 && options_.max_window >= 1, errc::invalid_argument,
                  "max_batch and max_window must be at least 1");
+    GEAR_REQUIRE(options_.requests_per_message >= 1, errc::invalid_argument,
+                 "requests_per_message must be at least 1");
+    skip_lost_ = options_.skip_lost_shards;
     flights_.reserve(max_samples_in_flight);
     reply_bytes_ = static_cast<std::size_t>(
         remote::layout_reply(Spec::step_bytes, options_.max_batch, options_.max_window).meta_bytes);
@@ -106,10 +116,11 @@ class remote_learner : public remote_client {
     sample_end(out);
   }
 
-  /// Starts a sample into `out`: splits its rows across the shards and sends every request; the
-  /// shards select, gather and write meanwhile (a training step can run). Up to
-  /// max_samples_in_flight samples may be in flight, into different batches, ended in any order:
-  /// with two, a shard gathers the next share while the last one is on the wire. `out` must stay
+  /// Starts a sample into `out`: splits its rows across the shards and sends every request (or
+  /// holds them: options.requests_per_message); the shards select, gather and write meanwhile (a
+  /// training step can run). Up to max_samples_in_flight samples may be in flight, into different
+  /// batches, ended in any order: with two, a shard gathers the next share while the last one is
+  /// on the wire. `out` must stay
   /// alive until sample_end; the shards write into its columns meanwhile. Throws, sending
   /// nothing, errc::invalid_argument (as many in flight as allowed, or one into `out` already, a
   /// batch larger than the slices, memory an earlier sample's cut-off reply may still write
@@ -180,6 +191,8 @@ class remote_learner : public remote_client {
     f.grant = ep_->register_memory(columns, granted, FI_REMOTE_WRITE);
     const auto until = clock::now() + deadline_;
     std::int64_t first = 0;  // the shard's first row
+    bool sent = false;       // its requests went (or were given up)
+    held_.begin_sample();
     try {
       for (std::size_t s = 0; s < links_.size(); first += f.share[s], ++s) {
         if (f.share[s] == 0) continue;
@@ -206,12 +219,24 @@ class remote_learner : public remote_client {
                                                            first * length * Spec::step_bytes[c]);
         message_ = remote::encode(r, std::move(message_));
         remote::stamp_sender(message_, links_[s].welcome->peer_index);
-        guarded(
-            s, [&] { return send(message_, s, until), true; }, true);
-        f.sent.push_back(s);  // reserved: no throw once the request went out (a send that
-                              // throws has posted nothing)
+        held_.add(s, message_);
+        f.sent.push_back(s);  // reserved
+      }
+      held_.end_sample();
+      f.held = true;
+      if (!held_.may_hold(flights_, options_.requests_per_message,
+                          [&](std::size_t s, std::size_t a) { return reply_in(s, a); })) {
+        sent = true;
+        if (!send_held(until, &f))  // a shard its request could not go to (a send that throws
+                                    // has posted nothing)
+          for (std::size_t s = 0; s < links_.size(); ++s)
+            if (f.share[s] > 0 && !f.asked(s)) lost(s, "acceptance of a sample request");
       }
     } catch (...) {  // nothing may land in the batch once this throws
+      if (!sent) {
+        held_.cancel_sample();
+        f.sent.clear();
+      }
       end_grant(f, until);
       spares_.recycle(std::move(f));
       throw;
@@ -236,9 +261,10 @@ class remote_learner : public remote_client {
                                  [&](const flight& f) { return f.out == &out; });
     GEAR_REQUIRE(it != flights_.end(), errc::invalid_argument,
                  "sample_end of a batch with no sample in flight");
+    const auto until = clock::now() + deadline_;
+    if (it->held) (void)send_held(until);  // a shard that failed is not asked: finish says so
     flight f = std::move(*it);
     flights_.erase(it);
-    const auto until = clock::now() + deadline_;
     try {
       finish(out, f, until);
     } catch (...) {  // nothing may land in the batch once this throws
@@ -307,6 +333,7 @@ class remote_learner : public remote_client {
         updates[s].entries.clear();
       }
     const auto until = clock::now() + deadline_;
+    (void)send_held(until);  // the samples begun before go first
     const std::size_t per_message = remote::update_capacity(remote::default_max_message);
     for (std::size_t s = 0; s < links_.size(); ++s)
       for (std::size_t at = 0; at < updates[s].entries.size(); at += per_message) {
@@ -340,7 +367,6 @@ class remote_learner : public remote_client {
   }
 
   using flight = sample_flight<batch<Spec>>;
-
   [[nodiscard]] std::byte* area(std::size_t s, std::size_t a) const { return slices_[s].area(a); }
   [[nodiscard]] bool reply_in(std::size_t s, std::size_t a) const { return slices_[s].reply_in(a); }
 
@@ -349,31 +375,31 @@ class remote_learner : public remote_client {
       if (links_[s].blob.shard == d.peer) slices_[s].note(d);  // (maybe before sample_begin ends)
   }
 
-  /// Runs `call` for shard s. When it throws errc::peer_lost naming a shard and
-  /// options.skip_lost_shards is set, that shard is lost from then on; the error is thrown again
-  /// unless it named s and not `rethrow`, when an empty result is returned.
-  template <class Call>
-  auto guarded(std::size_t s, Call&& call, bool rethrow = false)
-      -> std::optional<decltype(call())> {
-    try {
-      return call();
-    } catch (const error& e) {
-      const std::optional<std::size_t> named = last_lost();
-      if (e.code() != errc::peer_lost || !options_.skip_lost_shards || !named) throw;
-      lost_[*named] = true;
-      if (*named < snapshot_.size()) snapshot_[*named] = {0, 0, false};
-      if (rethrow || *named != s) throw;
-      return std::nullopt;
-    }
+  /// Sends the held requests (held_requests::send); a shard whose message could not go is left
+  /// out of those samples' `sent`, and their sample_end throws errc::peer_lost naming it.
+  bool send_held(clock::time_point until, flight* also = nullptr) noexcept {
+    return held_.send(
+        flights_, also,
+        [&](std::size_t s, std::span<const std::byte> message) {
+          try {  // guarded leaves the shard out where options.skip_lost_shards says so
+            guarded(
+                s, [&] { return send(message, s, until), true; }, true);
+            return true;
+          } catch (...) {
+            return false;
+          }
+        },
+        [&](std::size_t s) { return links_[s].welcome->peer_index; });
   }
-  [[nodiscard]] bool written_off(std::size_t s) const override { return lost_[s]; }
 
   /// The body of sample_end: waits for every share, checks every reply, then completes the batch.
   void finish(batch<Spec>& out, const flight& f, clock::time_point until) {
     namespace remote = detail::remote;
     const std::int64_t rows = out.batch_size(), length = out.window_length();
-    for (std::size_t s = 0; s < links_.size(); ++s)
+    for (std::size_t s = 0; s < links_.size(); ++s) {
       if (f.share[s] > 0 && lost_[s]) lost(s, "sample reply (it was lost meanwhile)");
+      if (f.share[s] > 0 && !f.asked(s)) lost(s, "acceptance of a sample request");
+    }
     for (std::size_t s = 0; s < links_.size(); ++s)
       if (f.share[s] > 0)
         guarded(
@@ -410,8 +436,8 @@ class remote_learner : public remote_client {
     for (const auto& m : f.split) union_size += m.live ? m.size : 0;
     for (std::size_t s = 0; s < links_.size(); ++s) {
       if (f.share[s] == 0) continue;
-      unpack(out, s, area(s, f.area), f.layouts[s], at, f.share[s], f.total, f.split,
-             probabilities);
+      unpack_reply(out, area(s, f.area), f.layouts[s], at, f.share[s], f.split[s].mass, f.total,
+                   probabilities);
       at += f.share[s];
     }
     remote::importance_weights(probabilities, union_size, options_.beta,
@@ -449,28 +475,9 @@ class remote_learner : public remote_client {
     ep_->deregister(f.grant);
   }
 
-  /// Copies shard s's k rows' mask, keys and probabilities (global) into rows [at, at + k) of
-  /// `out`; their columns are there already.
-  void unpack(batch<Spec>& out, std::size_t s, const std::byte* from,
-              const detail::remote::reply_layout& l, std::int64_t at, std::int64_t k, double total,
-              std::span<const detail::remote::shard_share> split,
-              std::vector<double>& probabilities) {
-    const auto length = static_cast<std::size_t>(out.window_length());
-    const auto first = static_cast<std::size_t>(at), rows = static_cast<std::size_t>(k);
-    std::memcpy(out.mask_data() + first * length, from + l.mask_at, rows * length);
-    std::memcpy(out.keys_data() + first, from + l.keys_at, rows * sizeof(key));
-    for (std::size_t i = 0; i < rows; ++i) {
-      float local = 0;
-      std::memcpy(&local, from + l.probabilities_at + i * sizeof(float), sizeof(float));
-      const double p = detail::remote::global_probability(split[s].mass, total, local);
-      probabilities[first + i] = p;
-      out.probabilities_data()[first + i] = static_cast<float>(p);
-    }
-  }
-
   options options_;
   std::vector<reply_slice> slices_;  // their memory outlives the endpoint (reset by remote_client)
-  std::vector<bool> lost_;           // shards left out (options.skip_lost_shards)
+  held_requests held_;               // requests held back (options.requests_per_message)
   std::vector<detail::remote::shard_share> snapshot_;
   std::uint32_t next_request_ = 0;
   std::optional<detail::remote::update_result> update_answer_;

@@ -1,12 +1,16 @@
 #pragma once
 // gear::transport::sample_flight: what a remote learner (remote_learner.hpp) keeps for one sample
-// between sample_begin and sample_end, and flight_spares, the storage of ended ones kept for the
+// between sample_begin and sample_end (and unpack_reply, which completes its batch from a shard's
+// reply), and flight_spares, the storage of ended ones kept for the
 // next, so that a learner's sample allocates nothing once its sizes were seen.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <gear/detail/remote/entry.hpp>
 #include <gear/detail/remote/split.hpp>
+#include <gear/key.hpp>
 #include <gear/transport/fabric_memory.hpp>
 #include <gear/transport/reply_slice.hpp>
 #include <utility>
@@ -21,12 +25,38 @@ struct sample_flight {
   Batch* out = nullptr;
   std::size_t area = 0;
   fabric::region grant{};         // its batch's columns, registered for it alone
-  std::vector<std::size_t> sent;  // the shards it asked
+  std::vector<std::size_t> sent;  // the shards it asked (or will: held)
+  bool held = false;              // its requests are held back (held_requests.hpp)
   std::vector<std::int64_t> share;
   std::vector<detail::remote::reply_layout> layouts;
   std::vector<detail::remote::shard_share> split;  // the snapshot it was split by
   double total = 0;
+
+  /// True when shard s was asked for its rows (or will be: held).
+  [[nodiscard]] bool asked(std::size_t s) const noexcept {
+    return std::find(sent.begin(), sent.end(), s) != sent.end();
+  }
 };
+
+/// Copies one shard's k rows' mask, keys and probabilities (made global: that shard's mass in the
+/// split, the split's `total`) from its reply's meta part `from` (layout l) into rows
+/// [at, at + k) of `out` and of `probabilities`; their columns are there already.
+template <class Batch>
+void unpack_reply(Batch& out, const std::byte* from, const detail::remote::reply_layout& l,
+                  std::int64_t at, std::int64_t k, double shard_mass, double total,
+                  std::vector<double>& probabilities) {
+  const auto length = static_cast<std::size_t>(out.window_length());
+  const auto first = static_cast<std::size_t>(at), rows = static_cast<std::size_t>(k);
+  std::memcpy(out.mask_data() + first * length, from + l.mask_at, rows * length);
+  std::memcpy(out.keys_data() + first, from + l.keys_at, rows * sizeof(key));
+  for (std::size_t i = 0; i < rows; ++i) {
+    float local = 0;
+    std::memcpy(&local, from + l.probabilities_at + i * sizeof(float), sizeof(float));
+    const double p = detail::remote::global_probability(shard_mass, total, local);
+    probabilities[first + i] = p;
+    out.probabilities_data()[first + i] = static_cast<float>(p);
+  }
+}
 
 /// Ended flights, their vectors' capacity kept. A learner has at most max_samples_in_flight
 /// flights begun or spare together, and room for them all here: recycle never allocates.
@@ -41,6 +71,7 @@ class flight_spares {
     sample_flight<Batch> f = std::move(spare_.back());
     spare_.pop_back();
     f.sent.clear();
+    f.held = false;
     return f;
   }
   void recycle(sample_flight<Batch>&& f) noexcept {

@@ -38,7 +38,7 @@ class replay_buffer<Spec, Storage, Selection, transport::libfabric>
   replay_buffer(gear::capacity slots, gear::max_length length, Selection selection,
                 transport::libfabric t)
       : local_type(slots, length, selection,
-                   transport::shard_view{{t.shard, transport::draw_incarnation()}}),
+                   transport::shard_view{{t.shard, detail::remote::draw_incarnation()}}),
         transport_(std::move(t)) {
     const std::uint32_t b = transport_.block_bytes;
     GEAR_REQUIRE(b >= 4096 && b <= (16u << 20) && (b & (b - 1)) == 0, errc::invalid_argument,

@@ -17,7 +17,8 @@
 //                  (never the sender's; detail/remote/entry.hpp), inserted into the buffer,
 //                  acknowledged with its key, which frees its blocks (the actor's credits); an
 //                  entry the buffer refuses is acknowledged with no ticket;
-//   sample request queued per learner, up to 8 replies in flight each (fewer, down to 2, for
+//   sample request queued per learner (several may come in one bundle: frame.hpp), up to 8 replies
+//   in flight each (fewer, down to 2, for
 //                  replies above 8 MiB, columns and meta part): selected and gathered by the
 //                  buffer's own policy, its columns written into the learner's batch, the rest
 //                  into its slice (shard_operations.hpp);
@@ -52,8 +53,8 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <random>
 #include <set>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
@@ -65,14 +66,6 @@ namespace gear::transport {
 inline constexpr std::uint64_t max_slice_bytes = std::uint64_t{1} << 32;
 /// Sample requests of one learner a shard queues before it refuses more.
 inline constexpr std::size_t max_deferred_requests = 64;
-
-/// A random incarnation, never 0 (0 is transport::local's).
-inline std::uint32_t draw_incarnation() {
-  std::random_device seed;
-  std::uint32_t n = 0;
-  while (n == 0) n = seed();
-  return n;
-}
 
 template <class Buffer>
 class shard_server {
@@ -96,6 +89,7 @@ class shard_server {
     std::uint64_t inserted = 0, refused_inserts = 0, peers = 0;
     std::uint64_t failed_transfers = 0;  ///< completions in error (a peer gone, a refused access)
     std::uint64_t dropped_sends = 0;     ///< control messages not accepted by the deadline
+    std::uint64_t bundles = 0;           ///< messages of several sample requests (frame.hpp)
     detail::remote::refusal_counts refused;  ///< messages and entries, by reason
     /// Seconds the shard's threads spent working rather than waiting: the progress thread on
     /// what came in, the packer on packing replies, the learners' writers (together) on posting
@@ -117,7 +111,8 @@ class shard_server {
     GEAR_REQUIRE(local_.incarnation == 0 || local_.shard == options_.shard, errc::invalid_argument,
                  "the buffer is shard " + std::to_string(local_.shard) + ", the options say " +
                      std::to_string(options_.shard));
-    incarnation_ = local_.incarnation != 0 ? local_.incarnation : draw_incarnation();
+    incarnation_ =
+        local_.incarnation != 0 ? local_.incarnation : detail::remote::draw_incarnation();
     std::random_device seed;
     inbox_region_ = ep_->register_memory(inbox_.data(), inbox_.size(), FI_RECV);
     ep_->receive_into(inbox_region_, detail::remote::default_max_message);
@@ -130,9 +125,7 @@ class shard_server {
     b.pid = static_cast<std::uint32_t>(getpid());
     do b.nonce = (std::uint64_t{seed()} << 32) | seed();
     while (b.nonce == 0);
-    char host[256] = {};
-    (void)gethostname(host, sizeof(host) - 1);
-    b.hostname = host;
+    b.hostname = detail::remote::host_name();
     b.capacity = buffer.capacity();
     b.max_length = buffer.max_length();
     b.spec_fingerprint = detail::remote::spec_fingerprint<spec>();
@@ -212,8 +205,7 @@ class shard_server {
         else if (idle >= 2000)
           std::this_thread::sleep_for(std::chrono::microseconds(50));
       } catch (const std::exception&) {  // a failed call or allocation: counted, serve on
-        const std::lock_guard held(stats_mutex_);
-        ++stats_.failed_transfers;
+        bump(&counters::failed_transfers);
       }
     }
   }
@@ -235,10 +227,7 @@ class shard_server {
         work_.push_back({{}, c.data, 0});
       } else if (c.what == kind::sent || c.what == kind::written || c.what == kind::failed) {
         (void)outbox_.completed(c.context);
-        if (c.what == kind::failed) {
-          const std::lock_guard held(stats_mutex_);
-          ++stats_.failed_transfers;
-        }
+        if (c.what == kind::failed) bump(&counters::failed_transfers);
       }
     });
   }
@@ -247,12 +236,14 @@ class shard_server {
     const std::lock_guard held(stats_mutex_);
     stats_.refused.add(r);
   }
+  void bump(std::uint64_t counters::*counter) {
+    const std::lock_guard held(stats_mutex_);
+    ++(stats_.*counter);
+  }
   void send(std::span<const std::byte> message, fi_addr_t to) {
     const auto until = std::chrono::steady_clock::now() + options_.send_deadline;
-    if (!outbox_.send(*ep_, message, to, until, [this] { (void)poll(); })) {
-      const std::lock_guard held(stats_mutex_);
-      ++stats_.dropped_sends;  // not accepted in time: dropped
-    }
+    if (!outbox_.send(*ep_, message, to, until, [this] { (void)poll(); }))
+      bump(&counters::dropped_sends);  // not accepted in time: dropped
   }
   [[nodiscard]] detail::remote::message_limits limits() const {
     detail::remote::message_limits l;
@@ -267,6 +258,14 @@ class shard_server {
     const auto info = remote::frame_type(message, remote::default_max_message);
     if (!info) return count(info.why);
     if (info.value.type == remote::message_type::hello) return on_hello(message);
+    if (info.value.type == remote::message_type::bundle) {  // requests, taken one by one
+      const auto b = remote::split_bundle(message, remote::default_max_message,
+                                          remote::message_type::sample_request, bundled_);
+      if (!b) return count(b.why);
+      bump(&counters::bundles);
+      for (const auto frame : bundled_) on_message(frame);
+      return;
+    }
     const std::uint32_t sender = info.value.sender;
     if (sender == 0 || sender > peers_.size()) return count(remote::refusal::mismatch);
     const peer& from = peers_[sender - 1];
@@ -378,10 +377,7 @@ class shard_server {
         throw;
       }
     }
-    {
-      const std::lock_guard held(stats_mutex_);
-      ++stats_.peers;
-    }
+    bump(&counters::peers);
     send(remote::encode(w), to);
   }
 
@@ -486,7 +482,8 @@ class shard_server {
   std::uint32_t incarnation_ = 0;
   detail::remote::address_blob blob_;
   std::vector<std::byte> address_;
-  std::deque<work> work_;  // the progress thread's alone
+  std::deque<work> work_;                            // the progress thread's alone
+  std::vector<std::span<const std::byte>> bundled_;  // a bundle's frames (the same)
   mutable std::mutex stats_mutex_;
   counters stats_;
   shard_stream stream_;  // GPU buffers are called on it, by the progress thread alone

@@ -6,10 +6,13 @@
 // refused with an error that names both sides, since a layout mismatch under one-sided writes
 // would corrupt silently. Memory keys are not in the blob: the handshake grants them per peer.
 
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstdio>
 #include <gear/detail/remote/frame.hpp>
 #include <gear/error.hpp>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -111,6 +114,21 @@ inline void check_peer(const address_blob& mine, const address_blob& theirs) {
   if (mine.selection_fingerprint != theirs.selection_fingerprint)
     refuse_peer("the selection policy", hex(mine.selection_fingerprint),
                 hex(theirs.selection_fingerprint));
+}
+
+/// This machine's host name (what a blob names its shard's host by).
+inline std::string host_name() {
+  char host[256] = {};
+  (void)gethostname(host, sizeof(host) - 1);
+  return host;
+}
+
+/// A random incarnation, never 0 (0 is transport::local's).
+inline std::uint32_t draw_incarnation() {
+  std::random_device seed;
+  std::uint32_t n = 0;
+  while (n == 0) n = seed();
+  return n;
 }
 
 }  // namespace gear::detail::remote

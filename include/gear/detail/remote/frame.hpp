@@ -8,7 +8,8 @@
 // the bytes a peer sent, which may be anything: it checks the header against what it holds, reads
 // every field through wire_reader (never past the end), checks every field's range, and refuses
 // the message, naming the reason and the field, rather than use a value it has not checked. The
-// receiver counts refusals by reason and goes on serving.
+// receiver counts refusals by reason and goes on serving. Several frames of one sender may travel
+// in one message, a bundle (at the end of this file).
 
 #include <array>
 #include <cstdint>
@@ -18,6 +19,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 namespace gear::detail::remote {
 
@@ -36,7 +38,8 @@ enum class message_type : std::uint16_t {
   update,
   ack,
   update_result,
-  erase,  ///< an update's body, removing the trajectories named (their priorities unused)
+  erase,   ///< an update's body, removing the trajectories named (their priorities unused)
+  bundle,  ///< several whole frames of one sender in one message (below)
 };
 
 /// Why a message was refused.
@@ -191,6 +194,68 @@ decoded<T> parse_frame(std::span<const std::byte> bytes, message_type type,
   if (!r.ok()) return refuse<T>(refusal::truncated, d.what.empty() ? "a field" : d.what);
   if (r.remaining() != 0) return refuse<T>(refusal::trailing, "after the last field");
   return d;
+}
+
+// ---- bundles -----------------------------------------------------------------------------------
+// A bundle is one message that carries several frames of one sender (a learner's sample requests
+// for one shard): a frame of type bundle whose body is those frames back to back, each whole, with
+// its own header. A sender that holds several for one receiver pays one send for them all.
+
+/// Starts an empty bundle in `out`, keeping its storage.
+inline void start_bundle(std::vector<std::byte>& out) {
+  out.assign(frame_header_bytes, std::byte{0});
+  const std::uint16_t type = static_cast<std::uint16_t>(message_type::bundle);
+  std::memcpy(out.data(), &frame_magic, 4);
+  std::memcpy(out.data() + 4, &wire_version, 2);
+  std::memcpy(out.data() + 6, &type, 2);
+}
+/// Appends a whole frame to the bundle in `out`.
+inline void add_to_bundle(std::vector<std::byte>& out, std::span<const std::byte> frame) {
+  out.insert(out.end(), frame.begin(), frame.end());
+}
+/// Sets the body length and the sender of the bundle in `out` (that of its frames).
+inline void finish_bundle(std::span<std::byte> out, std::uint32_t sender) noexcept {
+  const auto body = static_cast<std::uint32_t>(out.size() - frame_header_bytes);
+  std::memcpy(out.data() + 8, &body, 4);
+  stamp_sender(out, sender);
+}
+
+/// The frames of a bundle, as views of `bytes` in `frames`, once the bundle and every frame's
+/// header hold together (frame_type), each frame is of type `inner` (never a bundle) and names
+/// the bundle's sender. Otherwise the whole bundle is refused: nothing of it is to be acted on.
+/// Returns the bundle's header.
+inline decoded<frame_info> split_bundle(std::span<const std::byte> bytes, std::uint32_t max_message,
+                                        message_type inner,
+                                        std::vector<std::span<const std::byte>>& frames) {
+  frames.clear();
+  const auto refused = [&](refusal why, std::string what) {
+    frames.clear();  // nothing of a refused bundle is handed out
+    return refuse<frame_info>(why, std::move(what));
+  };
+  const decoded<frame_info> header = frame_type(bytes, max_message);
+  if (!header) return header;
+  if (header.value.type != message_type::bundle) return refused(refusal::wrong_type, "no bundle");
+  std::span<const std::byte> rest = bytes.subspan(frame_header_bytes);
+  if (rest.empty()) return refused(refusal::out_of_range, "a bundle of no frame");
+  while (!rest.empty()) {
+    if (rest.size() < frame_header_bytes)
+      return refused(refusal::truncated, "bundled frame header");
+    std::uint32_t body = 0;
+    std::memcpy(&body, rest.data() + 8, 4);
+    if (body > rest.size() - frame_header_bytes)
+      return refused(refusal::truncated, "bundled frame body");
+    const auto frame = rest.first(frame_header_bytes + body);
+    const decoded<frame_info> f = frame_type(frame, max_message);
+    if (!f) return refused(f.why, "bundled frame: " + f.what);
+    if (f.value.type != inner || inner == message_type::bundle)
+      return refused(refusal::wrong_type,
+                     "bundled frame of type " + std::to_string(unsigned(f.value.type)));
+    if (f.value.sender != header.value.sender)
+      return refused(refusal::mismatch, "bundled frame of another sender");
+    frames.push_back(frame);
+    rest = rest.subspan(frame.size());
+  }
+  return header;
 }
 
 }  // namespace gear::detail::remote

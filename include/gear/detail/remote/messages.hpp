@@ -10,6 +10,7 @@
 //   status_request  learner -> shard  (empty)
 //   status          shard -> learner  size, selection mass, max priority, counters
 //   sample_request  learner -> shard  k rows of a window, the random stream, where to write
+//                                     (several samples' may come in one bundle: frame.hpp)
 //   update          learner -> shard  (ticket, incarnation, priority) per key, the max priority
 //   erase           learner -> shard  the same body: remove the trajectories named
 //   update_result   shard -> learner  pairs applied (or removed) and skipped as stale
