@@ -4,12 +4,16 @@
 
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <gear/detail/host_copy.hpp>
 #include <map>
 #include <random>
 #include <set>
+#include <thread>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -138,6 +142,48 @@ TEST_CASE("packed copies split over threads write every byte once, where it belo
   }
   CHECK(gear::detail::copy_threads_for(1) == 1);
   CHECK(gear::detail::copy_threads_for(std::int64_t{1} << 40) >= 1);
+}
+
+TEST_CASE("copy workers are started once and shared: every part runs once, after fork too") {
+  auto& pool = gear::detail::copy_pool::instance();
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const auto bound =
+      static_cast<std::size_t>(std::min(cores - 1, gear::detail::max_copy_threads - 1));
+  // 8 callers at once, 50 copies of 7 parts each: every part of every copy runs exactly once.
+  constexpr int callers = 8, copies = 50;
+  constexpr unsigned parts = 7;
+  const auto round = [&] {
+    std::vector<std::atomic<int>> runs(callers * copies * parts);
+    std::vector<std::thread> threads;
+    for (int c = 0; c < callers; ++c)
+      threads.emplace_back([&, c] {
+        for (int k = 0; k < copies; ++k)
+          gear::detail::parallel_for(parts, [&](unsigned t) {
+            runs[std::size_t((c * copies + k) * int(parts) + int(t))].fetch_add(1);
+          });
+      });
+    for (auto& t : threads) t.join();
+    return std::all_of(runs.begin(), runs.end(), [](const auto& r) { return r.load() == 1; });
+  };
+  CHECK(round());
+  const std::size_t started = pool.workers();
+  CHECK(started <= bound);
+  CHECK(round());
+  CHECK(pool.workers() == started);  // kept, not started again
+
+  // A child of fork has none of the parent's workers: its copies run on its own thread.
+  const pid_t child = fork();
+  if (child == 0) {
+    alarm(20);  // a hang ends the child
+    int sum = 0;
+    gear::detail::parallel_for(parts, [&](unsigned t) { sum += int(t) + 1; });
+    _exit(sum == 28 ? 0 : 1);
+  }
+  REQUIRE(child > 0);
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
 }
 
 TEST_CASE("large inserts (copied on several threads) land byte for byte") {

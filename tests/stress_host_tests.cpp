@@ -1,6 +1,7 @@
 // Stress, host storage: 8 threads insert, write, sample, update priorities and erase on one
 // buffer with no lock of their own (tests/stress.hpp); rank threads draw through a rank_sampler
-// while actors insert. CI builds this suite with ThreadSanitizer;
+// while actors insert; 6 threads copy through the process's copy workers at once. CI builds this
+// suite with ThreadSanitizer;
 // GEAR_STRESS_OPS sets the operations per thread (default 2500: 2 * 10^4 in all).
 
 #include <gear/gear.hpp>
@@ -12,6 +13,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <set>
@@ -121,4 +123,31 @@ TEST_CASE(
     }
     REQUIRE(step.size() == std::size_t(ranks * rows));
   }
+}
+
+TEST_CASE("stress: 6 threads copying at once through the process's copy workers") {
+  // Each part fills its own range with its thread's, copy's and part's mark; the caller then reads
+  // every range: ThreadSanitizer sees each worker's writes ordered before the caller's reads.
+  constexpr int threads = 6, copies = 40;
+  constexpr unsigned parts = 5;
+  constexpr std::size_t part_bytes = 4096;
+  std::atomic<int> bad{0};
+  std::vector<std::thread> callers;
+  for (int c = 0; c < threads; ++c)
+    callers.emplace_back([&, c] {
+      std::vector<unsigned char> out(parts * part_bytes);
+      for (int k = 0; k < copies; ++k) {
+        const auto mark = [&](unsigned t) {
+          return static_cast<unsigned char>(c * 31 + k * 7 + t);
+        };
+        gear::detail::parallel_for(parts, [&](unsigned t) {
+          std::memset(out.data() + t * part_bytes, mark(t), part_bytes);
+        });
+        for (unsigned t = 0; t < parts; ++t)
+          for (std::size_t i = 0; i < part_bytes; ++i)
+            if (out[t * part_bytes + i] != mark(t)) bad.fetch_add(1);
+      }
+    });
+  for (auto& t : callers) t.join();
+  CHECK(bad.load() == 0);
 }
