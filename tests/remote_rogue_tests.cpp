@@ -5,8 +5,9 @@
 // short for the provider, one with a role out of range, a
 // message from a sender the shard never welcomed, and, once welcomed, a sample request for 0 rows,
 // one whose reply would not fit its slice, one with a column past the batch it grants, one with a
-// column missing, one for more rows than its hello said, and an insert entry published for a
-// block outside its ring. The shard refuses each and counts it by reason, and then still answers a
+// column missing, one for more rows than its hello said, a bundle holding another sender's frame
+// (refused whole), a bundle of a bad request and a good one (the bad refused, the good served),
+// and an insert entry published for a block outside its ring. The shard refuses each and counts it by reason, and then still answers a
 // valid status request and welcomes a valid actor.
 
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
@@ -192,10 +193,22 @@ int run_rogue(int fd, const gear::transport::libfabric_config& config) {
   bytes = remote::encode(too_many);
   remote::stamp_sender(bytes, w.value.peer_index);
   if (!send(bytes)) return 40;
-  // 12. a valid request is still served (its columns in the batch), and so is a status request.
-  bytes = remote::encode(r);
-  remote::stamp_sender(bytes, w.value.peer_index);
-  if (!send(bytes)) return 32;
+  // 12. a bundle holding a frame of another sender: refused whole. 13. a bundle of a request
+  // for 0 rows and a valid one: each taken as if it came alone, the first refused, the valid
+  // one still served (its columns in the batch), and so is a status request.
+  const auto bundle_of = [&](std::uint32_t second_sender) {
+    std::vector<std::byte> b, frame = remote::encode(zero_rows);
+    remote::start_bundle(b);
+    remote::stamp_sender(frame, w.value.peer_index);
+    remote::add_to_bundle(b, frame);
+    frame = remote::encode(r);
+    remote::stamp_sender(frame, second_sender);
+    remote::add_to_bundle(b, frame);
+    remote::finish_bundle(b, w.value.peer_index);
+    return b;
+  };
+  if (!send(bundle_of(w.value.peer_index + 1))) return 41;
+  if (!send(bundle_of(w.value.peer_index))) return 32;
   bytes = remote::encode_status_request();
   remote::stamp_sender(bytes, w.value.peer_index);
   if (!send(bytes)) return 33;
@@ -330,10 +343,12 @@ void rogue(const char* provider) {
   const auto counts = rogue_run(provider, run_rogue);
   CHECK(counts[remote::refusal::truncated] == 2);     // the truncated hello, the short body
   CHECK(counts[remote::refusal::bad_magic] == 1);     // no frame
-  CHECK(counts[remote::refusal::mismatch] == 4);      // a token; another spec; a stranger; a column
-  CHECK(counts[remote::refusal::out_of_range] == 6);  // an address; a role; 0 rows; the slice;
-                                                      // the batch; rows past the hello's
-  CHECK(counts.total() == 13);
+  CHECK(counts[remote::refusal::mismatch] == 5);      // a token; another spec; a stranger; a column;
+                                                      // a bundle with another sender's frame
+  CHECK(counts[remote::refusal::out_of_range] == 7);  // an address; a role; 0 rows; the slice;
+                                                      // the batch; rows past the hello's; 0 rows
+                                                      // in a bundle
+  CHECK(counts.total() == 15);
 }
 
 void rogue_actor(const char* provider) {

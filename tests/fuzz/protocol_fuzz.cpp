@@ -139,7 +139,8 @@ void parse(unsigned kind, std::span<const std::byte> b) {
       remote::start_bundle(again);
       for (const auto f : frames) {
         remote::add_to_bundle(again, f);
-        (void)remote::parse_sample_request(f, l);
+        roundtrip(remote::parse_sample_request(f, l), f,
+                  [](const auto& v) { return remote::encode(v); });
       }
       remote::finish_bundle(again, d.value.sender);
       if (again.size() != b.size() || std::memcmp(again.data(), b.data(), b.size()) != 0)

@@ -59,19 +59,23 @@ class held_requests {
     return b;
   }
 
-  /// True when a sample just begun (its requests held: end_sample) may stay held: fewer samples'
-  /// are held than `per_message`, and at least that many earlier ones are being served (a
-  /// shard's reply not all in, `reply_in(shard, area)` as the last poll saw), which keep the
-  /// shards busy meanwhile. `flights`: the samples in flight (held, sent, area).
+  /// True while the held requests may stay held: fewer samples' are held than `per_message`,
+  /// and every shard one is held for is serving at least that many earlier samples (its reply
+  /// not all in, `reply_in(shard, area)` as the last poll saw), which keep it busy meanwhile.
+  /// `flights`: the samples in flight (held, sent, area).
   template <class Flights, class ReplyIn>
   [[nodiscard]] bool may_hold(const Flights& flights, std::size_t per_message,
                               ReplyIn reply_in) const {
     if (samples_ >= per_message) return false;
-    std::size_t serving = 0;
-    for (const auto& g : flights)
-      serving += !g.held && std::any_of(g.sent.begin(), g.sent.end(),
-                                        [&](std::size_t s) { return !reply_in(s, g.area); });
-    return serving >= per_message;
+    for (std::size_t s = 0; s < bundles_.size(); ++s) {
+      if (frames_[s] == 0) continue;
+      std::size_t serving = 0;
+      for (const auto& g : flights)
+        serving += !g.held && std::find(g.sent.begin(), g.sent.end(), s) != g.sent.end() &&
+                   !reply_in(s, g.area);
+      if (serving < per_message) return false;
+    }
+    return true;
   }
 
   /// Sends every held request, one message per shard (`send_one(shard, message)`, false when it

@@ -127,6 +127,26 @@ class remote_client {
       lost(s, "acceptance of a control message");
   }
 
+  /// Sends `message` to shard s, as send does, for a caller that cannot throw: false when s is
+  /// lost or its send failed (a send that throws has posted nothing). A failure of another
+  /// shard's seen meanwhile (guarded leaves that one out where skip_lost_ says so; else its own
+  /// waits run into their deadline) does not count against s: its message is sent again.
+  bool try_send(std::span<const std::byte> message, std::size_t s,
+                clock::time_point until) noexcept {
+    for (std::size_t attempt = 0; attempt <= links_.size() && !lost_[s]; ++attempt) {
+      try {
+        guarded(
+            s, [&] { return send(message, s, until), true; }, true);
+        return true;
+      } catch (const error& e) {
+        if (e.code() != errc::peer_lost || last_lost() == s) return false;
+      } catch (...) {
+        return false;
+      }
+    }
+    return false;
+  }
+
   [[noreturn]] void lost(std::size_t s, const std::string& waiting_for) const {
     last_lost_ = s;
     const auto& b = links_[s].blob;

@@ -60,11 +60,13 @@ class remote_learner : public remote_client {
     /// throws errc::peer_lost (its sample cannot be completed), unless it was a status request
     /// of sample_begin, which then goes on without it. False: every call needs every shard.
     bool skip_lost_shards = false;
-    /// While this many samples or more are being served (replies not all in), a new sample's
-    /// requests are held back and go with the next ones', this many samples' to a shard in one
-    /// message (sooner if its sample_end, an update or an erase comes first): over tcp a send
-    /// costs the learner's thread what receiving a 64 KiB reply does. With fewer in flight (two,
-    /// say: one training, the next coming) every request goes at once. 1: never held.
+    /// While every shard a new sample asks is serving this many earlier samples or more (their
+    /// replies not in), its requests are held back and go with the next ones', this many
+    /// samples' to a shard in one message, or sooner: at its own sample_end, at an update or
+    /// erase, and at a sample_end that finds the shards less busy. Over tcp a send costs the
+    /// learner's thread what receiving a 64 KiB reply does. With fewer in flight (two, say: one
+    /// training, the next coming) every request goes at once. 1 (never held) to
+    /// max_samples_in_flight / 2.
     std::size_t requests_per_message = 4;
   };
 
@@ -79,8 +81,12 @@ class remote_learner : public remote_client {
     namespace remote = detail::remote;
     GEAR_REQUIRE(options_.max_batch >= 1 && options_.max_window >= 1, errc::invalid_argument,
                  "max_batch and max_window must be at least 1");
-    GEAR_REQUIRE(options_.requests_per_message >= 1, errc::invalid_argument,
-                 "requests_per_message must be at least 1");
+    GEAR_REQUIRE(options_.requests_per_message >= 1 &&
+                     options_.requests_per_message <= max_samples_in_flight / 2,
+                 errc::invalid_argument,
+                 "requests_per_message must be in [1, " +
+                     std::to_string(max_samples_in_flight / 2) + "], got " +
+                     std::to_string(options_.requests_per_message));
     skip_lost_ = options_.skip_lost_shards;
     flights_.reserve(max_samples_in_flight);
     reply_bytes_ = static_cast<std::size_t>(
@@ -224,8 +230,7 @@ class remote_learner : public remote_client {
       }
       held_.end_sample();
       f.held = true;
-      if (!held_.may_hold(flights_, options_.requests_per_message,
-                          [&](std::size_t s, std::size_t a) { return reply_in(s, a); })) {
+      if (!may_hold()) {
         sent = true;
         if (!send_held(until, &f))  // a shard its request could not go to (a send that throws
                                     // has posted nothing)
@@ -274,6 +279,7 @@ class remote_learner : public remote_client {
     }
     end_grant(f, until);
     spares_.recycle(std::move(f));
+    if (!may_hold()) (void)send_held(until);  // what this call's polls saw: the shards less busy
   }
 
   /// Sets the priorities of `keys` (host spans of one size) at the shards that own them, each
@@ -337,12 +343,10 @@ class remote_learner : public remote_client {
     const std::size_t per_message = remote::update_capacity(remote::default_max_message);
     for (std::size_t s = 0; s < links_.size(); ++s)
       for (std::size_t at = 0; at < updates[s].entries.size(); at += per_message) {
-        remote::update part;
-        part.erase = erase;
-        const auto end = std::min(updates[s].entries.size(), at + per_message);
-        part.entries.assign(updates[s].entries.begin() + static_cast<std::ptrdiff_t>(at),
-                            updates[s].entries.begin() + static_cast<std::ptrdiff_t>(end));
-        auto bytes = remote::encode(part);
+        const auto from = updates[s].entries.begin() + static_cast<std::ptrdiff_t>(at);
+        const auto n = std::min(per_message, updates[s].entries.size() - at);
+        auto bytes = remote::encode(remote::update{
+            .entries = {from, from + static_cast<std::ptrdiff_t>(n)}, .erase = erase});
         remote::stamp_sender(bytes, links_[s].welcome->peer_index);
         update_answer_.reset();
         awaited_incarnation_ = links_[s].blob.incarnation;
@@ -375,20 +379,16 @@ class remote_learner : public remote_client {
       if (links_[s].blob.shard == d.peer) slices_[s].note(d);  // (maybe before sample_begin ends)
   }
 
-  /// Sends the held requests (held_requests::send); a shard whose message could not go is left
-  /// out of those samples' `sent`, and their sample_end throws errc::peer_lost naming it.
+  [[nodiscard]] bool may_hold() const {
+    return held_.may_hold(flights_, options_.requests_per_message,
+                          [&](std::size_t s, std::size_t a) { return reply_in(s, a); });
+  }
+  /// Sends the held requests (held_requests::send); a shard whose message could not go
+  /// (try_send) is left out of those samples' `sent`, and their sample_end throws
+  /// errc::peer_lost naming it.
   bool send_held(clock::time_point until, flight* also = nullptr) noexcept {
     return held_.send(
-        flights_, also,
-        [&](std::size_t s, std::span<const std::byte> message) {
-          try {  // guarded leaves the shard out where options.skip_lost_shards says so
-            guarded(
-                s, [&] { return send(message, s, until), true; }, true);
-            return true;
-          } catch (...) {
-            return false;
-          }
-        },
+        flights_, also, [&](std::size_t s, auto message) { return try_send(message, s, until); },
         [&](std::size_t s) { return links_[s].welcome->peer_index; });
   }
 

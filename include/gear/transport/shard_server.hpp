@@ -263,7 +263,13 @@ class shard_server {
                                           remote::message_type::sample_request, bundled_);
       if (!b) return count(b.why);
       bump(&counters::bundles);
-      for (const auto frame : bundled_) on_message(frame);
+      for (const auto frame : bundled_) {
+        try {  // each as if it came alone: a failure ends that one, not the others
+          on_message(frame);
+        } catch (const std::exception&) {
+          bump(&counters::failed_transfers);
+        }
+      }
       return;
     }
     const std::uint32_t sender = info.value.sender;
@@ -273,14 +279,13 @@ class shard_server {
       case remote::message_type::status_request: {
         const auto r = remote::parse_status_request(message, limits());
         if (!r) return count(r.why);
-        remote::status s;
-        s.incarnation = incarnation_;
-        s.size = buffer_.size();
-        s.mass = selection_mass(buffer_, stream_);
         const counters now = stats();
-        s.inserted = now.inserted;
-        s.refused = now.refused.total() + now.refused_inserts;
-        auto bytes = remote::encode(s);
+        auto bytes =
+            remote::encode(remote::status{.incarnation = incarnation_,
+                                          .size = buffer_.size(),
+                                          .mass = selection_mass(buffer_, stream_),
+                                          .inserted = now.inserted,
+                                          .refused = now.refused.total() + now.refused_inserts});
         remote::stamp_sender(bytes, 0);
         return send(bytes, from.address);
       }
@@ -292,8 +297,7 @@ class shard_server {
         return send(bytes, from.address);
       }
       case remote::message_type::sample_request: {
-        auto l = limits();
-        const auto r = remote::parse_sample_request(message, l);
+        const auto r = remote::parse_sample_request(message, limits());
         if (!r) return count(r.why);
         if (!from.reply || r.value.incarnation != incarnation_ ||
             r.value.request >= remote::max_cq_index)

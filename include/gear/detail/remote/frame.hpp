@@ -222,8 +222,9 @@ inline void finish_bundle(std::span<std::byte> out, std::uint32_t sender) noexce
 
 /// The frames of a bundle, as views of `bytes` in `frames`, once the bundle and every frame's
 /// header hold together (frame_type), each frame is of type `inner` (never a bundle) and names
-/// the bundle's sender. Otherwise the whole bundle is refused: nothing of it is to be acted on.
-/// Returns the bundle's header.
+/// the bundle's sender. Otherwise the whole bundle is refused (`frames` empty): nothing of it is
+/// to be acted on. The receiver then takes each frame as if it had come alone: its body is
+/// parsed and checked, and refused or acted on, on its own. Returns the bundle's header.
 inline decoded<frame_info> split_bundle(std::span<const std::byte> bytes, std::uint32_t max_message,
                                         message_type inner,
                                         std::vector<std::span<const std::byte>>& frames) {
