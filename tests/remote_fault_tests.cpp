@@ -4,8 +4,9 @@
 //     of its samples leave the shard serving: a new actor's inserts are acknowledged, a new
 //     learner's samples hold intact trajectories only (the killed actor's half-written entries
 //     are never visible);
-//   - a shard killed while a learner samples: the learner's next sample fails with
-//     errc::peer_lost naming shard 0 within its 2 s deadline (plus a margin);
+//   - a shard killed while a learner samples 8 ahead (requests held and sent in bundles): the
+//     learner's next sample_begin or sample_end fails with errc::peer_lost naming shard 0
+//     within its 2 s deadline (plus a margin);
 //   - a shard killed while an actor inserts without keys: the actor's next insert or flush fails
 //     with errc::peer_lost (a failed write) or errc::timeout (no acknowledgement frees its ring)
 //     within its 2 s deadline, and it exits after at most another 2 s (its destructor's wait for
@@ -90,7 +91,7 @@ int run_actor(int fd, const gear::transport::libfabric_config& fabric, std::int6
 /// Samples `batches` batches (forever if < 0), checking every row; says 'r' after the first.
 /// With `expect_loss`, samples until a sample fails, which must be peer_lost naming shard 0.
 int run_learner(int fd, const gear::transport::libfabric_config& fabric, std::int64_t batches,
-                bool expect_loss) {
+                bool expect_loss, std::size_t in_flight = 1) {
   const std::vector<std::vector<std::byte>> blobs{receive_frame(fd)};
   gear::transport::remote_learner<spec>::options o;
   o.fabric = fabric;
@@ -98,28 +99,43 @@ int run_learner(int fd, const gear::transport::libfabric_config& fabric, std::in
   o.max_window = max_length;
   o.deadline = std::chrono::milliseconds(expect_loss ? 2000 : 5000);
   gear::transport::remote_learner<spec> learner(blobs, o);
-  gear::batch<spec> out(gear::memory_kind::host, gear::batch_size{32},
-                        gear::window_length{max_length});
+  std::vector<gear::batch<spec>> out;
+  for (std::size_t i = 0; i < in_flight; ++i)
+    out.emplace_back(gear::memory_kind::host, gear::batch_size{32},
+                     gear::window_length{max_length});
   gear::rng g{7};
-  const auto ids = out.column<"id">();
-  const auto obs = out.column<"obs">();
-  for (std::int64_t b = 0; batches < 0 || b < batches; ++b) {
-    try {
-      learner.sample(out, gear::window{.length = max_length}, g);
-    } catch (const gear::error& e) {
-      if (!expect_loss) throw;
-      const std::string what = e.what();
-      if (e.code() == gear::errc::peer_lost && what.find("shard 0") != std::string::npos) return 0;
-      std::fprintf(stderr, "learner: not the loss expected: %s\n", e.what());
-      return 50;
+  const gear::window w{.length = max_length};
+  try {
+    // One at a time, or `in_flight` begun ahead (from the fifth on their requests are held and
+    // go in bundles): the oldest ended, checked and begun again.
+    if (in_flight > 1)
+      for (auto& b : out) learner.sample_begin(b, w, g);
+    for (std::int64_t b = 0; batches < 0 || b < batches; ++b) {
+      gear::batch<spec>& done = out[static_cast<std::size_t>(b) % in_flight];
+      if (in_flight == 1)
+        learner.sample(done, w, g);
+      else
+        learner.sample_end(done);
+      const auto ids = done.column<"id">();
+      const auto obs = done.column<"obs">();
+      for (std::int64_t r = 0; r < 32; ++r) {
+        const std::int64_t id = ids(r, 0);
+        for (std::int64_t s = 0; s < length_of(id); ++s)
+          for (int k = 0; k < 64; ++k)
+            if (ids(r, s) != id || obs(r, s, k) != obs_of(id, s, k)) return 51;
+      }
+      if (b == 0) (void)write(fd, "r", 1);
+      if (in_flight > 1) learner.sample_begin(done, w, g);
     }
-    for (std::int64_t r = 0; r < 32; ++r) {
-      const std::int64_t id = ids(r, 0);
-      for (std::int64_t s = 0; s < length_of(id); ++s)
-        for (int k = 0; k < 64; ++k)
-          if (ids(r, s) != id || obs(r, s, k) != obs_of(id, s, k)) return 51;
-    }
-    if (b == 0) (void)write(fd, "r", 1);
+    if (in_flight > 1)
+      for (std::size_t i = 0; i < in_flight; ++i)
+        learner.sample_end(out[(static_cast<std::size_t>(batches) + i) % in_flight]);
+  } catch (const gear::error& e) {
+    if (!expect_loss) throw;
+    const std::string what = e.what();
+    if (e.code() == gear::errc::peer_lost && what.find("shard 0") != std::string::npos) return 0;
+    std::fprintf(stderr, "learner: not the loss expected: %s\n", e.what());
+    return 50;
   }
   return expect_loss ? 52 : 0;
 }
@@ -286,11 +302,15 @@ void faults(const char* provider) {
   const child actor = start([&](int fd) { return run_actor(fd, fabric, 0, 40); }, blob);
   CHECK(reap(actor.pid, until) == 0);
   const child learner = start([&](int fd) { return run_learner(fd, fabric, 50, false); }, blob);
+  const child ahead = start([&](int fd) { return run_learner(fd, fabric, 50, false, 8); }, blob);
+  CHECK(reap(ahead.pid, until) == 0);
+  CHECK(shm_leftovers(ahead.pid) == 0);
   CHECK(reap(learner.pid, until) == 0);
   CHECK(shm_leftovers(actor.pid) == 0);
   CHECK(shm_leftovers(learner.pid) == 0);
-  // The shard killed under a sampling learner: peer_lost, in bounded time.
-  const child watcher = start([&](int fd) { return run_learner(fd, fabric, -1, true); }, blob);
+  // The shard killed under a learner sampling 8 ahead (requests held and bundled): peer_lost, in
+  // bounded time.
+  const child watcher = start([&](int fd) { return run_learner(fd, fabric, -1, true, 8); }, blob);
   const auto [watcher_rc, seconds] = kill_under(shard, watcher, until);
   MESSAGE(std::string(provider) << ": the learner saw the shard's loss after " << seconds
                                 << " s (exit " << watcher_rc << ")");
@@ -299,7 +319,8 @@ void faults(const char* provider) {
   CHECK(reap(shard.pid, until) == -SIGKILL);
   (void)shm_leftovers(shard.pid);
   CHECK(shm_leftovers(watcher.pid) == 0);
-  for (const child* c : {&shard, &doomed_actor, &doomed_learner, &actor, &learner, &watcher})
+  for (const child* c :
+       {&shard, &doomed_actor, &doomed_learner, &actor, &learner, &ahead, &watcher})
     close(c->fd);
 }
 
