@@ -146,7 +146,8 @@ TEST_CASE("packed copies split over threads write every byte once, where it belo
 
 TEST_CASE("copy workers are started once and shared: every part runs once, after fork too") {
   auto& pool = gear::detail::copy_pool::instance();
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const unsigned cores = gear::detail::hardware_threads();
+  CHECK(cores == std::max(1u, std::thread::hardware_concurrency()));
   const auto bound =
       static_cast<std::size_t>(std::min(cores - 1, gear::detail::max_copy_threads - 1));
   // 8 callers at once, 50 copies of 7 parts each: every part of every copy runs exactly once.

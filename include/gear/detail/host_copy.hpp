@@ -25,9 +25,16 @@ inline constexpr std::int64_t parallel_copy_grain = std::int64_t{4} << 20;
 /// Most threads one host copy uses.
 inline constexpr unsigned max_copy_threads = 16;
 
+/// The machine's hardware threads (at least 1), asked of the system once: the query is a system
+/// call, and copies ask for every host-data insert.
+inline unsigned hardware_threads() noexcept {
+  static const unsigned n = std::max(1u, std::thread::hardware_concurrency());
+  return n;
+}
+
 /// Threads worth using for a copy of `bytes` bytes.
 inline unsigned copy_threads_for(std::int64_t bytes) noexcept {
-  const unsigned hardware = std::max(1u, std::thread::hardware_concurrency());
+  const unsigned hardware = hardware_threads();
   const auto wanted =
       static_cast<unsigned>(std::min<std::int64_t>(bytes / parallel_copy_grain, 64));
   return std::clamp(wanted, 1u, std::min(hardware, max_copy_threads));
@@ -100,7 +107,7 @@ class copy_pool {
   copy_pool() = default;
 
   void start_workers(unsigned wanted) {  // with the mutex held
-    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    const unsigned cores = hardware_threads();
     const unsigned most = std::min({wanted, cores - 1, max_copy_threads - 1});
     while (workers_.size() < most && !refused_) {
       try {
