@@ -323,6 +323,18 @@ std::uint8_t wide_byte(std::int64_t id, std::int64_t step, int k) {
   return static_cast<std::uint8_t>(id * 31 + step * 7 + k * 11);
 }
 
+/// A learner's options for the one-process tests: rows of up to max_length steps.
+template <class Spec>
+typename gear::transport::remote_learner<Spec>::options one_process(
+    const gear::transport::libfabric_config& fabric, std::int64_t max_batch) {
+  typename gear::transport::remote_learner<Spec>::options o;
+  o.fabric = fabric;
+  o.max_batch = max_batch;
+  o.max_window = max_length;
+  o.deadline = std::chrono::seconds(20);
+  return o;
+}
+
 /// One process: a shard on a buffer of wide_spec (its own threads) and a learner that samples
 /// it, 200 batches of 16 rows, split phase with 2 in flight; 0 when every row holds its
 /// trajectory's bytes in every column and its key names it, and the shard's threads and the
@@ -354,13 +366,8 @@ int run_wide(const gear::transport::libfabric_config& fabric) {
   so.fabric = fabric;
   const auto started = clock_type::now();
   gear::transport::shard_server<wide_buffer> server(buf, so);
-  gear::transport::remote_learner<wide_spec>::options lo;
-  lo.fabric = fabric;
-  lo.max_batch = 16;
-  lo.max_window = max_length;
-  lo.deadline = std::chrono::seconds(20);
   const std::vector<std::vector<std::byte>> blobs{server.address()};
-  gear::transport::remote_learner<wide_spec> learner(blobs, lo);
+  gear::transport::remote_learner<wide_spec> learner(blobs, one_process<wide_spec>(fabric, 16));
   std::vector<gear::batch<wide_spec>> out;
   for (int i = 0; i < 2; ++i)
     out.emplace_back(gear::memory_kind::host, gear::batch_size{16},
@@ -434,11 +441,7 @@ int run_held(const gear::transport::libfabric_config& fabric) {
   gear::transport::shard_server<decltype(buf)>::options so;
   so.fabric = fabric;
   gear::transport::shard_server<decltype(buf)> server(buf, so);
-  gear::transport::remote_learner<id_spec>::options lo;
-  lo.fabric = fabric;
-  lo.max_batch = 4;
-  lo.max_window = max_length;
-  lo.deadline = std::chrono::seconds(20);
+  const auto lo = one_process<id_spec>(fabric, 4);
   const std::vector<std::vector<std::byte>> blobs{server.address()};
   gear::transport::remote_learner<id_spec> learner(blobs, lo);
   std::vector<gear::batch<id_spec>> b;
@@ -543,7 +546,8 @@ TEST_CASE("tcp;ofi_rxm: prioritized: updates land on their shards; global P is t
 TEST_CASE("shm: prioritized: updates land on their shards; global P is the union's") {
   cluster<gear::select::prioritized>("shm", false);
 }
-TEST_CASE("held requests: bundled at the fourth, sent by their sample_end, an erase, a freer shard") {
+TEST_CASE(
+    "held requests: bundled at the fourth, sent by their sample_end, an erase, a freer shard") {
   held("tcp;ofi_rxm");
   held("shm");
 }
