@@ -226,6 +226,30 @@ void round_trip(const std::string& provider) {
   hashed.insert(twice.view(), std::span<gear::key>(&h2, 1));
   CHECK(h1.shard == h2.shard);
   CHECK(h1.ticket != h2.ticket);
+
+  // Routing local first: to the shards on this host, in turn; to every shard in turn when none is
+  // (a blob names its shard's host: here shard 1's, then both, say another).
+  const auto elsewhere = [](const std::vector<std::byte>& blob) {
+    auto b = gear::detail::remote::parse_blob(blob).value;
+    b.hostname = "elsewhere";
+    return gear::detail::remote::encode(b);
+  };
+  auto tl = client_transport(provider, shards);
+  tl.route = gear::transport::routing::local_first;
+  tl.shards[1] = elsewhere(tl.shards[1]);
+  const packed four({31, 32, 33, 34});
+  std::vector<gear::key> routed(4);
+  {
+    client_t local(tl);
+    local.insert(four.view(), routed);
+    for (const gear::key& k : routed) CHECK(k.shard == 0);
+    tl.shards[0] = elsewhere(tl.shards[0]);
+  }
+  client_t nowhere_local(tl);
+  nowhere_local.insert(four.view(), routed);
+  CHECK(routed[0].shard != routed[1].shard);
+  CHECK(routed[0].shard == routed[2].shard);
+  CHECK(routed[1].shard == routed[3].shard);
   CHECK(clock_type::now() - start < std::chrono::seconds(60));
 }
 

@@ -54,6 +54,13 @@ class remote_actor : public remote_client {
                       std::nullopt, o.token),
         options_(std::move(o)),
         shards_(links_.size()) {
+    if (options_.route == routing::local_first) {  // the shards on this host, if any
+      const std::string host = detail::remote::host_name();
+      for (std::size_t s = 0; s < links_.size(); ++s)
+        if (links_[s].blob.hostname == host) turns_.push_back(s);
+    }
+    if (turns_.empty())
+      for (std::size_t s = 0; s < links_.size(); ++s) turns_.push_back(s);
     greet([&](std::size_t s) {
       detail::remote::hello h;
       h.role = detail::remote::peer_role::actor;
@@ -319,15 +326,7 @@ class remote_actor : public remote_client {
       }
       return route;
     }
-    std::vector<std::size_t> pool;  // the shards taken in turn
-    if (options_.route == routing::local_first) {
-      const std::string host = detail::remote::host_name();
-      for (std::size_t s = 0; s < links_.size(); ++s)
-        if (links_[s].blob.hostname == host) pool.push_back(s);
-    }
-    if (pool.empty())
-      for (std::size_t s = 0; s < links_.size(); ++s) pool.push_back(s);
-    for (std::size_t t = 0; t < count; ++t) route[t] = pool[(next_shard_ + t) % pool.size()];
+    for (std::size_t t = 0; t < count; ++t) route[t] = turns_[(next_shard_ + t) % turns_.size()];
     return route;
   }
 
@@ -358,6 +357,8 @@ class remote_actor : public remote_client {
   std::vector<pending> pending_;
   std::uint32_t largest_ring_ = 0;  // of shards_' rings
   std::size_t next_shard_ = 0;
+  std::vector<std::size_t> turns_;  // the shards inserts take in turn: this host's (local_first)
+                                    // where there are any, else all
   int write_context_ = 0;
 };
 
