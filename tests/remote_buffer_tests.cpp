@@ -392,6 +392,36 @@ void shard_lost(const std::string& provider) {
 
 }  // namespace
 
+/// A shard serving max_peers = 2: one client's actor and learner are welcomed; a second
+/// client's actor is not (no welcome: errc::peer_lost by its deadline, the shard unchanged), and
+/// the first goes on.
+void peers_bounded(const std::string& provider) {
+  auto st = shard_transport(provider, 0);
+  st.max_peers = 2;
+  shard_t s0(gear::capacity{8}, gear::max_length{max_length}, selection{}, st);
+  const std::vector<const shard_t*> shards{&s0};
+  client_t first(client_transport(provider, shards));
+  const packed some({1, 2});
+  std::vector<gear::key> keys(2);
+  first.insert(some.view(), keys);  // its actor
+  auto b = first.make_batch(gear::batch_size{4}, gear::window_length{1});
+  gear::rng g{3};
+  first.sample(b, gear::window{1, 0}, g);  // its learner
+  const auto before = observe(s0);
+  auto late = client_transport(provider, shards);
+  late.deadline = std::chrono::milliseconds(500);
+  client_t second(late);
+  try {
+    second.insert(some.view(), keys);
+    FAIL("a third peer was welcomed");
+  } catch (const gear::error& e) {
+    CHECK(e.code() == gear::errc::peer_lost);
+  }
+  CHECK(observe(s0) == before);
+  first.insert(some.view(), keys);
+  CHECK(s0.size() == 4);
+}
+
 TEST_CASE("tcp;ofi_rxm: shards and a client, through replay_buffer") { round_trip("tcp;ofi_rxm"); }
 TEST_CASE("shm: shards and a client, through replay_buffer") {
   round_trip("shm");
@@ -488,4 +518,7 @@ TEST_CASE("tcp;ofi_rxm: with skip_lost_shards, sampling goes on over the other s
   CHECK(e.applied == 1);
   CHECK(e.stale == 1);
   CHECK(s1.size() == 1);
+}
+TEST_CASE("tcp;ofi_rxm: a shard welcomes max_peers peers and no more") {
+  peers_bounded("tcp;ofi_rxm");
 }
