@@ -3,6 +3,7 @@
 // one CPU thread cannot saturate host memory bandwidth, which host-to-pinned inserts need. The
 // threads are the process's copy workers, started once (copy_pool).
 
+#include <sched.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <system_error>
@@ -25,10 +27,17 @@ inline constexpr std::int64_t parallel_copy_grain = std::int64_t{4} << 20;
 /// Most threads one host copy uses.
 inline constexpr unsigned max_copy_threads = 16;
 
-/// The machine's hardware threads (at least 1), asked of the system once: the query is a system
-/// call, and copies ask for every host-data insert.
+/// The hardware threads this process may run on (its CPU affinity: a container's cpuset; at
+/// least 1), asked of the system once: the query costs system calls, and copies ask for every
+/// host-data insert.
 inline unsigned hardware_threads() noexcept {
-  static const unsigned n = std::max(1u, std::thread::hardware_concurrency());
+  static const unsigned n = [] {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
+      return static_cast<unsigned>(CPU_COUNT(&set));
+    return std::max(1u, std::thread::hardware_concurrency());
+  }();
   return n;
 }
 
@@ -41,44 +50,46 @@ inline unsigned copy_threads_for(std::int64_t bytes) noexcept {
 }
 
 /// Worker threads that host copies share, started once for the process (one fewer than the
-/// cores, up to max_copy_threads - 1) and kept: a large copy hands parts of itself to them
-/// rather than starting threads of its own, and callers on many threads at once (actors
+/// hardware threads, up to max_copy_threads - 1) and kept: a large copy hands parts of itself to
+/// them rather than starting threads of its own, and callers on many threads at once (actors
 /// inserting) share them instead of each starting its own. A caller works on its own job's parts
-/// too and waits only for parts a worker has taken, so a job finishes with every worker busy, with
-/// none started (threads refused), or in a child process after fork(), where the parent's
-/// workers do not exist (a child runs its parts on the caller alone).
+/// too and waits only for parts a worker has taken, so a job finishes with every worker busy,
+/// with none started (threads refused, memory short), or in a child process after fork(), where
+/// the parent's workers do not exist (a child runs its parts on the caller alone). The pool is
+/// never destroyed: a thread may still copy while the process exits, and a child of fork exits
+/// without touching state copied from its parent.
 class copy_pool {
  public:
   static copy_pool& instance() {
-    static copy_pool pool;
+    static copy_pool& pool = *new copy_pool;  // never destroyed (above)
     return pool;
   }
   copy_pool(const copy_pool&) = delete;
   copy_pool& operator=(const copy_pool&) = delete;
-  ~copy_pool() {
-    {
-      const std::lock_guard held(mutex_);
-      stopping_ = true;
-    }
-    wake_.notify_all();
-    workers_.clear();  // joins
-  }
 
   /// Runs f(t) once for every t in [0, n), on the calling thread and the workers, and returns
-  /// when all have run. f must not throw.
+  /// when all have run. f must not throw (it would end the process).
   template <class F>
-  void run(unsigned n, F& f) {
-    job j{[](void* g, unsigned t) { (*static_cast<F*>(g))(t); }, &f, n};
-    if (n <= 1 || getpid() != owner_) {  // (a child of fork: no workers)
+  void run(unsigned n, F& f) noexcept {
+    job j{[](const void* g, unsigned t) noexcept { (*static_cast<F*>(const_cast<void*>(g)))(t); },
+          std::addressof(f), n};
+    std::unique_lock held(mutex_, std::defer_lock);
+    bool shared = n > 1 && getpid() == owner_;  // (a child of fork: no workers)
+    if (shared) {
+      held.lock();
+      start_workers(n - 1);
+      try {
+        jobs_.push_back(&j);
+      } catch (...) {  // no memory to queue it: the caller runs every part
+        shared = false;
+        held.unlock();
+      }
+    }
+    if (!shared) {
       for (unsigned t = 0; t < n; ++t) f(t);
       return;
     }
-    std::unique_lock held(mutex_);
-    start_workers(n - 1);
-    jobs_.push_back(&j);
-    held.unlock();
-    wake_.notify_all();
-    held.lock();
+    for (std::size_t w = 1; w < n && w <= workers_.size(); ++w) wake_.notify_one();
     while (j.next < j.n) {  // the caller's share: what no worker has taken
       const unsigned t = j.next++;
       if (j.next == j.n) std::erase(jobs_, &j);
@@ -87,8 +98,7 @@ class copy_pool {
       held.lock();
       ++j.done;
     }
-    std::erase(jobs_, &j);
-    finished_.wait(held, [&] { return j.done == j.n; });
+    j.finished.wait(held, [&] { return j.done == j.n; });
   }
 
   /// Workers started so far.
@@ -99,45 +109,45 @@ class copy_pool {
 
  private:
   struct job {
-    void (*call)(void*, unsigned);
-    void* f;
+    void (*call)(const void*, unsigned) noexcept;
+    const void* f;
     unsigned n;
-    unsigned next = 0, done = 0;  // parts taken, parts run (under the mutex)
+    unsigned next = 0, done = 0;         // parts taken, parts run (under the mutex)
+    std::condition_variable finished{};  // done == n; notified under the mutex
   };
   copy_pool() = default;
+  ~copy_pool() = delete;
 
-  void start_workers(unsigned wanted) {  // with the mutex held
-    const unsigned cores = hardware_threads();
-    const unsigned most = std::min({wanted, cores - 1, max_copy_threads - 1});
-    while (workers_.size() < most && !refused_) {
+  void start_workers(unsigned wanted) noexcept {  // with the mutex held
+    const unsigned most = std::min({wanted, hardware_threads() - 1, max_copy_threads - 1});
+    while (workers_.size() < most) {
       try {
         workers_.emplace_back([this] { work(); });
-      } catch (const std::system_error&) {
-        refused_ = true;  // the callers do the work
+      } catch (...) {  // no thread or no memory now: the callers do the work, a later call tries
+        return;
       }
     }
   }
-  void work() {
+  [[noreturn]] void work() {
     std::unique_lock held(mutex_);
     for (;;) {
-      wake_.wait(held, [&] { return stopping_ || !jobs_.empty(); });
-      if (stopping_) return;
+      wake_.wait(held, [&] { return !jobs_.empty(); });
       job& j = *jobs_.front();
       const unsigned t = j.next++;
       if (j.next == j.n) jobs_.pop_front();  // every part taken: the caller no longer waits on it
       held.unlock();
       j.call(j.f, t);
       held.lock();
-      if (++j.done == j.n) finished_.notify_all();  // j may go once the mutex is let go
+      // Under the mutex: the caller cannot see done == n, return and end j before this is over.
+      if (++j.done == j.n) j.finished.notify_one();
     }
   }
 
   const pid_t owner_ = getpid();
   mutable std::mutex mutex_;
-  std::condition_variable wake_, finished_;
+  std::condition_variable wake_;
   std::deque<job*> jobs_;  // jobs with parts no thread has taken
-  std::vector<std::jthread> workers_;
-  bool stopping_ = false, refused_ = false;
+  std::vector<std::thread> workers_;
 };
 
 /// Runs f(t) for t in [0, n): t = 0 on the calling thread and the others on the process's copy
