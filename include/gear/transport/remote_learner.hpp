@@ -126,14 +126,13 @@ class remote_learner : public remote_client {
   /// holds them: options.requests_per_message); the shards select, gather and write meanwhile (a
   /// training step can run). Up to max_samples_in_flight samples may be in flight, into different
   /// batches, ended in any order: with two, a shard gathers the next share while the last one is
-  /// on the wire. `out` must stay
-  /// alive until sample_end; the shards write into its columns meanwhile. Throws, sending
-  /// nothing, errc::invalid_argument (as many in flight as allowed, or one into `out` already, a
-  /// batch larger than the slices, memory an earlier sample's cut-off reply may still write
-  /// into: see sample_end), errc::wrong_memory, errc::batch_mismatch; errc::empty_buffer when no
-  /// shard holds anything; errc::transport_error (its memory cannot be registered). Throws
-  /// errc::peer_lost when a request cannot go, after the shards already asked have answered (or
-  /// the deadline passed).
+  /// on the wire. `out` must stay alive until sample_end; the shards write into its columns
+  /// meanwhile. Throws, sending nothing, errc::invalid_argument (as many in flight as allowed, or
+  /// one into `out` already, a batch larger than the slices, memory an earlier sample's cut-off
+  /// reply may still write into: see sample_end), errc::wrong_memory, errc::batch_mismatch;
+  /// errc::empty_buffer when no shard holds anything; errc::transport_error (its memory cannot be
+  /// registered). Throws errc::peer_lost when a request cannot go, after the shards already
+  /// asked have answered (or the deadline passed).
   void sample_begin(batch<Spec>& out, const window& w, rng& g) {
     namespace remote = detail::remote;
     const std::int64_t rows = out.batch_size(), length = out.window_length();
