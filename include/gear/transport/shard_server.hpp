@@ -17,10 +17,9 @@
 //                  (never the sender's; detail/remote/entry.hpp), inserted into the buffer,
 //                  acknowledged with its key, which frees its blocks (the actor's credits); an
 //                  entry the buffer refuses is acknowledged with no ticket;
-//   sample request queued per learner (several may come in one bundle: frame.hpp), up to 8 replies
-//   in flight each (fewer, down to 2, for
-//                  replies above 8 MiB, columns and meta part): selected and gathered by the
-//                  buffer's own policy, its columns written into the learner's batch, the rest
+//   sample request queued per learner (several may come in a bundle: frame.hpp), up to 8
+//                  replies in flight each (fewer, down to 2, above 8 MiB): selected and gathered
+//                  by the buffer's policy, its columns written into the learner's batch, the rest
 //                  into its slice (shard_operations.hpp);
 //   update, erase  pairs of this incarnation applied (or removed), the others counted stale;
 //   status request the buffer's size and selection mass.
@@ -53,6 +52,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <set>
 #include <span>
 #include <string>
