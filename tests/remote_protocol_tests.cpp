@@ -403,6 +403,22 @@ TEST_CASE("bundles: several requests of one sender in one message, split back wh
     CHECK(r.value.request == 100 + i);
   }
 
+  // A shard's acknowledgements to an actor, bundled the same way (sender 0).
+  std::vector<std::vector<std::byte>> acks{
+      remote::encode(remote::ack{1, 1, 3, gear::key{5, 0, 7}}),
+      remote::encode(remote::ack{2, 1, 4, gear::key{6, 0, 7}})};
+  const std::vector<std::byte> ack_bundle = bundle_of(acks, 0);
+  REQUIRE(remote::split_bundle(ack_bundle, remote::default_max_message, remote::message_type::ack,
+                               split));
+  REQUIRE(split.size() == 2);
+  for (std::size_t i = 0; i < 2; ++i) {
+    const auto a = remote::parse_ack(split[i], {}, 8);
+    REQUIRE(a);
+    CHECK(a.value.stored.ticket == 5 + i);
+  }
+  CHECK_FALSE(remote::split_bundle(ack_bundle, remote::default_max_message,
+                                   remote::message_type::sample_request, split));
+
   // Refused whole, with its reason: a bundle of nothing, a frame cut short or running past the
   // end, a frame of another sender, of another type, a bundle in a bundle, a bad inner header,
   // a lone request where a bundle was expected.

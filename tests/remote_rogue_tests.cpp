@@ -73,7 +73,12 @@ struct raw_peer {
   }
   std::size_t poll() {
     return ep.poll([&](const fabric::completion& c) {
-      if (c.what == fabric::completion::kind::received)
+      std::vector<std::span<const std::byte>> frames;  // a bundle's (the shard's acks)
+      if (c.what == fabric::completion::kind::received &&
+          remote::split_bundle(c.message, remote::default_max_message,
+                               remote::message_type::ack, frames))
+        for (const auto f : frames) received.emplace_back(f.begin(), f.end());
+      else if (c.what == fabric::completion::kind::received)
         received.emplace_back(c.message.begin(), c.message.end());
       (void)out.completed(c.context);
     });

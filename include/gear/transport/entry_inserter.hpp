@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <gear/detail/remote/entry.hpp>
 #include <gear/error.hpp>
 #include <gear/insert.hpp>
@@ -73,34 +74,62 @@ class entry_inserter {
     }
     if (jobs_.push(j)) outstanding_.fetch_add(1, std::memory_order_release);
   }
-  /// On the thread that acknowledges (the shard's progress thread): calls send(ack, peer) for
-  /// each entry inserted (or refused: no ticket) and not yet acknowledged, in order; returns how
-  /// many. A send that throws loses its own acknowledgement only: the rest wait for the next
-  /// call.
+  /// On the thread that acknowledges (the shard's progress thread): acknowledges each entry
+  /// inserted (or refused: no ticket) and not yet acknowledged, in order, in one message per
+  /// actor (a bundle of its acknowledgements, detail/remote/frame.hpp; more where one message
+  /// would not hold them): calls send(message, peer). Returns how many. If the messages cannot be
+  /// built (memory), none goes and the next call tries again; a send that throws loses its own
+  /// acknowledgements only, the others still go, and the first such error is thrown at the end.
   template <class Send>
   std::size_t acknowledge(Send&& send) {
+    namespace remote = detail::remote;
     if (done_count_.load(std::memory_order_acquire) != 0) {
       const std::lock_guard held(mutex_);
       taken_.insert(taken_.end(), done_.begin(), done_.end());
       done_.clear();  // its capacity kept: push reserved it
       done_count_.store(0, std::memory_order_relaxed);
     }
-    std::size_t sent = 0;
-    const auto forget_sent = [&] {
-      taken_.erase(taken_.begin(), taken_.begin() + static_cast<std::ptrdiff_t>(sent));
-      outstanding_.fetch_sub(sent, std::memory_order_release);
-    };
+    if (taken_.empty()) return 0;
+    std::vector<std::pair<std::uint32_t, std::vector<std::byte>>>& ready = ready_;
+    ready.clear();
     try {
-      while (sent < taken_.size()) {
-        const job& j = taken_[sent++];
-        send(j.ack, j.peer);
+      for (const job& j : taken_) {
+        if (j.peer >= outgoing_.size()) outgoing_.resize(j.peer + 1);
+        remote::outgoing_frames& out = outgoing_[j.peer];
+        const std::vector<std::byte> frame = remote::encode(j.ack);
+        if (out.frames() > 0 && out.bytes() + frame.size() > remote::default_max_message)
+          ready.emplace_back(j.peer, take(out));  // full: this message goes as it is
+        out.add(frame);
       }
-    } catch (...) {
-      forget_sent();
+      for (std::uint32_t p = 0; p < outgoing_.size(); ++p)
+        if (outgoing_[p].frames() > 0) ready.emplace_back(p, take(outgoing_[p]));
+    } catch (...) {  // nothing goes: the next call builds them again
+      for (auto& out : outgoing_) out.clear();
       throw;
     }
-    forget_sent();
-    return sent;
+    const std::size_t acked = taken_.size();
+    for (const job& j : taken_)
+      (j.ack.stored.ticket != no_ticket ? inserted_ : refused_)
+          .fetch_add(1, std::memory_order_relaxed);
+    taken_.clear();
+    outstanding_.fetch_sub(acked, std::memory_order_release);
+    std::exception_ptr failed;
+    for (const auto& [peer, message] : ready) {
+      try {
+        send(std::span<const std::byte>(message), peer);
+      } catch (...) {
+        if (!failed) failed = std::current_exception();
+      }
+    }
+    if (failed) std::rethrow_exception(failed);
+    return acked;
+  }
+  /// Entries acknowledged as inserted, and as refused by the buffer (no ticket), so far.
+  [[nodiscard]] std::uint64_t inserted() const noexcept {
+    return inserted_.load(std::memory_order_relaxed);
+  }
+  [[nodiscard]] std::uint64_t refused() const noexcept {
+    return refused_.load(std::memory_order_relaxed);
   }
   /// Entries queued, inserting, or inserted and not yet acknowledged.
   [[nodiscard]] bool busy() const noexcept {
@@ -112,6 +141,14 @@ class entry_inserter {
   }
 
  private:
+  /// The message `out` holds (its lone frame or a bundle), and `out` emptied.
+  static std::vector<std::byte> take(detail::remote::outgoing_frames& out) {
+    const std::span<const std::byte> m = out.message(0);
+    std::vector<std::byte> message(m.begin(), m.end());
+    out.clear();
+    return message;
+  }
+
   void run() {
     for (job j; jobs_.pop(j);) {
       const auto start = std::chrono::steady_clock::now();
@@ -149,6 +186,11 @@ class entry_inserter {
   std::mutex mutex_;        // done_
   std::vector<job> done_;   // inserted, under mutex_
   std::vector<job> taken_;  // taken from done_ by the acknowledging thread, not yet sent
+  // The acknowledging thread's: per actor, the frames of a message being built; the messages
+  // built, to send.
+  std::vector<detail::remote::outgoing_frames> outgoing_;
+  std::vector<std::pair<std::uint32_t, std::vector<std::byte>>> ready_;
+  std::atomic<std::uint64_t> inserted_{0}, refused_{0};
   std::atomic<std::size_t> done_count_{0}, outstanding_{0};
   std::atomic<std::uint64_t> busy_ns_{0};
   std::thread thread_;  // last: it starts once everything above is built

@@ -18,30 +18,23 @@ namespace gear::transport {
 class held_requests {
  public:
   explicit held_requests(std::size_t shards)
-      : bundles_(shards), frames_(shards, 0), size_marks_(shards, 0), frame_marks_(shards, 0) {
-    for (auto& b : bundles_) detail::remote::start_bundle(b);
-  }
+      : bundles_(shards), size_marks_(shards, 0), frame_marks_(shards, 0) {}
 
   /// Starts one more sample's requests: add() each, then end_sample(), or cancel_sample() to
   /// take back what was added since.
   void begin_sample() noexcept {
     for (std::size_t s = 0; s < bundles_.size(); ++s) {
-      size_marks_[s] = bundles_[s].size();
-      frame_marks_[s] = frames_[s];
+      size_marks_[s] = bundles_[s].bytes();
+      frame_marks_[s] = bundles_[s].frames();
     }
     samples_mark_ = samples_;
   }
   /// Holds `frame` (a whole request, its sender stamped) for shard s.
-  void add(std::size_t s, std::span<const std::byte> frame) {
-    detail::remote::add_to_bundle(bundles_[s], frame);
-    ++frames_[s];
-  }
+  void add(std::size_t s, std::span<const std::byte> frame) { bundles_[s].add(frame); }
   void end_sample() noexcept { ++samples_; }
   void cancel_sample() noexcept {
-    for (std::size_t s = 0; s < bundles_.size(); ++s) {
-      bundles_[s].resize(size_marks_[s]);  // shrinks: never allocates
-      frames_[s] = frame_marks_[s];
-    }
+    for (std::size_t s = 0; s < bundles_.size(); ++s)
+      bundles_[s].truncate(size_marks_[s], frame_marks_[s]);
     samples_ = samples_mark_;
   }
 
@@ -51,12 +44,7 @@ class held_requests {
   /// The message that sends shard s's held requests: the lone request, or a bundle of them from
   /// `sender` (the index the shard gave this learner); empty when none is held for s.
   [[nodiscard]] std::span<const std::byte> message(std::size_t s, std::uint32_t sender) {
-    std::vector<std::byte>& b = bundles_[s];
-    if (frames_[s] == 0) return {};
-    if (frames_[s] == 1)
-      return std::span<const std::byte>(b).subspan(detail::remote::frame_header_bytes);
-    detail::remote::finish_bundle(b, sender);
-    return b;
+    return bundles_[s].message(sender);
   }
 
   /// True while the held requests may stay held: fewer samples' are held than `per_message`,
@@ -68,7 +56,7 @@ class held_requests {
                               ReplyIn reply_in) const {
     if (samples_ >= per_message) return false;
     for (std::size_t s = 0; s < bundles_.size(); ++s) {
-      if (frames_[s] == 0) continue;
+      if (bundles_[s].frames() == 0) continue;
       std::size_t serving = 0;
       for (const auto& g : flights)
         serving += !g.held && std::find(g.sent.begin(), g.sent.end(), s) != g.sent.end() &&
@@ -102,17 +90,13 @@ class held_requests {
 
   /// Forgets every held request (sent, or given up), keeping the storage.
   void clear() noexcept {
-    for (std::size_t s = 0; s < bundles_.size(); ++s) {
-      bundles_[s].resize(detail::remote::frame_header_bytes);
-      frames_[s] = 0;
-    }
+    for (auto& b : bundles_) b.clear();
     samples_ = 0;
   }
 
  private:
-  std::vector<std::vector<std::byte>> bundles_;  // per shard: a bundle's header, then the frames
-  std::vector<std::size_t> frames_;
-  std::vector<std::size_t> size_marks_, frame_marks_;  // begin_sample's, for cancel_sample
+  std::vector<detail::remote::outgoing_frames> bundles_;  // per shard
+  std::vector<std::size_t> size_marks_, frame_marks_;     // begin_sample's, for cancel_sample
   std::size_t samples_ = 0, samples_mark_ = 0;
 };
 

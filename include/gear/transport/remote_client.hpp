@@ -238,6 +238,12 @@ class remote_client {
     namespace remote = detail::remote;
     const auto info = remote::frame_type(message, remote::default_max_message);
     if (!info) return;
+    if (info.value.type == remote::message_type::bundle) {  // a shard's acknowledgements
+      if (remote::split_bundle(message, remote::default_max_message, remote::message_type::ack,
+                               bundled_))
+        for (const auto frame : bundled_) handle(frame);  // (never a bundle: bundled_ stays)
+      return;
+    }
     remote::message_limits l;
     l.max_ring_blocks = remote::max_cq_index;
     l.capacity = std::int64_t{1} << 62;
@@ -259,6 +265,7 @@ class remote_client {
       on_message(message, info.value.type);
     }
   }
+  std::vector<std::span<const std::byte>> bundled_;  // a bundle's frames, in handle()
   mutable std::optional<std::size_t> last_lost_;
   std::string unpinned_failure_;  // the last failed transfer no shard could be named for
   std::uint64_t waiting_ns_ = 0;  // waiting_seconds()

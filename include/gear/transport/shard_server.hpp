@@ -15,8 +15,9 @@
 //   insert entry   published by remote CQ data (through its actor's intake where it has one; one
 //                  naming another actor is refused): checked against the layout computed here
 //                  (never the sender's; detail/remote/entry.hpp), inserted into the buffer,
-//                  acknowledged with its key, which frees its blocks (the actor's credits); an
-//                  entry the buffer refuses is acknowledged with no ticket;
+//                  acknowledged with its key, which frees its blocks (the actor's credits; an
+//                  actor's acknowledgements of one round go in one bundle); an entry the buffer
+//                  refuses is acknowledged with no ticket;
 //   sample request queued per learner (several may come in a bundle: frame.hpp), up to 8
 //                  replies in flight each (fewer, down to 2, above 8 MiB): selected and gathered
 //                  by the buffer's policy, its columns written into the learner's batch, the rest
@@ -156,6 +157,8 @@ class shard_server {
     c.progress_busy_s = 1e-9 * double(progress_busy_ns_.load(std::memory_order_relaxed));
     c.packer_busy_s = 1e-9 * double(packer_->busy_ns());
     c.inserter_busy_s = 1e-9 * double(inserter_->busy_ns());
+    c.inserted = inserter_->inserted();
+    c.refused_inserts = inserter_->refused();
     c.writers_busy_s = 1e-9 * double(writers_busy_ns_.load(std::memory_order_relaxed));
     return c;
   }
@@ -412,15 +415,11 @@ class shard_server {
     from.ahead.insert(sequence);
     while (from.ahead.count(from.next_sequence) != 0) from.ahead.erase(from.next_sequence++);
   }
-  /// Acknowledges the entries the inserter is done with (their keys, or no ticket); returns
-  /// how many.
+  /// Acknowledges the entries the inserter is done with (their keys, or no ticket), in one
+  /// message per actor; returns how many.
   std::size_t acknowledge_inserted() {
-    return inserter_->acknowledge([&](const detail::remote::ack& a, std::uint32_t peer) {
-      {
-        const std::lock_guard held(stats_mutex_);
-        ++(a.stored.ticket != no_ticket ? stats_.inserted : stats_.refused_inserts);
-      }
-      send(detail::remote::encode(a), peers_[peer - 1].address);
+    return inserter_->acknowledge([&](std::span<const std::byte> message, std::uint32_t peer) {
+      send(message, peers_[peer - 1].address);
     });
   }
 

@@ -220,6 +220,36 @@ inline void finish_bundle(std::span<std::byte> out, std::uint32_t sender) noexce
   stamp_sender(out, sender);
 }
 
+/// Frames for one receiver, to go in one message: the lone frame, or a bundle of them. Keeps its
+/// storage once cleared.
+class outgoing_frames {
+ public:
+  outgoing_frames() { start_bundle(bytes_); }
+  void add(std::span<const std::byte> frame) {
+    add_to_bundle(bytes_, frame);
+    ++frames_;
+  }
+  [[nodiscard]] std::size_t frames() const noexcept { return frames_; }
+  [[nodiscard]] std::size_t bytes() const noexcept { return bytes_.size(); }
+  /// The message that sends them, from `sender`: the lone frame (as added), or a bundle of them
+  /// all; empty when none was added.
+  [[nodiscard]] std::span<const std::byte> message(std::uint32_t sender) noexcept {
+    if (frames_ <= 1) return std::span<const std::byte>(bytes_).subspan(frame_header_bytes);
+    finish_bundle(bytes_, sender);
+    return bytes_;
+  }
+  /// Keeps the first `frames` frames (`bytes` bytes, as bytes() said then): a rollback.
+  void truncate(std::size_t bytes, std::size_t frames) noexcept {
+    bytes_.resize(bytes);  // shrinks: never allocates
+    frames_ = frames;
+  }
+  void clear() noexcept { truncate(frame_header_bytes, 0); }
+
+ private:
+  std::vector<std::byte> bytes_;  // a bundle's header, then the frames
+  std::size_t frames_ = 0;
+};
+
 /// The frames of a bundle, as views of `bytes` in `frames`, once the bundle and every frame's
 /// header hold together (frame_type), each frame is of type `inner` (never a bundle) and names
 /// the bundle's sender. Otherwise the whole bundle is refused (`frames` empty): nothing of it is
