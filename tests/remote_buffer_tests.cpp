@@ -522,3 +522,52 @@ TEST_CASE("tcp;ofi_rxm: with skip_lost_shards, sampling goes on over the other s
 TEST_CASE("tcp;ofi_rxm: a shard welcomes max_peers peers and no more") {
   peers_bounded("tcp;ofi_rxm");
 }
+
+TEST_CASE("tcp;ofi_rxm: with skip_lost_shards and 8 ahead, held samples end and sampling goes on") {
+  auto s0 = std::make_unique<shard_t>(gear::capacity{16}, gear::max_length{max_length}, selection{},
+                                      shard_transport("tcp;ofi_rxm", 0));
+  shard_t s1(gear::capacity{16}, gear::max_length{max_length}, selection{},
+             shard_transport("tcp;ofi_rxm", 1));
+  auto t = client_transport("tcp;ofi_rxm", {s0.get(), &s1});
+  t.deadline = std::chrono::milliseconds(1500);
+  t.skip_lost_shards = true;
+  client_t client(t);
+  const packed some({1, 2, 3, 4});  // two at each shard
+  std::vector<gear::key> keys(4);
+  client.insert(some.view(), keys);
+  constexpr std::size_t ahead = gear::transport::max_samples_in_flight;
+  std::vector<client_t::batch_type> b, fresh;
+  for (std::size_t i = 0; i < ahead; ++i) {
+    b.push_back(client.make_batch(gear::batch_size{16}, gear::window_length{1}));
+    fresh.push_back(client.make_batch(gear::batch_size{16}, gear::window_length{1}));
+  }
+  gear::rng g{11};
+  // Eight begun (the last four's requests held, then bundled), and shard 0 gone: each ends, in
+  // bounded time, whole or with errc::peer_lost naming shard 0.
+  for (auto& x : b) client.sample_begin(x, gear::window{1, 0}, g);
+  s0.reset();
+  const auto start = clock_type::now();
+  int lost = 0;
+  for (auto& x : b) {
+    try {
+      client.sample_end(x);
+    } catch (const gear::error& e) {
+      ++lost;
+      CHECK(e.code() == gear::errc::peer_lost);
+      CHECK(std::string(e.what()).find("shard 0") != std::string::npos);
+    }
+  }
+  MESSAGE(lost << " of 8 samples in flight lost with shard 0");
+  CHECK(clock_type::now() - start < std::chrono::milliseconds(ahead * 2500));
+  // Then eight ahead again, into fresh batches: shard 1 alone, each row at probability 1/2.
+  for (int round = 0; round < 3; ++round) {
+    for (auto& x : fresh) client.sample_begin(x, gear::window{1, 0}, g);
+    for (auto& x : fresh) {
+      client.sample_end(x);
+      for (std::int64_t r = 0; r < 16; ++r) {
+        CHECK(x.keys_data()[r].shard == 1);
+        CHECK(x.probabilities_data()[r] == doctest::Approx(0.5));
+      }
+    }
+  }
+}
