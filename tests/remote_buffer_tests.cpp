@@ -464,18 +464,27 @@ TEST_CASE("tcp;ofi_rxm: two samples in flight each keep the masses they were spl
     }
   CHECK(from_shard0 > 0);
 }
+/// Two shards over tcp, two trajectories each, and a client with skip_lost_shards (1.5 s
+/// deadline): the skip_lost_shards tests reset s0 to lose it.
+struct losing_pair {
+  std::unique_ptr<shard_t> s0 =
+      std::make_unique<shard_t>(gear::capacity{16}, gear::max_length{max_length}, selection{},
+                                shard_transport("tcp;ofi_rxm", 0));
+  shard_t s1{gear::capacity{16}, gear::max_length{max_length}, selection{},
+             shard_transport("tcp;ofi_rxm", 1)};
+  client_t client{[&] {
+    auto t = client_transport("tcp;ofi_rxm", {s0.get(), &s1});
+    t.deadline = std::chrono::milliseconds(1500);
+    t.skip_lost_shards = true;
+    return t;
+  }()};
+  std::vector<gear::key> keys = std::vector<gear::key>(4);
+  losing_pair() { client.insert(packed({1, 2, 3, 4}).view(), keys); }  // two at each shard
+};
+
 TEST_CASE("tcp;ofi_rxm: with skip_lost_shards, sampling goes on over the other shards") {
-  auto s0 = std::make_unique<shard_t>(gear::capacity{16}, gear::max_length{max_length}, selection{},
-                                      shard_transport("tcp;ofi_rxm", 0));
-  shard_t s1(gear::capacity{16}, gear::max_length{max_length}, selection{},
-             shard_transport("tcp;ofi_rxm", 1));
-  auto t = client_transport("tcp;ofi_rxm", {s0.get(), &s1});
-  t.deadline = std::chrono::milliseconds(1500);
-  t.skip_lost_shards = true;
-  client_t client(t);
-  const packed some({1, 2, 3, 4});  // two at each shard
-  std::vector<gear::key> keys(4);
-  client.insert(some.view(), keys);
+  losing_pair pair;
+  auto& [s0, s1, client, keys] = pair;
   auto b = client.make_batch(gear::batch_size{16}, gear::window_length{1});
   gear::rng g{9};
   client.sample(b, gear::window{1, 0}, g);
@@ -524,17 +533,8 @@ TEST_CASE("tcp;ofi_rxm: a shard welcomes max_peers peers and no more") {
 }
 
 TEST_CASE("tcp;ofi_rxm: with skip_lost_shards and 8 ahead, held samples end and sampling goes on") {
-  auto s0 = std::make_unique<shard_t>(gear::capacity{16}, gear::max_length{max_length}, selection{},
-                                      shard_transport("tcp;ofi_rxm", 0));
-  shard_t s1(gear::capacity{16}, gear::max_length{max_length}, selection{},
-             shard_transport("tcp;ofi_rxm", 1));
-  auto t = client_transport("tcp;ofi_rxm", {s0.get(), &s1});
-  t.deadline = std::chrono::milliseconds(1500);
-  t.skip_lost_shards = true;
-  client_t client(t);
-  const packed some({1, 2, 3, 4});  // two at each shard
-  std::vector<gear::key> keys(4);
-  client.insert(some.view(), keys);
+  losing_pair pair;
+  auto& [s0, s1, client, keys] = pair;
   constexpr std::size_t ahead = gear::transport::max_samples_in_flight;
   std::vector<client_t::batch_type> b, fresh;
   for (std::size_t i = 0; i < ahead; ++i) {

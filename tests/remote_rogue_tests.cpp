@@ -7,8 +7,8 @@
 // one whose reply would not fit its slice, one with a column past the batch it grants, one with a
 // column missing, one for more rows than its hello said, a bundle holding another sender's frame
 // (refused whole), a bundle of a bad request and a good one (the bad refused, the good served),
-// and an insert entry published for a block outside its ring. The shard refuses each and counts it by reason, and then still answers a
-// valid status request and welcomes a valid actor.
+// and an insert entry published for a block outside its ring. The shard refuses each and counts it
+// by reason, and then still answers a valid status request and welcomes a valid actor.
 
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
@@ -75,8 +75,8 @@ struct raw_peer {
     return ep.poll([&](const fabric::completion& c) {
       std::vector<std::span<const std::byte>> frames;  // a bundle's (the shard's acks)
       if (c.what == fabric::completion::kind::received &&
-          remote::split_bundle(c.message, remote::default_max_message,
-                               remote::message_type::ack, frames))
+          remote::split_bundle(c.message, remote::default_max_message, remote::message_type::ack,
+                               frames))
         for (const auto f : frames) received.emplace_back(f.begin(), f.end());
       else if (c.what == fabric::completion::kind::received)
         received.emplace_back(c.message.begin(), c.message.end());
@@ -348,8 +348,9 @@ void rogue(const char* provider) {
   const auto counts = rogue_run(provider, run_rogue);
   CHECK(counts[remote::refusal::truncated] == 2);     // the truncated hello, the short body
   CHECK(counts[remote::refusal::bad_magic] == 1);     // no frame
-  CHECK(counts[remote::refusal::mismatch] == 5);      // a token; another spec; a stranger; a column;
-                                                      // a bundle with another sender's frame
+  CHECK(counts[remote::refusal::mismatch] == 5);      // a token; another spec; a stranger; a
+                                                      // column; a bundle with another sender's
+                                                      // frame
   CHECK(counts[remote::refusal::out_of_range] == 7);  // an address; a role; 0 rows; the slice;
                                                       // the batch; rows past the hello's; 0 rows
                                                       // in a bundle

@@ -434,13 +434,7 @@ class replay_buffer {
   void update_priorities(std::span<const key> keys, std::span<const float> priorities,
                          memory_kind source,
                          cuda::stream_ref stream) requires host_priority_update<state_type> {
-    if (source == memory_kind::host) {
-      (void)update_priorities(keys, priorities, stream);
-      return;
-    }
-    check_priority_updates(stream);
-    update_priorities_async(keys, priorities, source, stream);
-    check_priority_updates(stream);
+    detail::update_synchronously(*this, keys, priorities, source, stream);
   }
   /// Synchronises the stream, then throws the earliest failed update from device memory not yet
   /// raised (see update_priorities_async), counting any later ones in its message.

@@ -332,13 +332,7 @@ class sharded_buffer {
   /// check_priority_updates before and after, so it throws only when this call changed nothing.
   void update_priorities(std::span<const key> keys, std::span<const float> priorities,
                          memory_kind source, cuda::stream_ref stream) requires prioritized {
-    if (source == memory_kind::host) {
-      (void)update_priorities(keys, priorities, stream);
-      return;
-    }
-    check_priority_updates(stream);
-    update_priorities_async(keys, priorities, source, stream);
-    check_priority_updates(stream);
+    detail::update_synchronously(*this, keys, priorities, source, stream);
   }
   /// Synchronises the stream, then throws the earliest failed update from device memory not yet
   /// raised (every shard's record of it as one error).

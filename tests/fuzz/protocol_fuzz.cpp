@@ -1,8 +1,9 @@
 // libFuzzer target for the remote transport's parsers (frame.hpp and its bundles, messages.hpp,
-// blob.hpp, entry.hpp): whatever bytes a peer sends, a parser must refuse or accept them without reading
-// outside them (AddressSanitizer), without undefined behaviour (UBSan), and an accepted message
-// must re-encode to the bytes it came from. The first input byte picks the parser; the rest is
-// either the message itself or an XOR mask over a valid one (so that the search starts deep).
+// blob.hpp, entry.hpp): whatever bytes a peer sends, a parser must refuse or accept them without
+// reading outside them (AddressSanitizer), without undefined behaviour (UBSan), and an accepted
+// message must re-encode to the bytes it came from. The first input byte picks the parser; the
+// rest is either the message itself or an XOR mask over a valid one (so that the search starts
+// deep).
 //
 //   tests/fuzz: built by clang++ with -fsanitize=fuzzer,address,undefined where clang is found;
 //   ctest runs it for a bounded time (protocol_fuzz).
@@ -132,8 +133,8 @@ void parse(unsigned kind, std::span<const std::byte> b) {
     }
     case 9: {  // a bundle: what is accepted is whole frames, which rebuild it byte for byte
       std::vector<std::span<const std::byte>> frames;
-      const auto d = remote::split_bundle(b, l.max_message, remote::message_type::sample_request,
-                                          frames);
+      const auto d =
+          remote::split_bundle(b, l.max_message, remote::message_type::sample_request, frames);
       if (!d) break;
       std::vector<std::byte> again;
       remote::start_bundle(again);

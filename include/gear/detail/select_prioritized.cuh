@@ -284,9 +284,10 @@ class prioritized::state<exec::device> {
   /// them), and must stay valid until then. Two launches, no copy, no synchronisation.
   /// On the GPU, every key is checked against `table` (its device lengths and tickets, as of
   /// stream order) and `owner` (a good pair of a key of shard [0, siblings) other than the
-  /// owner's is that sibling shard's: skipped, not counted as stale), every priority for NaN, negative or infinite: an update with a bad
-  /// pair changes nothing and is recorded, with its first bad key (or, if every key is good, its
-  /// first bad priority), for raise_update_failures().
+  /// owner's is that sibling shard's: skipped, not counted as stale), every priority for NaN,
+  /// negative or infinite: an update with a bad pair changes nothing and is recorded, with its
+  /// first bad key (or, if every key is good, its first bad priority), for
+  /// raise_update_failures().
   /// Throws at once (changing nothing) errc::invalid_argument (sizes differ, 2^32 pairs or more),
   /// errc::cuda_error.
   void update_from_device(const slot_table& table, key_owner owner, std::span<const key> keys,

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <gear/batch.hpp>
 #include <gear/detail/remote/blob.hpp>
+#include <gear/detail/shard_routing.hpp>
 #include <gear/error.hpp>
 #include <gear/insert.hpp>
 #include <gear/key.hpp>
@@ -221,7 +222,7 @@ class replay_buffer<Spec, storage::none, Selection, transport::libfabric> {
       o.max_window = transport_.max_window;
       o.skip_lost_shards = transport_.skip_lost_shards;
       o.requests_per_message = transport_.requests_per_message;
-      if constexpr (requires { selection_.beta; }) o.beta = selection_.beta;
+      o.beta = detail::beta_of(selection_);
       o.deadline = transport_.deadline;
       o.token = transport_.token;
       learner_ = std::make_unique<learner_type>(transport_.shards, std::move(o));

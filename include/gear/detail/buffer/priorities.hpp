@@ -132,4 +132,19 @@ void update_from_device(Core& b, std::span<const key> keys, std::span<const floa
   }
 }
 
+/// update_priorities from `source`, synchronous (replay_buffer's and sharded_buffer's): host
+/// spans as b.update_priorities does (its counts dropped); device memory between two
+/// check_priority_updates, so that it throws only when the call changed nothing.
+template <class Buffer>
+void update_synchronously(Buffer& b, std::span<const key> keys, std::span<const float> priorities,
+                          memory_kind source, cuda::stream_ref stream) {
+  if (source == memory_kind::host) {
+    (void)b.update_priorities(keys, priorities, stream);
+    return;
+  }
+  b.check_priority_updates(stream);
+  b.update_priorities_async(keys, priorities, source, stream);
+  b.check_priority_updates(stream);
+}
+
 }  // namespace gear::detail
