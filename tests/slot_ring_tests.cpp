@@ -198,10 +198,10 @@ std::string diff(const slot_ring& ring, const model& m) {
 
 struct host_mirror {
   std::int64_t capacity;
-  std::vector<std::uint64_t> words;  // lengths, tickets, order, dense: 4 * capacity words
+  std::vector<std::uint64_t> words;  // lengths, tickets, order, dense: 4 * capacity words; live
 
   explicit host_mirror(std::int64_t cap)
-      : capacity(cap), words(static_cast<std::size_t>(4 * cap), 0) {}
+      : capacity(cap), words(slot_mirror::bytes(cap) / sizeof(std::uint64_t), 0) {}
   [[nodiscard]] slot_mirror view() {
     return slot_mirror::at(reinterpret_cast<std::byte*>(words.data()), capacity);
   }

@@ -4,6 +4,7 @@
 // <gear/gear.cuh> instead (compiled by nvcc).
 
 #include <gear/batch.hpp>
+#include <gear/device_rng.hpp>
 #include <gear/dtype.hpp>
 #include <gear/error.hpp>
 #include <gear/insert.hpp>

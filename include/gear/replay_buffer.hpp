@@ -69,6 +69,13 @@
 //   a still-landing key as stale.
 //   selection_state() is not synchronised: change its settings while no other thread uses it.
 //
+// CUDA graphs: sample_async with a gear::device_rng (select::uniform, select::prioritized) can be
+// captured and replayed; each replay draws what the next eager call would, from the buffer as it
+// is when the replay runs (device_rng.hpp). The batch, window and policy settings are the
+// capture's; a buffer emptied since gives rows of slot -1, mask 0. Such a sample binds the buffer
+// to its stream: replays wait for no event, so a later call on another stream throws
+// errc::invalid_argument, changing nothing.
+//
 // Errors: every call checks its input, then acquires what it needs (staging, allocations), and
 // only then changes anything: a gear::error thrown before that point leaves the buffer exactly as
 // it was. If enqueueing GPU work fails after the buffer changed (a launch or copy failing, which
@@ -96,6 +103,7 @@
 #include <gear/detail/buffer/priorities.hpp>
 #include <gear/detail/buffer/sample.hpp>
 #include <gear/detail/buffer/slots.hpp>
+#include <gear/device_rng.hpp>
 #include <gear/error.hpp>
 #include <gear/insert.hpp>
 #include <gear/key.hpp>
@@ -297,18 +305,23 @@ class replay_buffer {
   /// its own and the batch is small. Consumes one draw of g. Stream-ordered; does not
   /// synchronise (sample does) unless trajectories are removed after k returns
   /// (set_max_times_sampled, or a consuming policy such as select::fifo): then it reads back the
-  /// rows it drew.
+  /// rows it drew. `g` is a gear::rng, or a gear::device_rng for CUDA graphs (see "CUDA graphs"
+  /// above).
   /// Throws (leaving the buffer and g unchanged): errc::empty_buffer, errc::empty_window,
   /// errc::window_out_of_range, errc::batch_mismatch, errc::not_enough_items (policy-specific),
-  /// errc::out_of_memory, errc::cuda_error.
-  template <class Out>  // batch_type; or rows of one with scratch of their own (sharded_buffer)
-  requires std::same_as<Out, batch_type> || std::same_as<Out, detail::batch_slice<Spec>>
-  void sample_async(Out& out, const window& w, rng& g, cuda::stream_ref stream) {
+  /// errc::out_of_memory, errc::cuda_error; with a device_rng also errc::invalid_argument (g on
+  /// another GPU or stream, the buffer used from another stream, max_times_sampled set).
+  template <class Out, class Draws>  // Out: batch_type; or rows of one (sharded_buffer)
+  requires(std::same_as<Out, batch_type> || std::same_as<Out, detail::batch_slice<Spec>>) &&
+      (std::same_as<Draws, rng> || (on_device && std::same_as<Draws, device_rng>))
+  void sample_async(Out& out, const window& w, Draws& g, cuda::stream_ref stream) {
     const detail::device_scope scope(core().device_);
     detail::sample_into(core(), out, w, g, stream);
   }
   /// sample_async, then synchronises the stream.
-  void sample(batch_type& out, const window& w, rng& g, cuda::stream_ref stream) {
+  template <class Draws>
+  requires std::same_as<Draws, rng> || (on_device && std::same_as<Draws, device_rng>)
+  void sample(batch_type& out, const window& w, Draws& g, cuda::stream_ref stream) {
     sample_async(out, w, g, stream);
     synchronize(stream);
   }
@@ -362,16 +375,9 @@ class replay_buffer {
 
   // ---- priorities ----------------------------------------------------------------------------
   //
-  // For selection policies that keep priorities (gear::select::prioritized), from either memory:
-  //   host   (update_priorities(keys, priorities, stream)): the CPU checks both spans during the
-  //          call; pairs whose trajectory was evicted or removed since it was sampled are skipped
-  //          and counted, the rest applied;
-  //   device (the same with gear::memory_kind::device): kernels read and check both arrays in
-  //          stream order, so a learner passes a batch's keys and the TD errors it computed on the
-  //          GPU with no copy and no synchronisation; stale keys are skipped and counted on the
-  //          GPU (select::prioritized's state: stale_pairs); an update with a bad pair (a key of
-  //          another shard, a NaN, negative or infinite priority) changes nothing and its error is
-  //          raised later, by the rule at update_priorities_async below.
+  // For policies that keep priorities (select::prioritized), from host spans (checked by the CPU
+  // during the call) or from device memory (a batch's keys and the TD errors a kernel wrote,
+  // checked by the update's kernels in stream order: no copy, no synchronisation).
 
   /// Sets the priorities of the trajectories `keys` (both spans in host memory). A key named
   /// twice takes its last priority. Stale keys are skipped. Stream-ordered; does not synchronise
@@ -479,9 +485,9 @@ class replay_buffer {
   [[nodiscard]] const core_type& core() const noexcept { return *core_; }
 
   void check_slot(std::int64_t slot) const {
-    GEAR_REQUIRE(
-        slot >= 0 && slot < capacity(), errc::key_out_of_range,
-        "slot " + std::to_string(slot) + " is outside [0, " + std::to_string(capacity()) + ")");
+    GEAR_REQUIRE(slot >= 0 && slot < capacity(), errc::key_out_of_range,
+                 "slot " + std::to_string(slot) + " is outside [0, " + std::to_string(capacity()) +
+                     ")");
   }
   void synchronize(cuda::stream_ref stream) const {
     const detail::device_scope scope(core().device_);

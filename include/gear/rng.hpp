@@ -43,6 +43,14 @@ GEAR_HD constexpr std::uint64_t mulhi64(std::uint64_t a, std::uint64_t b) noexce
   return a_hi * b_hi + (hi_lo >> 32) + (cross >> 32);
 }
 
+/// The device words of a gear::device_rng: the next call number, and how many blocks of the
+/// current sample's last kernel have finished (the last of them advances `call` and clears it).
+struct draw_counter {
+  std::uint64_t call;
+  unsigned finished;
+  unsigned unused;
+};
+
 }  // namespace detail
 
 /// The random numbers of one sample() call: a seed and the call's number. Trivially copyable;

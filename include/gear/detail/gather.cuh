@@ -34,20 +34,48 @@ struct drawn_rows {
   float* weights = nullptr;
   static constexpr bool publishes = true;
   __device__ selected_row operator()(std::int64_t row) const { return draw(row); }
+  __device__ void read_device_counts() {
+    if constexpr (requires { draw.read_device_counts(); }) draw.read_device_counts();
+  }
 };
+
+/// Ends a sample drawn with a gear::device_rng: the last block of its last kernel to finish
+/// advances the call number (every block read it when it started) and clears the count for the
+/// next sample. Every thread of the block calls it.
+__device__ inline void finish_draw(draw_counter& w) {
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  __threadfence();
+  const unsigned blocks = gridDim.x * gridDim.y * gridDim.z;
+  if (atomicAdd(&w.finished, 1u) + 1 == blocks) {
+    w.finished = 0;
+    w.call += 1;
+  }
+}
+
+/// Advances a device_rng's call number for a sample whose gather has no blocks (no rows).
+template <class Counter>  // always draw_counter
+__global__ void advance_draw_kernel(Counter* w) {
+  w->call += 1;
+}
 
 // Kernels in gear's headers are templates (here on the argument type, always gather_args), so that
 // every translation unit that includes them can instantiate them without duplicate symbols.
 template <class Args, class Rows>
 __global__ void __launch_bounds__(tuning::copy_threads)
-    gather_kernel(const Args a, const column_blocks g, const Rows rows) {
+    gather_kernel(const Args a, const column_blocks g, Rows rows) {
   int c;
   std::int64_t row, chunk;
   g.locate(blockIdx.x, c, row, chunk);
 
+  rng_draw draw = a.draw;
+  if (a.counter != nullptr) {  // a sample with a device_rng: the call number as of now
+    draw.call = a.counter->call;
+    if constexpr (requires { rows.read_device_counts(); }) rows.read_device_counts();
+  }
   const selected_row selected = rows(row);
   const std::int64_t slot = selected.slot;
-  const window_plan p = row_plan(a, row, slot);
+  const window_plan p = row_plan(a, draw, row, slot);
   if (c == 0 && chunk == 0) {
     std::uint8_t* mask = a.mask + row * a.win.length;
     for (std::int64_t t = threadIdx.x; t < a.win.length; t += blockDim.x)
@@ -79,6 +107,7 @@ __global__ void __launch_bounds__(tuning::copy_threads)
   } else {
     block_zero(dst + lo, hi - lo);
   }
+  if (a.counter != nullptr) finish_draw(*a.counter);
 }
 
 /// How the blocks of the gather described by `a` are shared out.
@@ -96,7 +125,13 @@ void gather_on_device(const gather_args& a, const column_blocks& g, const Rows& 
   const std::int64_t blocks = g.first_block[a.num_columns];
   GEAR_REQUIRE(blocks < (std::int64_t{1} << 31), errc::invalid_argument,
                "a batch this large needs more than 2^31 copy blocks; sample fewer rows at once");
-  if (blocks == 0) return;
+  if (blocks == 0) {
+    if (a.counter != nullptr) {
+      advance_draw_kernel<<<1, 1, 0, stream.get()>>>(a.counter);
+      GEAR_CHECK_LAUNCH("advance_draw_kernel");
+    }
+    return;
+  }
   gather_kernel<<<static_cast<unsigned>(blocks), tuning::copy_threads, 0, stream.get()>>>(a, g,
                                                                                           rows);
   GEAR_CHECK_LAUNCH("gather_kernel");

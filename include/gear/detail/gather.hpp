@@ -39,13 +39,20 @@ struct gather_args {
   std::uint32_t incarnation = 0;
   std::uint8_t* mask = nullptr;  ///< out: [batch][window length]
   key* keys = nullptr;           ///< out: [batch]
+  /// A gear::device_rng's words, or null: the kernel takes draw.call from here, and its last
+  /// block to finish advances the call number (the gather is a sample's last kernel).
+  draw_counter* counter = nullptr;
 };
 
 /// The window of row `row`, resolved against its trajectory (all padding for slot -1).
-GEAR_HD inline window_plan row_plan(const gather_args& a, std::int64_t row, std::int64_t slot) {
+GEAR_HD inline window_plan row_plan(const gather_args& a, const rng_draw& draw, std::int64_t row,
+                                   std::int64_t slot) {
   if (slot < 0) return {0, 0, 0};
   return plan_window(a.win, a.lengths[slot],
-                     a.draw.extra(static_cast<std::uint64_t>(row), 0xFFFFFFFFu));
+                     draw.extra(static_cast<std::uint64_t>(row), 0xFFFFFFFFu));
+}
+GEAR_HD inline window_plan row_plan(const gather_args& a, std::int64_t row, std::int64_t slot) {
+  return row_plan(a, a.draw, row, slot);
 }
 
 /// The key of row `row`; slot -1 gives the ticket no_ticket, which no trajectory has.

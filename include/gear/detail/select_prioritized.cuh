@@ -67,6 +67,10 @@ namespace gear::select {
 template <>
 class prioritized::state<exec::device> {
  public:
+  /// Its kernels take the draw (and, for an all-zero tree, the live count) from device memory
+  /// (gear::device_rng); the tree is device state already.
+  static constexpr bool reads_device_counts = true;
+
   /// Allocates and clears the tree (synchronously, on a private stream). Throws
   /// errc::invalid_argument for bad exponents, errc::out_of_memory, errc::cuda_error.
   state(const prioritized& policy, std::int64_t capacity)

@@ -11,9 +11,10 @@
 namespace gear::detail {
 
 template <class Rows>
-__global__ void row_select_kernel(const Rows rows, const selection_request r) {
+__global__ void row_select_kernel(Rows rows, const selection_request r) {
   const std::int64_t row = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
   if (row >= r.batch) return;
+  if constexpr (requires { rows.read_device_counts(); }) rows.read_device_counts();
   const selected_row s = rows(row);
   r.slots[row] = s.slot;
   r.probabilities[row] = s.probability;

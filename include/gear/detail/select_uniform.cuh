@@ -14,6 +14,9 @@ namespace gear::select {
 template <>
 class uniform::state<exec::device> {
  public:
+  /// Its kernels take the live count and the draw from device memory (gear::device_rng).
+  static constexpr bool reads_device_counts = true;
+
   state(const uniform& policy, std::int64_t /*capacity*/) : policy_(policy) {}
 
   void validate(const slot_table& t, std::int64_t batch) const {

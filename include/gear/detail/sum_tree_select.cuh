@@ -82,6 +82,7 @@ __global__ void __launch_bounds__(Threads)
   static_assert(Threads % 32 == 0, "whole warps");
   constexpr int rows_per_block = Threads / sum_tree_group;
   const int lane = static_cast<int>(threadIdx.x % sum_tree_group);
+  read_device_counts(table, r);
   const double root = nodes[0];
   double smallest = INFINITY;
   // Whole warps take the same number of turns: the shuffles need every lane of the warp. Lanes
@@ -93,7 +94,7 @@ __global__ void __launch_bounds__(Threads)
     if (!(root > 0)) {  // the same for every thread of the grid
       if (writes) {
         r.slots[row] = uniform_row(table, r, true, row);
-        r.probabilities[row] = 1.0f / static_cast<float>(table.live);
+        r.probabilities[row] = table.live > 0 ? 1.0f / static_cast<float>(table.live) : 0.0f;
         r.weights[row] = 1.0f;
       }
       continue;

@@ -56,11 +56,19 @@
 //       std::nullopt (e.g. uniform without replacement, whose rows claim slots from each other)
 //       makes the buffer call select() as usual.
 //
+// A device state may declare `static constexpr bool reads_device_counts = true;`: its kernels (and
+// its row_selector's F, through a member `void read_device_counts()` called in the kernel) call
+// detail::read_device_counts on their copies of the table and request before using table.live or
+// request.draw, and read nothing else the host computed from the buffer's contents at the call.
+// Only such policies sample with a gear::device_rng (CUDA graphs): a replay must draw anew, from
+// what the buffer holds when it runs.
+//
 // A policy may also declare `static constexpr bool consumes = true;`: the buffer then removes every
 // trajectory a sample returns (each is returned once), as a queue or stack does.
 //
 // Each optional part has a concept of its own at the bottom of this file (commit_hook,
-// evict_hook, host_priority_update, device_priority_update, row_selecting, consuming_policy);
+// evict_hook, host_priority_update, device_priority_update, row_selecting, consuming_policy,
+// device_counted);
 // the buffer asks for them by name.
 //
 // slot_table points at metadata in the memory of Space (and at the host's copy of the lengths).
@@ -92,6 +100,10 @@ struct slot_table {
   std::int64_t occupied = 0;                   ///< slots [0, occupied) have ever been reserved
   std::int64_t live = 0;                       ///< committed slots (length > 0)
   std::uint64_t next_ticket = 0;               ///< ticket the next reservation gets
+  /// Device memory, or null: the live count as of stream order (the device mirror's). Set for
+  /// samples drawn with a gear::device_rng, which CUDA graphs replay: their kernels take `live`
+  /// from here (detail::read_device_counts), not from the host's count at the call.
+  const std::int64_t* live_at = nullptr;
   const std::int64_t* host_lengths = nullptr;  ///< the host's copy of lengths (host memory always)
   const std::uint64_t* host_tickets = nullptr;  ///< the host's copy of tickets (host memory)
   /// The host's slot states (host memory): 0 empty (never used, abandoned or removed), 1 pending,
@@ -109,7 +121,26 @@ struct selection_request {
   std::uint64_t* scratch = nullptr;  ///< workspace of scratch_size words, contents unspecified:
                                      ///< a policy that needs zeros clears what it uses
   std::int64_t scratch_size = 0;     ///< a power of two >= 2 * batch
+  /// Device memory, or null: this call's draw number (a gear::device_rng's). Kernels take
+  /// draw.call from here (detail::read_device_counts).
+  const std::uint64_t* call_at = nullptr;
 };
+
+namespace detail {
+
+/// In a kernel of a sample drawn with a gear::device_rng: takes the live count and the draw's
+/// call number from device memory, as they are when the kernel runs. Kernels of such samples
+/// call it on their own copies of `t` and `r` before they use them; elsewhere it does nothing.
+GEAR_HD inline void read_device_counts(slot_table& t, selection_request& r) noexcept {
+#if defined(__CUDA_ARCH__)
+  if (t.live_at != nullptr) t.live = *t.live_at;
+  if (r.call_at != nullptr) r.draw.call = *r.call_at;
+#else
+  (void)t, (void)r;
+#endif
+}
+
+}  // namespace detail
 
 /// One row of a selection, as a row_selector gives it.
 struct selected_row {
@@ -159,6 +190,12 @@ template <class State>
 concept row_selecting = requires(const State& s, const slot_table& t, const selection_request& r) {
   s.row_selector(t, r);
 };
+/// `static constexpr bool reads_device_counts = true`: samples with a gear::device_rng.
+template <class State>
+concept device_counted = requires {
+  { State::reads_device_counts } -> std::convertible_to<bool>;
+}
+&&State::reads_device_counts;
 /// `static constexpr bool consumes = true`: every trajectory a sample returns is removed.
 template <class Policy>
 concept consuming_policy = requires {

@@ -46,11 +46,13 @@ inline constexpr std::uint32_t window_attempt = 0xFFFFFFFFu;
 /// committed slots: with replacement one draw of a position in [0, live), exactly uniform, O(1)
 /// whatever the occupancy; without replacement up to max_uniform_attempts draws, redrawn while
 /// another row has already claimed the slot, then the first unclaimed position from a uniform
-/// starting point. -1 only if no committed slot is left to claim.
+/// starting point. -1 only if no committed slot is left to claim (or none is committed: a
+/// replayed graph may sample a buffer emptied since its capture).
 GEAR_HD inline std::int64_t uniform_row(const slot_table& t, const selection_request& r,
                                         bool replacement, std::int64_t row) {
   const auto live = static_cast<std::uint64_t>(t.live);
   const auto at = static_cast<std::uint64_t>(row);
+  if (live == 0) return -1;
   if (replacement) return t.dense[r.draw.below(live, at, 0)];
   for (std::uint32_t attempt = 0; attempt < max_uniform_attempts; ++attempt) {
     const std::int64_t slot = t.dense[r.draw.below(live, at, attempt)];
@@ -72,9 +74,11 @@ struct uniform_rows {
   bool replacement = true;
 
   GEAR_HD selected_row operator()(std::int64_t row) const {
-    return {uniform_row(table, request, replacement, row), 1.0f / static_cast<float>(table.live),
-            1.0f};
+    const std::int64_t slot = uniform_row(table, request, replacement, row);
+    return {slot, slot < 0 ? 0.0f : 1.0f / static_cast<float>(table.live), 1.0f};
   }
+  /// In a kernel of a sample with a gear::device_rng: the live count and draw as they are now.
+  GEAR_HD void read_device_counts() noexcept { detail::read_device_counts(table, request); }
 };
 
 inline void validate_uniform(const slot_table& t, std::int64_t batch, bool replacement) {

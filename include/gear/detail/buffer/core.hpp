@@ -420,6 +420,7 @@ void gear::detail::buffer_core<Spec, Storage, Selection, Transport>::apply_journ
   a.index_count = ring_.take_index_changes(reinterpret_cast<index_record*>(l.host + index_at));
   a.mirror = mirror();
   a.capacity = capacity_;
+  a.live = ring_.live();
   apply_journal_on_device(a, stream);
 #else
   (void)l, (void)offset, (void)count, (void)stream;

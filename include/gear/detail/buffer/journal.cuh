@@ -18,11 +18,13 @@ struct journal_args {
   std::int64_t index_count = 0;
   slot_mirror mirror{};
   std::int64_t capacity = 1;
+  std::int64_t live = 0;  ///< the live count once these records are applied (mirror.live)
 };
 
 template <class Args>  // always journal_args; a template so that headers define it once per use
 __global__ void journal_apply_kernel(const Args a) {
   const std::int64_t n = a.count > a.index_count ? a.count : a.index_count;
+  if (blockIdx.x == 0 && threadIdx.x == 0) *a.mirror.live = a.live;
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
        i += std::int64_t{gridDim.x} * blockDim.x) {
     if (i < a.count) apply_slot_record(a.mirror, a.capacity, a.records[i]);
@@ -30,7 +32,8 @@ __global__ void journal_apply_kernel(const Args a) {
   }
 }
 
-/// Launches the apply on `stream`; checks the launch, never synchronises.
+/// Launches the apply on `stream`; checks the launch, never synchronises. An apply of no records
+/// launches nothing: the live count changes only with slot records.
 inline void apply_journal_on_device(const journal_args& a, cuda::stream_ref stream) {
   const std::int64_t n = std::max(a.count, a.index_count);
   if (n <= 0) return;

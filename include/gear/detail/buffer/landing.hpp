@@ -80,14 +80,16 @@ struct landing_force {
 };
 
 /// True when a host insert on `stream` lands (rather than scattering on `stream` itself): the
-/// buffer is GPU-resident for every column and not used from `stream` alone.
+/// buffer is GPU-resident for every column and not used from `stream` alone. A buffer bound to
+/// one stream (stream_order::bind) never lands: an insert on another stream is refused when it
+/// orders itself.
 template <class Core>
 bool lands(const Core& b, cudaStream_t stream) noexcept {
   if constexpr (!Core::on_device || !Core::all_in_device_memory) {
     (void)b, (void)stream;
     return false;
   } else {
-    return !b.order_.only_lane(stream);
+    return !b.order_.only_lane(stream) && !b.order_.bound();
   }
 }
 

@@ -43,15 +43,18 @@ struct index_record {
 static_assert(sizeof(index_record) == sizeof(slot_record));
 
 /// Per-slot metadata arrays from one base address: lengths (int64), tickets (uint64), order
-/// (uint64), and the dense index of committed slots (int64; [0, live) in use), each [capacity].
+/// (uint64), and the dense index of committed slots (int64; [0, live) in use), each [capacity];
+/// then the live count (one int64, written by each journal apply: what samples drawn with a
+/// gear::device_rng read, so that a replayed graph sees the count of its time).
 struct slot_mirror {
   std::int64_t* lengths = nullptr;
   std::uint64_t* tickets = nullptr;
   std::uint64_t* order = nullptr;
   std::int64_t* dense = nullptr;
+  std::int64_t* live = nullptr;
 
   static constexpr std::size_t bytes(std::int64_t capacity) noexcept {
-    return static_cast<std::size_t>(capacity) * 32;
+    return static_cast<std::size_t>(capacity) * 32 + sizeof(std::int64_t);
   }
   static slot_mirror at(std::byte* base, std::int64_t capacity) noexcept {
     slot_mirror m;
@@ -59,6 +62,7 @@ struct slot_mirror {
     m.tickets = reinterpret_cast<std::uint64_t*>(m.lengths + capacity);
     m.order = m.tickets + capacity;
     m.dense = reinterpret_cast<std::int64_t*>(m.order + capacity);
+    m.live = m.dense + capacity;
     return m;
   }
 };

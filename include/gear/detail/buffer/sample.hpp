@@ -4,12 +4,14 @@
 // The rng advances only once everything that can fail before the launches has passed.
 
 #include <algorithm>
+#include <concepts>
 #include <cstdint>
 #include <cuda/stream_ref>
 #include <gear/batch.hpp>
 #include <gear/detail/buffer/core.hpp>
 #include <gear/detail/buffer/slots.hpp>
 #include <gear/detail/gather.hpp>
+#include <gear/device_rng.hpp>
 #include <gear/rng.hpp>
 #include <gear/window.hpp>
 #include <string>
@@ -80,15 +82,41 @@ void count_returns(Core& b, const std::int64_t* slots, std::int64_t rows, cuda::
       ++b.times_sampled_[static_cast<std::size_t>(slot)];
 }
 
-template <class Core, class Batch>
-void sample_into(Core& b, Batch& out, const window& w, rng& g, cuda::stream_ref stream) {
+/// Throws unless a sample with a gear::device_rng may run (see replay_buffer::sample_async).
+template <class Core>
+void check_device_draws(const Core& b, const device_rng& g, cuda::stream_ref stream) {
+  static_assert(Core::on_device, "gear::device_rng draws samples on the GPU: use gear::rng");
+  static_assert(device_counted<typename Core::state_type>,
+                "gear::device_rng: this selection policy computes its draws on the host (it "
+                "does not declare reads_device_counts), so a replayed CUDA graph would draw "
+                "the same rows every time; sample it with gear::rng (select::uniform and "
+                "select::prioritized sample with a device_rng)");
+  static_assert(!consuming_policy<typename Core::selection_type>,
+                "gear::device_rng: a consuming policy (select::fifo, lifo) removes what it "
+                "returns, on the host; sample it with gear::rng");
+  GEAR_REQUIRE(b.max_times_sampled_ == 0, errc::invalid_argument,
+               "a buffer with max_times_sampled set removes what it returns, on the host: "
+               "sample it with gear::rng, not a gear::device_rng");
+  g.check_use(b.device_, stream.get());
+  b.order_.check_bind(stream.get());
+}
+
+/// sample_async with `g`: a gear::rng (draw numbers from the host, advanced when the call
+/// succeeds) or a gear::device_rng (draw numbers in device memory, read and advanced by the
+/// kernels; the buffer is bound to the stream).
+template <class Core, class Batch, class Draws>
+void sample_into(Core& b, Batch& out, const window& w, Draws& g, cuda::stream_ref stream) {
+  constexpr bool device_draws = std::same_as<Draws, device_rng>;
   const auto held = b.lock();
   b.check_usable();
   check_sample_arguments(b, out, w);  // before anything is published
+  if constexpr (device_draws) check_device_draws(b, g, stream);
   // Landing inserts (landing.hpp): this stream's own, and those already on the device, are
   // published; if the rest are needed for the sample to be valid at all (an empty buffer, too few
-  // trajectories for a batch without replacement), they are published too.
-  settle_landing(b, landing_force{landing_force::kind::stream, stream.get()}, stream);
+  // trajectories for a batch without replacement), they are published too. (A buffer that may
+  // bind to this stream has none: it has known one stream only.)
+  if constexpr (!device_draws)
+    settle_landing(b, landing_force{landing_force::kind::stream, stream.get()}, stream);
   if (!b.landing_.empty()) {
     try {
       check_contents(b, out.batch_size());
@@ -114,10 +142,16 @@ void sample_into(Core& b, Batch& out, const window& w, rng& g, cuda::stream_ref 
       }
     }
 
-  rng advanced = g;
+  rng advanced(0);
   selection_request request;
   request.batch = out.batch_size();
-  request.draw = advanced.next();
+  if constexpr (device_draws) {
+    request.draw = {g.seed(), 0};
+    request.call_at = &g.counter()->call;
+  } else {
+    advanced = g;
+    request.draw = advanced.next();
+  }
   request.slots = out.slots_data();
   request.probabilities = out.probabilities_data();
   request.weights = out.weights_data();
@@ -142,8 +176,15 @@ void sample_into(Core& b, Batch& out, const window& w, rng& g, cuda::stream_ref 
   if constexpr (Core::on_device) {
 #if defined(GEAR_DEVICE_BACKEND)
     try {
+      slot_table drawn_from = table;
+      if constexpr (device_draws) {
+        b.order_.bind(stream.get());  // checked above: it binds, or it was bound to stream
+        g.bind(stream.get());
+        drawn_from.live_at = b.mirror().live;
+        args.counter = g.counter();
+      }
       b.order_before(stream, Core::read);
-      select_and_gather_on_device(*b.selection_, table, request, args, stream);
+      select_and_gather_on_device(*b.selection_, drawn_from, request, args, stream);
       b.order_after(stream, Core::read);
       if (readback) {
         const auto bytes = static_cast<std::size_t>(out.batch_size()) * 8;
@@ -177,7 +218,7 @@ void sample_into(Core& b, Batch& out, const window& w, rng& g, cuda::stream_ref 
     // Read by the CPU after a synchronisation: free at once.
     if (readback) b.staging_.give_back(*readback);
   }
-  g = advanced;
+  if constexpr (!device_draws) g = advanced;
 }
 
 }  // namespace gear::detail

@@ -12,7 +12,13 @@
 // serialised by the buffer's mutex; positions are events recorded after each access. While one
 // stream is all a buffer has seen, nothing is recorded or waited for: the first call on a second
 // stream waits once, on the host, for the whole device (the first stream may be gone by then).
-// A stream may be destroyed while the buffer lives: its events stay valid.
+// A stream may be destroyed while the buffer lives: its events stay valid. Events are made only
+// once a second stream comes: a buffer used from one stream has none.
+//
+// A buffer sampled with a gear::device_rng is bound to that sample's stream (bind): CUDA graphs
+// replay such samples, and a replay records and waits for no event, so no other stream may use
+// the buffer from then on; a call on another stream throws errc::invalid_argument before it
+// changes anything (every operation orders itself, before(), before it changes state).
 //
 // Each stream keeps the events of its last 64 reads, so a write that evicted slots earlier (a
 // landing insert's reservation, landing.hpp) can wait for just the reads enqueued before that
@@ -20,6 +26,7 @@
 
 #include <cstdint>
 #include <gear/detail/cuda.hpp>
+#include <gear/error.hpp>
 #include <memory>
 #include <vector>
 
@@ -73,6 +80,23 @@ class stream_order {
   /// recorded from now on (a stream that only copies bytes for the buffer, say).
   void join(cudaStream_t s) { (void)lane_of(s); }
 
+  /// Binds the buffer to `s` for good (see the top of this file). Throws errc::invalid_argument,
+  /// binding nothing, if another stream has used the buffer.
+  void bind(cudaStream_t s) {
+    check_bind(s);
+    (void)lane_of(s);
+    bound_ = true;
+  }
+  /// Throws errc::invalid_argument unless bind(s) would succeed. Changes nothing.
+  void check_bind(cudaStream_t s) const {
+    check_bound(s);
+    GEAR_REQUIRE(only_lane(s), errc::invalid_argument,
+                 "a buffer used from several streams cannot sample with a gear::device_rng (its "
+                 "samples are replayed by CUDA graphs, unordered with other streams); use one "
+                 "stream for every call of this buffer");
+  }
+  [[nodiscard]] bool bound() const noexcept { return bound_; }
+
   /// True when some stream has a read no write has followed yet.
   [[nodiscard]] bool reads_pending() const noexcept {
     for (const auto& l : lanes_)
@@ -119,15 +143,34 @@ class stream_order {
     [[nodiscard]] cudaEvent_t read_event(std::uint64_t n) const noexcept {
       return read[static_cast<std::size_t>(n % read_ring)].get();
     }
+    /// Makes the lane's events, unless it has them (all or none: a failure leaves none).
+    void make_events() {
+      if (!read.empty()) return;
+      std::vector<event> made;
+      for (std::uint64_t i = 0; i < read_ring; ++i) made.push_back(event::make());
+      event w = event::make();
+      read = std::move(made);
+      write = std::move(w);
+    }
   };
+
+  void check_bound(cudaStream_t s) const {
+    GEAR_REQUIRE(!bound_ || lanes_.front()->stream == s, errc::invalid_argument,
+                 "this buffer was sampled with a gear::device_rng, which binds it to that "
+                 "sample's stream (CUDA graphs replay such samples unordered with other "
+                 "streams); call it on that stream");
+  }
 
   lane& lane_of(cudaStream_t s) {
     for (auto& l : lanes_)
       if (l->stream == s) return *l;
+    check_bound(s);
     auto fresh = std::make_unique<lane>();
     fresh->stream = s;
-    for (std::uint64_t i = 0; i < read_ring; ++i) fresh->read.push_back(event::make());
-    fresh->write = event::make();
+    if (!lanes_.empty()) {
+      fresh->make_events();
+      lanes_.front()->make_events();
+    }
     if (lanes_.size() == 1) {
       // A second stream: the first one's accesses were not recorded, and that stream may no
       // longer exist. Waiting once for the whole device covers them.
@@ -142,6 +185,7 @@ class stream_order {
   std::vector<std::unique_ptr<lane>> lanes_;
   lane* last_writer_ = nullptr;
   lane* last_bytes_writer_ = nullptr;  // the last write of slot bytes was on it (or later)
+  bool bound_ = false;                 // bind(): lanes_ holds one lane, the only one allowed
 };
 
 }  // namespace gear::detail

@@ -1,0 +1,381 @@
+// CUDA graphs: samples drawn with a gear::device_rng, captured once and replayed.
+//
+//   - 1000 replays of one captured sample return, bit for bit, what 1000 eager calls with
+//     gear::rng of the same seed return (slots, probabilities, weights, keys, masks, bytes), for
+//     uniform with and without replacement and prioritized, with the gather drawing its own rows
+//     (small batches) and after a selection launch (large ones);
+//   - the rows of the replays follow the policy's law (chi-square at significance 0.001), and the
+//     same test rejects a graph captured with a host gear::rng, whose draws are frozen (power);
+//   - a replay samples the buffer as it is when it runs: inserts, priority updates and erases
+//     made between replays are seen;
+//   - every misuse is refused with errc::invalid_argument, and leaves the buffer as it was.
+// Exits 77 (skipped) where no GPU is usable.
+
+#include <gear/gear.cuh>
+
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "gpu_common.cuh"
+#include "select_common.hpp"
+
+using gear_test::stream_holder;
+using select_test::chi2_test;
+
+namespace {
+
+/// One int32 per step: trajectory n holds n * 1000 + t at step t.
+using vspec = gear::spec<gear::column<"v", std::int32_t>>;
+constexpr std::int64_t max_len = 16;
+
+template <class Selection>
+using buffer_of = gear::replay_buffer<vspec, gear::storage::device, Selection>;
+
+/// Inserts trajectories numbered [first, first + count) of lengths 1..max_len (by number).
+template <class Buffer>
+std::vector<gear::key> insert_numbered(Buffer& buf, std::int32_t first, std::int32_t count,
+                                       cuda::stream_ref s) {
+  std::vector<std::int64_t> lengths;
+  std::vector<std::int32_t> v;
+  for (std::int32_t n = first; n < first + count; ++n) {
+    lengths.push_back(1 + n % max_len);
+    for (std::int64_t t = 0; t < lengths.back(); ++t)
+      v.push_back(n * 1000 + static_cast<std::int32_t>(t));
+  }
+  std::vector<gear::key> keys(lengths.size());
+  buf.insert(gear::trajectories<vspec>{lengths, {gear::input(v.data())}}, keys, s);
+  return keys;
+}
+
+template <class T>
+std::vector<T> to_host(const T* p, std::int64_t n) {
+  std::vector<T> out(static_cast<std::size_t>(n));
+  GEAR_CUDA_TRY(cudaMemcpy(out.data(), p, out.size() * sizeof(T), cudaMemcpyDeviceToHost));
+  return out;
+}
+
+/// Everything a sample wrote, copied to the host.
+struct drawn {
+  std::vector<std::int64_t> slots;
+  std::vector<float> probabilities, weights;
+  std::vector<gear::key> keys;
+  std::vector<std::uint8_t> mask;
+  std::vector<std::int32_t> v;
+
+  template <class Batch>
+  static drawn of(const Batch& b) {
+    const std::int64_t rows = b.batch_size(), len = b.window_length();
+    drawn d;
+    d.slots = to_host(b.slots_data(), rows);
+    d.probabilities = to_host(b.probabilities_data(), rows);
+    d.weights = to_host(b.weights_data(), rows);
+    d.keys = to_host(b.keys_data(), rows);
+    d.mask = to_host(b.mask_data(), rows * len);
+    d.v = to_host(reinterpret_cast<const std::int32_t*>(b.column_data(0)), rows * len);
+    return d;
+  }
+  bool operator==(const drawn& o) const {
+    return slots == o.slots && keys == o.keys && mask == o.mask && v == o.v &&
+           std::memcmp(probabilities.data(), o.probabilities.data(),
+                       probabilities.size() * sizeof(float)) == 0 &&
+           std::memcmp(weights.data(), o.weights.data(), weights.size() * sizeof(float)) == 0;
+  }
+};
+
+/// A graph of what `enqueue(stream)` enqueues, captured in global mode (the strictest: any call
+/// that may not run during a capture fails it) and instantiated.
+class captured {
+ public:
+  template <class F>
+  captured(cudaStream_t s, F enqueue) {
+    GEAR_CUDA_TRY(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    try {
+      enqueue();
+    } catch (...) {
+      cudaGraph_t broken{};
+      (void)cudaStreamEndCapture(s, &broken);
+      if (broken != nullptr) (void)cudaGraphDestroy(broken);
+      throw;
+    }
+    GEAR_CUDA_TRY(cudaStreamEndCapture(s, &graph_));
+    GEAR_CUDA_TRY(cudaGraphInstantiate(&exec_, graph_, 0));
+  }
+  ~captured() {
+    if (exec_ != nullptr) (void)cudaGraphExecDestroy(exec_);
+    if (graph_ != nullptr) (void)cudaGraphDestroy(graph_);
+  }
+  captured(const captured&) = delete;
+  captured& operator=(const captured&) = delete;
+  /// Launches the graph on `s` and waits for it.
+  void replay(cudaStream_t s) const {
+    GEAR_CUDA_TRY(cudaGraphLaunch(exec_, s));
+    GEAR_CUDA_TRY(cudaStreamSynchronize(s));
+  }
+  /// Kernel nodes of the graph.
+  [[nodiscard]] std::size_t kernels() const {
+    std::size_t n = 0;
+    GEAR_CUDA_TRY(cudaGraphGetNodes(graph_, nullptr, &n));
+    std::vector<cudaGraphNode_t> nodes(n);
+    GEAR_CUDA_TRY(cudaGraphGetNodes(graph_, nodes.data(), &n));
+    std::size_t k = 0;
+    for (const cudaGraphNode_t node : nodes) {
+      cudaGraphNodeType type{};
+      GEAR_CUDA_TRY(cudaGraphNodeGetType(node, &type));
+      k += type == cudaGraphNodeTypeKernel;
+    }
+    return k;
+  }
+
+ private:
+  cudaGraph_t graph_{};
+  cudaGraphExec_t exec_{};
+};
+
+/// `calls` eager samples with gear::rng(seed), then `calls` replays of one sample captured with
+/// gear::device_rng(seed), on a copy of the same contents: each replay equals its eager call.
+template <class Selection>
+void check_replays_equal_eager(const Selection& policy, std::int64_t rows, const gear::window& w,
+                               int calls, bool prioritize) {
+  stream_holder s;
+  buffer_of<Selection> buf{gear::capacity{512}, gear::max_length{max_len}, policy};
+  const auto keys = insert_numbered(buf, 0, 400, s);
+  if constexpr (gear::host_priority_update<typename buffer_of<Selection>::state_type>) {
+    if (prioritize) {
+      const auto p = select_test::random_priorities(7, keys.size());
+      (void)buf.update_priorities(keys, p, s);
+    }
+  }
+  auto b = buf.make_batch(gear::batch_size{rows}, gear::window_length{w.length});
+  constexpr std::uint64_t seed = 0x5eed'0001;
+  std::vector<drawn> eager;
+  gear::rng g(seed);
+  for (int k = 0; k < calls; ++k) {
+    buf.sample(b, w, g, s);
+    eager.push_back(drawn::of(b));
+  }
+  gear::device_rng dg(seed);
+  const captured graph(s.s, [&] { buf.sample_async(b, w, dg, s); });
+  int equal = 0;
+  for (int k = 0; k < calls; ++k) {
+    graph.replay(s.s);
+    equal += drawn::of(b) == eager[static_cast<std::size_t>(k)];
+  }
+  CHECK(equal == calls);
+  CHECK(dg.calls(s) == static_cast<std::uint64_t>(calls));
+  CHECK(g.calls() == static_cast<std::uint64_t>(calls));
+}
+
+}  // namespace
+
+TEST_CASE("1000 replays of a captured sample equal 1000 eager calls of the same seed") {
+  const gear::window random_start{8, 0, gear::anchor::random, gear::pad::head};
+  SUBCASE("uniform, rows drawn in the gather (B = 64)") {
+    check_replays_equal_eager(gear::select::uniform{}, 64, random_start, 1000, false);
+  }
+  SUBCASE("uniform, a selection launch first (B = 4096)") {
+    check_replays_equal_eager(gear::select::uniform{}, 4096, random_start, 200, false);
+  }
+  SUBCASE("uniform without replacement") {
+    check_replays_equal_eager(gear::select::uniform{.replacement = false}, 256, random_start, 1000,
+                              false);
+  }
+  SUBCASE("prioritized, with weights") {
+    check_replays_equal_eager(gear::select::prioritized{.alpha = 0.7, .beta = 0.5}, 256,
+                              random_start, 1000, true);
+  }
+  SUBCASE("prioritized, all priorities at their default") {
+    check_replays_equal_eager(gear::select::prioritized{}, 64, gear::window{4}, 1000, false);
+  }
+}
+
+TEST_CASE("replayed uniform samples follow the uniform law; frozen draws are rejected") {
+  stream_holder s;
+  using buffer = buffer_of<gear::select::uniform>;
+  buffer buf{gear::capacity{200}, gear::max_length{max_len}};
+  (void)insert_numbered(buf, 0, 200, s);
+  constexpr std::int64_t rows = 64;
+  constexpr int replays = 1000;
+  auto b = buf.make_batch(gear::batch_size{rows}, gear::window_length{1});
+  const std::vector<double> uniform(200, 1.0 / 200);
+  const auto counts_of = [&](const captured& graph) {
+    std::vector<double> counts(200, 0);
+    for (int k = 0; k < replays; ++k) {
+      graph.replay(s.s);
+      for (const std::int64_t slot : to_host(b.slots_data(), rows)) {
+        REQUIRE(slot >= 0);
+        REQUIRE(slot < 200);
+        counts[static_cast<std::size_t>(slot)] += 1;
+      }
+    }
+    return counts;
+  };
+  gear::device_rng dg(11);
+  const captured graph(s.s, [&] { buf.sample_async(b, gear::window{1}, dg, s); });
+  const auto fit = chi2_test(counts_of(graph), uniform, rows * replays);
+  MESSAGE("device_rng replays: chi2 " << fit.statistic << " (critical " << fit.critical << ")");
+  CHECK_FALSE(fit.rejects());
+  // Power: the draws of a host rng are frozen into the graph, every replay the same rows.
+  gear::rng frozen(11);
+  const captured stale(s.s, [&] { buf.sample_async(b, gear::window{1}, frozen, s); });
+  const auto bad = chi2_test(counts_of(stale), uniform, rows * replays);
+  MESSAGE("frozen host draws: chi2 " << bad.statistic << " (critical " << bad.critical << ")");
+  CHECK(bad.rejects());
+}
+
+TEST_CASE("a replay samples the buffer as it is when it runs") {
+  stream_holder s;
+  SUBCASE("uniform: inserts after the capture are drawn, with the new count") {
+    buffer_of<gear::select::uniform> buf{gear::capacity{300}, gear::max_length{max_len}};
+    (void)insert_numbered(buf, 0, 100, s);
+    auto b = buf.make_batch(gear::batch_size{128}, gear::window_length{1});
+    gear::device_rng dg(3);
+    const captured graph(s.s, [&] { buf.sample_async(b, gear::window{1}, dg, s); });
+    (void)insert_numbered(buf, 100, 200, s);  // live: 100 -> 300 after the capture
+    std::vector<double> counts(300, 0);
+    constexpr int replays = 400;
+    for (int k = 0; k < replays; ++k) {
+      graph.replay(s.s);
+      const auto d = drawn::of(b);
+      for (std::size_t r = 0; r < d.slots.size(); ++r) {
+        REQUIRE(buf.contains(d.keys[r]));
+        CHECK(d.probabilities[r] == doctest::Approx(1.0 / 300));
+        counts[static_cast<std::size_t>(d.v[r] / 1000)] += 1;  // the bytes name the trajectory
+      }
+    }
+    const auto fit = chi2_test(counts, std::vector<double>(300, 1.0 / 300), 128.0 * replays);
+    CHECK_FALSE(fit.rejects());
+    // Power: the law of the capture's time (the first 100 only) is rejected.
+    std::vector<double> old(300, 0);
+    std::fill_n(old.begin(), 100, 1.0 / 100);
+    CHECK(chi2_test(counts, old, 128.0 * replays).rejects());
+  }
+  SUBCASE("prioritized: priorities updated between replays") {
+    buffer_of<gear::select::prioritized> buf{gear::capacity{64}, gear::max_length{max_len},
+                                             gear::select::prioritized{.alpha = 1.0}};
+    const auto keys = insert_numbered(buf, 0, 64, s);
+    auto b = buf.make_batch(gear::batch_size{256}, gear::window_length{1});
+    gear::device_rng dg(5);
+    const captured graph(s.s, [&] { buf.sample_async(b, gear::window{1}, dg, s); });
+    const auto p = select_test::random_priorities(21, keys.size(), false);
+    (void)buf.update_priorities(keys, p, s);
+    const auto want = select_test::exact_probabilities(p, 1.0);
+    std::vector<double> counts(64, 0);
+    constexpr int replays = 400;
+    for (int k = 0; k < replays; ++k) {
+      graph.replay(s.s);
+      for (const std::int32_t v :
+           to_host(reinterpret_cast<const std::int32_t*>(b.column_data(0)), 256))
+        counts[static_cast<std::size_t>(v / 1000)] += 1;
+    }
+    CHECK_FALSE(chi2_test(counts, want, 256.0 * replays).rejects());
+    CHECK(chi2_test(counts, std::vector<double>(64, 1.0 / 64), 256.0 * replays).rejects());
+  }
+  SUBCASE("erased after the capture: rows of slot -1, mask 0; the call number still advances") {
+    buffer_of<gear::select::uniform> buf{gear::capacity{16}, gear::max_length{max_len}};
+    const auto keys = insert_numbered(buf, 0, 16, s);
+    auto b = buf.make_batch(gear::batch_size{32}, gear::window_length{4});
+    gear::device_rng dg(9);
+    const captured graph(s.s, [&] { buf.sample_async(b, gear::window{4}, dg, s); });
+    buf.erase(keys, s);
+    graph.replay(s.s);
+    const auto d = drawn::of(b);
+    CHECK(std::all_of(d.slots.begin(), d.slots.end(), [](std::int64_t x) { return x == -1; }));
+    CHECK(std::all_of(d.mask.begin(), d.mask.end(), [](std::uint8_t m) { return m == 0; }));
+    CHECK(std::all_of(d.keys.begin(), d.keys.end(),
+                      [](const gear::key& k) { return k.ticket == gear::no_ticket; }));
+    CHECK(dg.calls(s) == 1);
+  }
+}
+
+TEST_CASE("a captured sample is one or two kernels") {
+  stream_holder s;
+  buffer_of<gear::select::uniform> buf{gear::capacity{64}, gear::max_length{max_len}};
+  (void)insert_numbered(buf, 0, 64, s);
+  auto b = buf.make_batch(gear::batch_size{64}, gear::window_length{8});
+  gear::device_rng dg(1);
+  const captured graph(s.s, [&] { buf.sample_async(b, gear::window{8}, dg, s); });
+  CHECK(graph.kernels() == 1);  // rows drawn in the gather
+}
+
+TEST_CASE("misuse of a device_rng is refused and leaves the buffer as it was") {
+  stream_holder s, other;
+  buffer_of<gear::select::uniform> buf{gear::capacity{32}, gear::max_length{max_len}};
+  (void)insert_numbered(buf, 0, 20, s);
+  auto b = buf.make_batch(gear::batch_size{8}, gear::window_length{2});
+  const auto expect_refused = [&](auto&& call, const char* cause) {
+    const std::int64_t size = buf.size();
+    const std::uint64_t tickets = buf.tickets_issued();
+    try {
+      call();
+      FAIL("not refused: " << cause);
+    } catch (const gear::error& e) {
+      CHECK(e.code() == gear::errc::invalid_argument);
+      CHECK(std::string(e.what()).find(cause) != std::string::npos);
+    }
+    CHECK(buf.size() == size);
+    CHECK(buf.tickets_issued() == tickets);
+  };
+  gear::device_rng dg(2);
+  SUBCASE("max_times_sampled set") {
+    buf.set_max_times_sampled(3);
+    expect_refused([&] { buf.sample_async(b, gear::window{2}, dg, s); }, "max_times_sampled");
+    CHECK(dg.calls(s) == 0);
+  }
+  SUBCASE("a buffer used from two streams") {
+    buffer_of<gear::select::uniform> two{gear::capacity{32}, gear::max_length{max_len}};
+    (void)insert_numbered(two, 0, 10, s);
+    (void)insert_numbered(two, 10, 10, other);
+    const std::int64_t size = two.size();
+    auto b2 = two.make_batch(gear::batch_size{8}, gear::window_length{2});
+    CHECK_THROWS_AS(two.sample_async(b2, gear::window{2}, dg, s), gear::error);
+    CHECK(two.size() == size);
+    CHECK(dg.calls(s) == 0);
+    gear::rng g(1);  // still sampled from either stream with a host rng
+    two.sample(b2, gear::window{2}, g, other);
+  }
+  SUBCASE("once bound, calls on another stream") {
+    buf.sample(b, gear::window{2}, dg, s);
+    expect_refused([&] { (void)insert_numbered(buf, 100, 4, other); }, "gear::device_rng");
+    gear::rng g(1);
+    expect_refused([&] { buf.sample(b, gear::window{2}, g, other); }, "gear::device_rng");
+    (void)insert_numbered(buf, 100, 4, s);  // its own stream goes on
+    buf.sample(b, gear::window{2}, dg, s);
+    CHECK(dg.calls(s) == 2);
+  }
+  SUBCASE("one device_rng on two streams") {
+    buf.sample(b, gear::window{2}, dg, s);
+    buffer_of<gear::select::uniform> second{gear::capacity{32}, gear::max_length{max_len}};
+    (void)insert_numbered(second, 0, 4, other);
+    auto b2 = second.make_batch(gear::batch_size{8}, gear::window_length{2});
+    const std::int64_t size = second.size();
+    CHECK_THROWS_AS(second.sample(b2, gear::window{2}, dg, other), gear::error);
+    CHECK(second.size() == size);
+    CHECK(dg.calls(s) == 1);
+  }
+}
+
+int main(int argc, char** argv) {
+  if (!gear::detail::gpu_available()) {
+    try {
+      gear::device_rng g(1);
+      std::fprintf(stderr, "graph_gpu_tests: a device_rng was made without a GPU\n");
+      return 1;
+    } catch (const gear::error& e) {
+      if (e.code() != gear::errc::no_device) {
+        std::fprintf(stderr, "graph_gpu_tests: expected no_device, got %s\n", e.what());
+        return 1;
+      }
+    }
+    std::printf("graph_gpu_tests: no GPU; device_rng correctly refused (no_device); skipping\n");
+    return 77;
+  }
+  doctest::Context context(argc, argv);
+  return context.run();
+}
