@@ -1546,6 +1546,72 @@ void bm_rank_sampler(benchmark::State& state) {
                           bytes / joint_s / 1e9, "", 0});
 }
 
+// ---- CUDA graphs ------------------------------------------------------------------------------
+
+/// One sample captured into a CUDA graph (gear::device_rng) against the same sample enqueued
+/// eagerly (gear::rng), in the same run: uniform, B = 256 windows of `Len` steps of 4 KiB from
+/// 4096 trajectories. Two rows: GPU time per sample (median of 9 timings of 20 back-to-back calls,
+/// so a call whose host enqueue is slower than its GPU work is timed by its enqueue), and host time
+/// per call (the enqueue alone: 200 calls, no synchronisation inside, median of 9). Checked once:
+/// the first replay returns the keys of the first eager call of the same seed.
+template <std::int64_t Len>
+void bm_graph(benchmark::State& state) {
+  constexpr std::int64_t total = 4096, batch = 256;
+  auto& c = clock_();
+  gear::replay_buffer<step_spec<4096>, gear::storage::device> buf{gear::capacity{total},
+                                                                  gear::max_length{16}};
+  fill_4k(total, 16, buf);
+  auto out = buf.make_batch(gear::batch_size{batch}, gear::window_length{Len});
+  const gear::window w{.length = Len, .from = gear::anchor::random};
+  gear::rng eager{21};
+  gear::device_rng draws{21};
+  buf.sample(out, w, eager, c.stream);
+  std::vector<gear::key> first(batch), replayed(batch);
+  GEAR_CUDA_TRY(cudaMemcpy(first.data(), out.keys_data(), batch * sizeof(gear::key),
+                           cudaMemcpyDeviceToHost));
+  cudaGraph_t graph{};
+  cudaGraphExec_t exec{};
+  GEAR_CUDA_TRY(cudaStreamBeginCapture(c.stream, cudaStreamCaptureModeGlobal));
+  buf.sample_async(out, w, draws, c.stream);
+  GEAR_CUDA_TRY(cudaStreamEndCapture(c.stream, &graph));
+  GEAR_CUDA_TRY(cudaGraphInstantiate(&exec, graph, 0));
+  const auto replay = [&] { GEAR_CUDA_TRY(cudaGraphLaunch(exec, c.stream)); };
+  replay();
+  GEAR_CUDA_TRY(cudaStreamSynchronize(c.stream));
+  GEAR_CUDA_TRY(cudaMemcpy(replayed.data(), out.keys_data(), batch * sizeof(gear::key),
+                           cudaMemcpyDeviceToHost));
+  if (replayed != first) fail(state, "the first replay's keys differ from the first eager call's");
+  const auto host_per_call = [&](auto&& f) {
+    std::vector<double> t;
+    for (int k = 0; k < 9; ++k) {
+      const double t0 = wall_seconds();
+      for (int i = 0; i < 200; ++i) f();
+      t.push_back((wall_seconds() - t0) / 200);
+      GEAR_CUDA_TRY(cudaStreamSynchronize(c.stream));
+    }
+    return median(t);
+  };
+  const auto sample = [&] { buf.sample_async(out, w, eager, c.stream); };
+  double eager_s = 0, graph_s = 0, eager_host = 0, graph_host = 0;
+  for (auto _ : state) {
+    eager_s = median_per_call(sample);
+    graph_s = median_per_call(replay);
+    eager_host = host_per_call(sample);
+    graph_host = host_per_call(replay);
+    state.SetIterationTime(graph_s);
+  }
+  GEAR_CUDA_TRY(cudaGraphExecDestroy(exec));
+  GEAR_CUDA_TRY(cudaGraphDestroy(graph));
+  table_row rate("", 1 / graph_s, "sample_async, same run", 1 / eager_s, "", 0);
+  rate.unit = "/s";
+  record(state, rate);
+  table_row host(g_name + " host us per call", 1e6 * graph_host, "sample_async, same run",
+                 1e6 * eager_host, "<= 5 us (issue 13)", 0);
+  host.unit = "us";
+  host.met = graph_host <= 5e-6 ? "yes" : "no";
+  record(state, host);
+}
+
 void register_gpu_benchmarks() {
   add("limit/d2d_copy", bm_limit_d2d)->UseManualTime()->Iterations(3);
   add("limit/h2d_pinned_copy", bm_limit_h2d)->UseManualTime()->Iterations(3);
@@ -1582,6 +1648,8 @@ void register_gpu_benchmarks() {
   add_once("sharded/device/shards:4/step:4096/batch:256", bm_sharded<4>);
   add_once("rank_sampler/device/ranks:2/step:4096/rows:64", bm_rank_sampler<2>);
   add_once("rank_sampler/device/ranks:4/step:4096/rows:64", bm_rank_sampler<4>);
+  add_once("graph/device/step:4096/batch:256/window:1", bm_graph<1>);
+  add_once("graph/device/step:4096/batch:256/window:16", bm_graph<16>);
   register_select_axis<gear::select::uniform>();
   register_select_axis<gear::select::prioritized>();
   register_select_axis<gear::select::recency>();
