@@ -8,7 +8,8 @@
 //     same test rejects a graph captured with a host gear::rng, whose draws are frozen (power);
 //   - a replay samples the buffer as it is when it runs: inserts, priority updates and erases
 //     made between replays are seen;
-//   - every misuse is refused with errc::invalid_argument, and leaves the buffer as it was.
+//   - every misuse is refused with errc::invalid_argument, and leaves the buffer as it was (a
+//     buffer another stream has used, including by a host insert that landed, never binds).
 // Exits 77 (skipped) where no GPU is usable.
 
 #include <gear/gear.cuh>
@@ -334,7 +335,12 @@ TEST_CASE("misuse of a device_rng is refused and leaves the buffer as it was") {
     (void)insert_numbered(two, 10, 10, other);
     const std::int64_t size = two.size();
     auto b2 = two.make_batch(gear::batch_size{8}, gear::window_length{2});
-    CHECK_THROWS_AS(two.sample_async(b2, gear::window{2}, dg, s), gear::error);
+    try {  // the insert on `other` landed: the buffer has seen two streams
+      two.sample_async(b2, gear::window{2}, dg, s);
+      FAIL("a buffer used from two streams was bound");
+    } catch (const gear::error& e) {
+      CHECK(e.code() == gear::errc::invalid_argument);
+    }
     CHECK(two.size() == size);
     CHECK(dg.calls(s) == 0);
     gear::rng g(1);  // still sampled from either stream with a host rng
@@ -348,6 +354,24 @@ TEST_CASE("misuse of a device_rng is refused and leaves the buffer as it was") {
     (void)insert_numbered(buf, 100, 4, s);  // its own stream goes on
     buf.sample(b, gear::window{2}, dg, s);
     CHECK(dg.calls(s) == 2);
+  }
+  SUBCASE("max_times_sampled on a bound buffer") {
+    buf.sample(b, gear::window{2}, dg, s);
+    expect_refused([&] { buf.set_max_times_sampled(2); }, "max_times_sampled");
+    CHECK(buf.max_times_sampled() == 0);
+  }
+  SUBCASE("a refused sample binds neither the buffer nor the device_rng") {
+    buffer_of<gear::select::uniform> empty{gear::capacity{32}, gear::max_length{max_len}};
+    auto b2 = empty.make_batch(gear::batch_size{8}, gear::window_length{2});
+    try {
+      empty.sample_async(b2, gear::window{2}, dg, s);
+      FAIL("an empty buffer was sampled");
+    } catch (const gear::error& e) {
+      CHECK(e.code() == gear::errc::empty_buffer);
+    }
+    (void)insert_numbered(empty, 0, 4, other);     // not bound to s
+    empty.sample(b2, gear::window{2}, dg, other);  // nor is dg
+    CHECK(dg.calls(other) == 1);
   }
   SUBCASE("one device_rng on two streams") {
     buf.sample(b, gear::window{2}, dg, s);

@@ -40,8 +40,17 @@ class device_rng {
   /// errc::cuda_error.
   explicit device_rng(std::uint64_t seed, std::uint64_t first_call = 0)
       : seed_(seed), device_(current_device()), words_(memory_kind::device, sizeof(words)) {
+    // On a private stream, waited for: a plain cudaMemcpy from pageable memory may return before
+    // its DMA ends, and the legacy stream does not order the caller's non-blocking streams.
     const words initial{first_call, 0, 0};
-    GEAR_CUDA_TRY(cudaMemcpy(words_.data(), &initial, sizeof initial, cudaMemcpyHostToDevice));
+    cudaStream_t init{};
+    GEAR_CUDA_TRY(cudaStreamCreateWithFlags(&init, cudaStreamNonBlocking));
+    const cudaError_t copied =
+        cudaMemcpyAsync(words_.data(), &initial, sizeof initial, cudaMemcpyHostToDevice, init);
+    const cudaError_t synced = cudaStreamSynchronize(init);
+    GEAR_CUDA_TRY(cudaStreamDestroy(init));
+    GEAR_CUDA_TRY(copied);
+    GEAR_CUDA_TRY(synced);
   }
 
   [[nodiscard]] std::uint64_t seed() const noexcept { return seed_; }

@@ -351,15 +351,9 @@ class replay_buffer {
   /// Works with every selection policy. A row counts as one return, so with replacement one batch
   /// may return a trajectory more often than it had returns left; it is removed after that batch.
   /// With a limit set, sample_async synchronises the stream (it reads back the rows it drew).
-  /// Counts start with the next sample. Throws errc::invalid_argument for k < 0.
-  void set_max_times_sampled(std::int64_t k) {
-    GEAR_REQUIRE(k >= 0, errc::invalid_argument,
-                 "max_times_sampled must be >= 0, got " + std::to_string(k));
-    const auto held = core().lock();
-    if (k > 0 && core().times_sampled_.empty())
-      core().times_sampled_.assign(static_cast<std::size_t>(capacity()), 0);
-    core().max_times_sampled_ = k;
-  }
+  /// Counts start with the next sample. Throws errc::invalid_argument for k < 0, or k > 0 on a
+  /// buffer sampled with a gear::device_rng (its replays remove nothing).
+  void set_max_times_sampled(std::int64_t k) { detail::set_return_limit(core(), k); }
   [[nodiscard]] std::int64_t max_times_sampled() const noexcept {
     const auto held = core().lock();
     return core().max_times_sampled_;

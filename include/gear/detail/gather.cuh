@@ -48,6 +48,7 @@ __device__ inline void finish_draw(draw_counter& w) {
   __threadfence();
   const unsigned blocks = gridDim.x * gridDim.y * gridDim.z;
   if (atomicAdd(&w.finished, 1u) + 1 == blocks) {
+    __threadfence();
     w.finished = 0;
     w.call += 1;
   }

@@ -400,6 +400,7 @@ void land_trajectories(Core& b, std::unique_lock<std::mutex>& held, const trajec
   typename Core::landing_insert l;
   try {
     b.check_usable();
+    b.order_.check_bound(stream.get());  // a device_rng sample may have bound it meanwhile
     b.landing_.reserve(b.landing_.size() + 1);
     b.landing_records_.reserve(b.landing_records_.size() + static_cast<std::size_t>(count));
     b.landing_evictions_.reserve(b.landing_evictions_.size() + 1);
@@ -423,6 +424,7 @@ void land_trajectories(Core& b, std::unique_lock<std::mutex>& held, const trajec
         b.key_of(r.first_ticket + static_cast<std::uint64_t>(i));
   b.landing_evictions_.emplace_back(r.first_ticket, count);
   b.landing_.push_back(std::move(l));
+  b.order_.note_unlaned_stream();  // this stream has no lane: the buffer may not bind from now
 }
 
 }  // namespace gear::detail

@@ -26,6 +26,20 @@ std::int64_t consume_limit(const Core& b) noexcept {
   return b.max_times_sampled_;
 }
 
+/// replay_buffer::set_max_times_sampled.
+template <class Core>
+void set_return_limit(Core& b, std::int64_t k) {
+  GEAR_REQUIRE(k >= 0, errc::invalid_argument,
+               "max_times_sampled must be >= 0, got " + std::to_string(k));
+  const auto held = b.lock();
+  GEAR_REQUIRE(k == 0 || !b.order_.bound(), errc::invalid_argument,
+               "max_times_sampled cannot be set on a buffer sampled with a gear::device_rng (its "
+               "replays would remove nothing)");
+  if (k > 0 && b.times_sampled_.empty())
+    b.times_sampled_.assign(static_cast<std::size_t>(b.capacity_), 0);
+  b.max_times_sampled_ = k;
+}
+
 /// Throws unless the window and the batch suit the buffer (what does not depend on its contents).
 template <class Core, class Batch>
 void check_sample_arguments(const Core& b, const Batch& out, const window& w) {
@@ -178,14 +192,16 @@ void sample_into(Core& b, Batch& out, const window& w, Draws& g, cuda::stream_re
     try {
       slot_table drawn_from = table;
       if constexpr (device_draws) {
-        b.order_.bind(stream.get());  // checked above: it binds, or it was bound to stream
-        g.bind(stream.get());
         drawn_from.live_at = b.mirror().live;
         args.counter = g.counter();
       }
       b.order_before(stream, Core::read);
       select_and_gather_on_device(*b.selection_, drawn_from, request, args, stream);
       b.order_after(stream, Core::read);
+      if constexpr (device_draws) {  // once nothing can be refused (checked: neither throws)
+        b.order_.bind(stream.get());
+        g.bind(stream.get());
+      }
       if (readback) {
         const auto bytes = static_cast<std::size_t>(out.batch_size()) * 8;
         GEAR_CUDA_TRY(cudaMemcpyAsync(readback->host, out.slots_data(), bytes,

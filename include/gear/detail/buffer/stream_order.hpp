@@ -90,12 +90,22 @@ class stream_order {
   /// Throws errc::invalid_argument unless bind(s) would succeed. Changes nothing.
   void check_bind(cudaStream_t s) const {
     check_bound(s);
-    GEAR_REQUIRE(only_lane(s), errc::invalid_argument,
+    GEAR_REQUIRE(only_lane(s) && !unlaned_, errc::invalid_argument,
                  "a buffer used from several streams cannot sample with a gear::device_rng (its "
                  "samples are replayed by CUDA graphs, unordered with other streams); use one "
                  "stream for every call of this buffer");
   }
   [[nodiscard]] bool bound() const noexcept { return bound_; }
+  /// Throws errc::invalid_argument if the buffer is bound to a stream other than `s`.
+  void check_bound(cudaStream_t s) const {
+    GEAR_REQUIRE(!bound_ || lanes_.front()->stream == s, errc::invalid_argument,
+                 "this buffer was sampled with a gear::device_rng, which binds it to that "
+                 "sample's stream (CUDA graphs replay such samples unordered with other "
+                 "streams); call it on that stream");
+  }
+  /// Notes that a stream with no lane of its own has used the buffer (a landing insert records
+  /// no access on its stream): the buffer may no longer bind.
+  void note_unlaned_stream() noexcept { unlaned_ = true; }
 
   /// True when some stream has a read no write has followed yet.
   [[nodiscard]] bool reads_pending() const noexcept {
@@ -154,13 +164,6 @@ class stream_order {
     }
   };
 
-  void check_bound(cudaStream_t s) const {
-    GEAR_REQUIRE(!bound_ || lanes_.front()->stream == s, errc::invalid_argument,
-                 "this buffer was sampled with a gear::device_rng, which binds it to that "
-                 "sample's stream (CUDA graphs replay such samples unordered with other "
-                 "streams); call it on that stream");
-  }
-
   lane& lane_of(cudaStream_t s) {
     for (auto& l : lanes_)
       if (l->stream == s) return *l;
@@ -186,6 +189,7 @@ class stream_order {
   lane* last_writer_ = nullptr;
   lane* last_bytes_writer_ = nullptr;  // the last write of slot bytes was on it (or later)
   bool bound_ = false;                 // bind(): lanes_ holds one lane, the only one allowed
+  bool unlaned_ = false;               // a stream without a lane used the buffer: never bind
 };
 
 }  // namespace gear::detail
