@@ -5,9 +5,12 @@
 //     uniform with and without replacement and prioritized, with the gather drawing its own rows
 //     (small batches) and after a selection launch (large ones);
 //   - the rows of the replays follow the policy's law (chi-square at significance 0.001), and the
-//     same test rejects a graph captured with a host gear::rng, whose draws are frozen (power);
+//     same test rejects draws frozen into a graph (power);
+//   - a captured PER step (sample, a TD-error kernel, a priority update from device memory)
+//     replayed 1000 times equals 1000 eager steps, batches and trees bit for bit;
 //   - a replay samples the buffer as it is when it runs: inserts, priority updates and erases
 //     made between replays are seen;
+//   - calls whose host bookkeeping would not replay are refused inside a capture;
 //   - every misuse is refused with errc::invalid_argument, and leaves the buffer as it was (a
 //     buffer another stream has used, including by a host insert that landed, never binds).
 // Exits 77 (skipped) where no GPU is usable.
@@ -222,12 +225,107 @@ TEST_CASE("replayed uniform samples follow the uniform law; frozen draws are rej
   const auto fit = chi2_test(counts_of(graph), uniform, rows * replays);
   MESSAGE("device_rng replays: chi2 " << fit.statistic << " (critical " << fit.critical << ")");
   CHECK_FALSE(fit.rejects());
-  // Power: the draws of a host rng are frozen into the graph, every replay the same rows.
-  gear::rng frozen(11);
-  const captured stale(s.s, [&] { buf.sample_async(b, gear::window{1}, frozen, s); });
-  const auto bad = chi2_test(counts_of(stale), uniform, rows * replays);
-  MESSAGE("frozen host draws: chi2 " << bad.statistic << " (critical " << bad.critical << ")");
+  // Power: draws frozen into a graph (what a host rng's would be; gear refuses to capture those)
+  // give every replay the first replay's rows.
+  std::vector<double> frozen(200, 0);
+  graph.replay(s.s);
+  for (const std::int64_t slot : to_host(b.slots_data(), rows))
+    frozen[static_cast<std::size_t>(slot)] += replays;
+  const auto bad = chi2_test(frozen, uniform, rows * replays);
+  MESSAGE("frozen draws: chi2 " << bad.statistic << " (critical " << bad.critical << ")");
   CHECK(bad.rejects());
+}
+
+namespace {
+
+// A stand-in for a learner's TD errors: row r's new priority, from the bytes it gathered.
+__global__ void td_errors(const std::int32_t* v, std::int64_t rows, std::int64_t length,
+                          float* td) {
+  const std::int64_t r = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
+  if (r < rows) td[r] = 0.05f + static_cast<float>((v[r * length] / 1000 * 7919) % 97) / 10.0f;
+}
+
+}  // namespace
+
+TEST_CASE("a captured PER step (sample, TD errors, update from device memory) replays as eager") {
+  stream_holder s;
+  using buffer = buffer_of<gear::select::prioritized>;
+  constexpr std::int64_t rows = 128, len = 4;
+  constexpr int steps = 1000;
+  const gear::select::prioritized policy{.alpha = 0.8, .beta = 0.6};
+  const gear::window w{len, 0, gear::anchor::random, gear::pad::tail};
+  float* td = nullptr;
+  GEAR_CUDA_TRY(cudaMalloc(&td, rows * sizeof(float)));
+  // The same step, eager with gear::rng, or captured once with gear::device_rng.
+  const auto step = [&](buffer& buf, auto& batch, auto& draws) {
+    buf.sample_async(batch, w, draws, s);
+    td_errors<<<1, rows, 0, s.s>>>(reinterpret_cast<const std::int32_t*>(batch.column_data(0)),
+                                   rows, len, td);
+    GEAR_CHECK_LAUNCH("td_errors");
+    buf.update_priorities_async(std::span<const gear::key>(batch.keys_data(), rows),
+                                std::span<const float>(td, rows), gear::memory_kind::device, s);
+  };
+  buffer eager_buf{gear::capacity{300}, gear::max_length{max_len}, policy};
+  buffer graph_buf{gear::capacity{300}, gear::max_length{max_len}, policy};
+  (void)insert_numbered(eager_buf, 0, 300, s);
+  (void)insert_numbered(graph_buf, 0, 300, s);
+  auto eager_batch = eager_buf.make_batch(gear::batch_size{rows}, gear::window_length{len});
+  auto graph_batch = graph_buf.make_batch(gear::batch_size{rows}, gear::window_length{len});
+  gear::rng g(77);
+  gear::device_rng dg(77);
+  const captured graph(s.s, [&] { step(graph_buf, graph_batch, dg); });
+  CHECK(graph.kernels() <= 6);  // select, weights, gather; TD errors; mark, apply
+  int equal = 0;
+  for (int k = 0; k < steps; ++k) {
+    step(eager_buf, eager_batch, g);
+    graph.replay(s.s);  // synchronises s, and with it the eager step before
+    equal += drawn::of(graph_batch) == drawn::of(eager_batch);
+  }
+  CHECK(equal == steps);
+  CHECK(graph_buf.selection_state().priorities(s) == eager_buf.selection_state().priorities(s));
+  CHECK(graph_buf.selection_state().nodes(s) == eager_buf.selection_state().nodes(s));
+  eager_buf.check_priority_updates(s);
+  graph_buf.check_priority_updates(s);
+  GEAR_CUDA_TRY(cudaFree(td));
+}
+
+TEST_CASE("calls that cannot be captured are refused during a capture, changing nothing") {
+  stream_holder s;
+  buffer_of<gear::select::prioritized> buf{gear::capacity{32}, gear::max_length{max_len}};
+  const auto keys = insert_numbered(buf, 0, 16, s);
+  auto b = buf.make_batch(gear::batch_size{8}, gear::window_length{2});
+  gear::rng g(4);
+  const std::vector<float> ones(keys.size(), 1.0f);
+  std::vector<int> refused;
+  GEAR_CUDA_TRY(cudaStreamBeginCapture(s.s, cudaStreamCaptureModeGlobal));
+  const auto attempt = [&](auto&& call) {
+    try {
+      call();
+      refused.push_back(0);
+    } catch (const gear::error& e) {
+      refused.push_back(e.code() == gear::errc::invalid_argument &&
+                        std::string(e.what()).find("CUDA graph") != std::string::npos);
+    }
+  };
+  attempt([&] { buf.sample_async(b, gear::window{2}, g, s); });  // host draws: frozen
+  attempt([&] {
+    std::vector<std::int32_t> v(4, 1);
+    std::vector<std::int64_t> lengths{4};
+    std::vector<gear::key> k(1);
+    buf.insert_async(gear::trajectories<vspec>{lengths, {gear::input(v.data())}}, k, s);
+  });
+  attempt([&] { (void)buf.reserve(1, s); });
+  attempt([&] { buf.erase_async(std::span<const gear::key>(keys.data(), 1), s); });
+  attempt([&] { (void)buf.update_priorities_async(keys, ones, s); });  // host spans
+  cudaGraph_t graph{};
+  GEAR_CUDA_TRY(cudaStreamEndCapture(s.s, &graph));  // the capture is still valid
+  GEAR_CUDA_TRY(cudaGraphDestroy(graph));
+  CHECK(refused == std::vector<int>(5, 1));
+  CHECK(g.calls() == 0);
+  CHECK(buf.size() == 16);
+  CHECK(buf.tickets_issued() == 16);
+  CHECK(buf.contains(keys[0]));
+  buf.sample(b, gear::window{2}, g, s);  // and every call works again outside the capture
 }
 
 TEST_CASE("a replay samples the buffer as it is when it runs") {

@@ -69,12 +69,13 @@
 //   a still-landing key as stale.
 //   selection_state() is not synchronised: change its settings while no other thread uses it.
 //
-// CUDA graphs: sample_async with a gear::device_rng (select::uniform, select::prioritized) can be
-// captured and replayed; each replay draws what the next eager call would, from the buffer as it
-// is when the replay runs (device_rng.hpp). The batch, window and policy settings are the
-// capture's; a buffer emptied since gives rows of slot -1, mask 0. Such a sample binds the buffer
-// to its stream: replays wait for no event, so a later call on another stream throws
-// errc::invalid_argument, changing nothing.
+// CUDA graphs: sample_async with a gear::device_rng (select::uniform, select::prioritized) and
+// update_priorities_async from device memory can be captured and replayed; each replay does what
+// the next eager call would, on the buffer as it is when the replay runs (device_rng.hpp). The
+// batch, window and policy settings are the capture's; a buffer emptied since gives rows of slot
+// -1, mask 0. Such a call binds the buffer to its stream: replays wait for no event, so a later
+// call on another stream throws errc::invalid_argument, changing nothing. Every other call throws
+// errc::invalid_argument on a capturing stream, before it changes anything.
 //
 // Errors: every call checks its input, then acquires what it needs (staging, allocations), and
 // only then changes anything: a gear::error thrown before that point leaves the buffer exactly as

@@ -193,7 +193,7 @@ class writer {
 
   void check_open() const {
     GEAR_REQUIRE(core_ != nullptr, errc::invalid_reservation, "writer already committed");
-    core_->check_usable();
+    core_->check_usable(stream_);
     GEAR_REQUIRE(core_->ring_.is_pending(reservation_.first_ticket), errc::invalid_reservation,
                  "the writer's slot was taken over by newer reservations");
   }

@@ -57,6 +57,8 @@ struct priority_status {
   unsigned long long failures;    ///< failed updates from device memory so far
   unsigned long long stale;       ///< pairs skipped because their key was stale when applied
   float max_priority;             ///< the largest priority given so far (1 before any)
+  unsigned marked;                ///< blocks of the running mark launch that have finished
+  unsigned long long epoch;       ///< updates marked so far (the last mark's block advances it)
 };
 
 /// The device arrays of a prioritized state.
@@ -74,12 +76,16 @@ struct priority_tree {
 /// near the root (at most 16 + 16 + 256 entries), where every pair's path meets the others'.
 inline constexpr int priority_mark_pooled = 512;
 
-/// Pair i: its key and priority checked (pairs from device memory), its bid for its slot, and the
-/// edges of its leaf's path marked in flags (low 16 bits: the touched children). The marks are
-/// reductions nobody waits for (atomicOr whose result is unused); marks of the levels near the
-/// root are pooled per block in shared memory first and set once per block.
+/// Pair i: its key and priority checked (pairs from device memory), its bid i + 1 for its slot,
+/// and the edges of its leaf's path marked in flags (low 16 bits: the touched children). The marks
+/// are reductions nobody waits for (atomicOr whose result is unused); marks of the levels near the
+/// root are pooled per block in shared memory first and set once per block. The update's epoch is
+/// status->epoch + 1, read by every block when it starts; the last block to finish stores it, for
+/// the apply and the next update (so the count lives on the device, and replays of a captured
+/// update advance it as eager calls do).
 template <class Tree>  // always priority_tree; a template so that headers define it once per use
-__global__ void priority_mark_kernel(priority_source src, Tree t, unsigned long long epoch) {
+__global__ void priority_mark_kernel(priority_source src, Tree t) {
+  const unsigned long long epoch = t.status->epoch + 1;
   __shared__ unsigned pooled[priority_mark_pooled];
   std::int64_t top = t.shape.internal();  // nodes below `top` are pooled
   for (int d = 0; d + 1 < t.shape.levels; ++d)
@@ -106,7 +112,7 @@ __global__ void priority_mark_kernel(priority_source src, Tree t, unsigned long 
   }
   if (marks) {
     std::int64_t j = src.slot(i);
-    atomicMax(t.winner + j, (epoch << 32) | static_cast<unsigned long long>(i));
+    atomicMax(t.winner + j, static_cast<unsigned long long>(i) + 1);
     for (int d = t.shape.levels - 1; d > 0; --d) {
       const unsigned bit = 1u << (j % sum_tree_fanout);
       j /= sum_tree_fanout;
@@ -120,6 +126,15 @@ __global__ void priority_mark_kernel(priority_source src, Tree t, unsigned long 
   __syncthreads();
   for (std::int64_t n = threadIdx.x; n < top; n += blockDim.x)
     if (pooled[n] != 0) atomicOr(t.flags + n, pooled[n]);
+  __syncthreads();  // every thread of the block read the epoch long ago; now the block is done
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(&t.status->marked, 1u) + 1 == gridDim.x) {
+      __threadfence();
+      t.status->marked = 0;
+      t.status->epoch = epoch;
+    }
+  }
 }
 
 /// Records the failed update's first bad pair i for the host: the entry, then (after a system
@@ -158,8 +173,8 @@ __device__ void priority_fold_max(const Tree& t, float p) {
 /// checks, bids and counts arrivals; the group's lanes load a node's 16 children at once (one
 /// coalesced line) and every lane folds them in index order (shuffles), as the host does.
 template <class Tree>  // always priority_tree; a template so that headers define it once per use
-__global__ void priority_apply_kernel(priority_source src, Tree t, unsigned long long epoch,
-                                      double alpha) {
+__global__ void priority_apply_kernel(priority_source src, Tree t, double alpha) {
+  const unsigned long long epoch = t.status->epoch;  // this update's: its mark stored it
   const int lane = static_cast<int>(threadIdx.x % sum_tree_group);
   const std::int64_t i = (blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x) / sum_tree_group;
   if (i >= src.count) return;  // every exit is taken by the whole group
@@ -185,7 +200,13 @@ __global__ void priority_apply_kernel(priority_source src, Tree t, unsigned long
   }
   const std::int64_t slot = src.slot(i);
   if (static_cast<std::uint64_t>(slot) >= static_cast<std::uint64_t>(src.capacity)) return;
-  if (t.winner[slot] != ((epoch << 32) | static_cast<unsigned long long>(i))) return;
+  // The winner (the largest bid: the slot's last pair) clears the word for the next update, once
+  // every lane of its group has read it; a losing pair reads the winner's bid or 0, never its own.
+  // So no bid outlives its update, and bids need no epoch.
+  const bool wins = t.winner[slot] == static_cast<unsigned long long>(i) + 1;
+  __syncwarp(group);
+  if (!wins) return;
+  if (leader) t.winner[slot] = 0;
   if (!failed && leader) {
     const float p = src.priority(i);
     t.raw[slot] = p;

@@ -10,8 +10,8 @@
 //          priority; a bad pair folds (class, index, errc) into this update's verdict word with
 //          atomicMin, so the verdict names the first bad key, or else the first bad priority (the
 //          host check's order), and the pair stops. Every good pair bids
-//          atomicMax(winner[slot], epoch << 32 | index), so the last occurrence of a slot in the
-//          batch wins; and sets, for each tree edge on its leaf's path, the child's bit in the low
+//          atomicMax(winner[slot], index + 1), so the last occurrence of a slot in the batch wins
+//          (the apply's winner clears the word again); and sets, for each tree edge on its leaf's path, the child's bit in the low
 //          16 bits of flags[parent], with reductions nobody waits for (the levels near the root,
 //          which every path shares, pooled per block in shared memory first).
 //   apply: a group of 16 lanes per pair. Reads the verdict (final: mark has finished). The winner
@@ -30,10 +30,13 @@
 // commit reads its priority (the largest so far) from device memory when it runs, so it sees
 // every update ordered before it on the stream.
 //
-// The verdict words alternate by epoch parity: the apply of update e clears the word of update
-// e + 1, which no kernel reads until update e + 1's mark, so no launch and no memset is spent on
-// resetting them. This holds while every mark is followed by its apply: a launch that fails
-// between them leaves flags set, and the buffer that enqueued it marks itself unusable.
+// The epoch (updates so far) lives on the device: each mark reads it and its last block to finish
+// advances it, so replays of a captured update (CUDA graphs) count as eager calls do, and the
+// host keeps no copy. The verdict words alternate by epoch parity: the apply of update e clears
+// the word of update e + 1, which no kernel reads until update e + 1's mark, so no launch and no
+// memset is spent on resetting them. This holds while every mark is followed by its apply: a
+// launch that fails between them leaves flags set, and the buffer that enqueued it marks itself
+// unusable.
 
 #include <algorithm>
 #include <cstddef>
@@ -92,6 +95,8 @@ class prioritized::state<exec::device> {
     status.failures = 0;
     status.stale = 0;
     status.max_priority = 1.0f;
+    status.marked = 0;
+    status.epoch = 0;
     cudaStream_t init{};
     GEAR_CUDA_TRY(cudaStreamCreateWithFlags(&init, cudaStreamNonBlocking));
     cudaError_t result = cudaMemsetAsync(nodes_.data(), 0, nodes_.size(), init);
@@ -368,19 +373,13 @@ class prioritized::state<exec::device> {
   /// The two update launches (see the top of this file).
   void apply(const detail::priority_source& src, cuda::stream_ref stream) {
     if (src.count <= 0) return;
-    if (epoch_ + 1 >= (1ull << 32)) {  // 2^32 updates: old bids could tie with new ones
-      // A failure leaves epoch_ as it is, so the next update clears them again.
-      GEAR_CUDA_TRY(cudaMemsetAsync(winner_.data(), 0, winner_.size(), stream.get()));
-      epoch_ = 1;  // then 2 (even): verdict word 0, which the last apply (odd epoch) cleared
-    }
-    ++epoch_;
     constexpr int threads = detail::tuning::priority_update_threads;
     detail::
         priority_mark_kernel<<<detail::blocks_for(src.count, threads), threads, 0, stream.get()>>>(
-            src, tree(), epoch_);
+            src, tree());
     GEAR_CHECK_LAUNCH("priority_mark_kernel");
     detail::priority_apply_kernel<<<detail::blocks_for(src.count * detail::sum_tree_group, threads),
-                                    threads, 0, stream.get()>>>(src, tree(), epoch_, policy_.alpha);
+                                    threads, 0, stream.get()>>>(src, tree(), policy_.alpha);
     GEAR_CHECK_LAUNCH("priority_apply_kernel");
   }
 
@@ -392,7 +391,6 @@ class prioritized::state<exec::device> {
   detail::allocation report_;  // mapped pinned: detail::priority_report, written by the GPU
   detail::allocation staging_, staged_;
   detail::event staging_ready_;
-  unsigned long long epoch_ = 0;
   std::uint64_t device_calls_ = 0;     // update_from_device calls enqueued
   std::uint64_t failures_raised_ = 0;  // failures raise_update_failures has thrown
 };

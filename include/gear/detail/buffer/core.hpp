@@ -194,9 +194,28 @@ class buffer_core {
 
   [[nodiscard]] std::unique_lock<std::mutex> lock() const { return std::unique_lock(mutex_); }
 
-  /// Orders an access of this call's stream after other streams' (stream_order.hpp).
-  void order_before(cuda::stream_ref stream, stream_order::access a) {
-    if constexpr (on_device) order_.before(stream.get(), a);
+  /// Orders an access of this call's stream after other streams' (stream_order.hpp). Refuses,
+  /// first, a stream capturing a CUDA graph unless the call may be captured (`capturable`).
+  void order_before(cuda::stream_ref stream, stream_order::access a, bool capturable = false) {
+    if constexpr (on_device) {
+      if (!capturable) refuse_capture(stream);
+      order_.before(stream.get(), a);
+    }
+  }
+  /// True while `stream` is capturing a CUDA graph (or its capture was invalidated). Throws
+  /// errc::cuda_error.
+  [[nodiscard]] static bool capturing(cuda::stream_ref stream) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    GEAR_CUDA_TRY(cudaStreamIsCapturing(stream.get(), &status));
+    return status != cudaStreamCaptureStatusNone;
+  }
+  /// Throws errc::invalid_argument while `stream` captures a CUDA graph: the call's host
+  /// bookkeeping would not be replayed with its GPU work.
+  static void refuse_capture(cuda::stream_ref stream) {
+    GEAR_REQUIRE(!capturing(stream), errc::invalid_argument,
+                 "this call cannot be captured into a CUDA graph (its host bookkeeping would not "
+                 "be replayed): of a buffer's calls only sample_async with a gear::device_rng and "
+                 "update_priorities_async from device memory can; make it outside the capture");
   }
   void order_after(cuda::stream_ref stream, stream_order::access a, bool bytes = true) {
     if constexpr (on_device) order_.after(stream.get(), a, bytes);
@@ -275,6 +294,15 @@ class buffer_core {
                 "); the buffer changed nothing");
       }
     }
+  }
+
+  /// check_usable(), and, for a call that cannot be captured into a CUDA graph (all but samples
+  /// with a gear::device_rng and updates from device memory), refuse_capture(stream): checked
+  /// first, before the call acquires anything (an allocation or event query during a capture
+  /// would break it).
+  void check_usable(cuda::stream_ref stream) const {
+    check_usable();
+    if constexpr (on_device) refuse_capture(stream);
   }
 
   /// Runs f, which enqueues work after the ring changed; a failure makes the buffer unusable.

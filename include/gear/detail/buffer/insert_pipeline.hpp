@@ -93,7 +93,7 @@ void insert_trajectories(Core& b, const trajectories<Spec>& in, std::span<key> k
   check_insert(b, in, keys_out);
   const auto count = static_cast<std::int64_t>(in.lengths.size());
   auto held = b.lock();
-  b.check_usable();
+  b.check_usable(stream);
   std::uint64_t first = b.ring_.next_ticket();
   auto slot = [&](std::size_t i) { return b.ring_.slot_of(first + i); };
 

@@ -38,7 +38,7 @@ priority_update_result update_from_host(Core& b, std::span<const key> keys,
                                         std::span<const float> priorities, cuda::stream_ref stream,
                                         bool raise_earlier = true) {
   const auto held = b.lock();
-  b.check_usable();
+  b.check_usable(stream);
   if constexpr (device_priority_update<typename Core::state_type>)
     if (raise_earlier) b.selection_->raise_update_failures();
   GEAR_REQUIRE(keys.size() == priorities.size(), errc::invalid_argument,
@@ -107,9 +107,13 @@ void update_from_device(Core& b, std::span<const key> keys, std::span<const floa
                  "update_priorities takes fewer than 2^32 keys at once");
     check_gpu_readable(keys.data(), alignof(key), "keys");
     check_gpu_readable(priorities.data(), alignof(float), "priorities");
+    // Captured into a CUDA graph, the update binds the buffer to its stream (stream_order.hpp):
+    // its replays wait for no event of other streams.
+    const bool captured = b.capturing(stream);
+    if (captured) b.order_.check_bind(stream.get());
     // Landing inserts whose bytes are still on their way stay so: their keys count as stale here.
     settle_landing(b, landing_force{}, stream);
-    b.order_before(stream, Core::write);
+    b.order_before(stream, Core::write, /*capturable=*/true);
     b.enqueue([&] {
       // A sharded_buffer's shard skips its siblings' keys (a state that may take them says so
       // with a last parameter).
@@ -124,6 +128,7 @@ void update_from_device(Core& b, std::span<const key> keys, std::span<const floa
         state.update_from_device(b.table(), b.owner_, keys, priorities, stream);
       b.order_after(stream, Core::write, /*bytes=*/false);
     });
+    if (captured) b.order_.bind(stream.get());
   } else {
     (void)keys, (void)priorities, (void)stream, (void)raise_earlier;
     throw error(errc::wrong_memory,

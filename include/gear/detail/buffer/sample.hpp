@@ -122,7 +122,10 @@ template <class Core, class Batch, class Draws>
 void sample_into(Core& b, Batch& out, const window& w, Draws& g, cuda::stream_ref stream) {
   constexpr bool device_draws = std::same_as<Draws, device_rng>;
   const auto held = b.lock();
-  b.check_usable();
+  if constexpr (device_draws)
+    b.check_usable();  // may be captured into a CUDA graph
+  else
+    b.check_usable(stream);  // its draws would be frozen into a graph: refused in a capture
   check_sample_arguments(b, out, w);  // before anything is published
   if constexpr (device_draws) check_device_draws(b, g, stream);
   // Landing inserts (landing.hpp): this stream's own, and those already on the device, are
@@ -195,7 +198,7 @@ void sample_into(Core& b, Batch& out, const window& w, Draws& g, cuda::stream_re
         drawn_from.live_at = b.mirror().live;
         args.counter = g.counter();
       }
-      b.order_before(stream, Core::read);
+      b.order_before(stream, Core::read, /*capturable=*/device_draws);
       select_and_gather_on_device(*b.selection_, drawn_from, request, args, stream);
       b.order_after(stream, Core::read);
       if constexpr (device_draws) {  // once nothing can be refused (checked: neither throws)

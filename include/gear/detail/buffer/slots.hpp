@@ -21,7 +21,7 @@ namespace gear::detail {
 template <class Core>
 reservation reserve_slots(Core& b, std::int64_t count, cuda::stream_ref stream) {
   const auto held = b.lock();
-  b.check_usable();
+  b.check_usable(stream);
   GEAR_REQUIRE(count >= 1 && count <= b.capacity_, errc::invalid_argument,
                "reserve count must be in [1, " + std::to_string(b.capacity_) + "], got " +
                    std::to_string(count));
@@ -50,7 +50,7 @@ template <class Core>
 void commit_slots(Core& b, const reservation& r, std::span<const std::int64_t> lengths,
                   std::span<key> keys_out, cuda::stream_ref stream) {
   const auto held = b.lock();
-  b.check_usable();
+  b.check_usable(stream);
   GEAR_REQUIRE(static_cast<std::int64_t>(lengths.size()) == r.count &&
                    static_cast<std::int64_t>(keys_out.size()) >= r.count,
                errc::invalid_argument, "commit needs one length and one key per reserved slot");
@@ -120,7 +120,7 @@ void remove_tickets(Core& b, std::span<const std::uint64_t> tickets, cuda::strea
 template <class Core>
 void erase_keys(Core& b, std::span<const key> keys, cuda::stream_ref stream) {
   const auto held = b.lock();
-  b.check_usable();
+  b.check_usable(stream);
   std::vector<std::uint64_t> tickets;
   tickets.reserve(keys.size());
   for (const key& k : keys) {

@@ -15,9 +15,9 @@
 // A stream may be destroyed while the buffer lives: its events stay valid. Events are made only
 // once a second stream comes: a buffer used from one stream has none.
 //
-// A buffer sampled with a gear::device_rng is bound to that sample's stream (bind): CUDA graphs
-// replay such samples, and a replay records and waits for no event, so no other stream may use
-// the buffer from then on; a call on another stream throws errc::invalid_argument before it
+// A buffer sampled with a gear::device_rng, or updated inside a CUDA graph capture, is bound to
+// that call's stream (bind): CUDA graphs replay such calls, and a replay records and waits for no
+// event, so no other stream may use the buffer from then on; a call on another stream throws errc::invalid_argument before it
 // changes anything (every operation orders itself, before(), before it changes state).
 //
 // Each stream keeps the events of its last 64 reads, so a write that evicted slots earlier (a
@@ -91,17 +91,17 @@ class stream_order {
   void check_bind(cudaStream_t s) const {
     check_bound(s);
     GEAR_REQUIRE(only_lane(s) && !unlaned_, errc::invalid_argument,
-                 "a buffer used from several streams cannot sample with a gear::device_rng (its "
-                 "samples are replayed by CUDA graphs, unordered with other streams); use one "
-                 "stream for every call of this buffer");
+                 "a buffer used from several streams can neither sample with a gear::device_rng "
+                 "nor be updated inside a CUDA graph capture (replays are unordered with other "
+                 "streams); use one stream for every call of this buffer");
   }
   [[nodiscard]] bool bound() const noexcept { return bound_; }
   /// Throws errc::invalid_argument if the buffer is bound to a stream other than `s`.
   void check_bound(cudaStream_t s) const {
     GEAR_REQUIRE(!bound_ || lanes_.front()->stream == s, errc::invalid_argument,
-                 "this buffer was sampled with a gear::device_rng, which binds it to that "
-                 "sample's stream (CUDA graphs replay such samples unordered with other "
-                 "streams); call it on that stream");
+                 "this buffer was sampled with a gear::device_rng or updated inside a CUDA "
+                 "graph capture, which binds it to that call's stream (replays are unordered "
+                 "with other streams); call it on that stream");
   }
   /// Notes that a stream with no lane of its own has used the buffer (a landing insert records
   /// no access on its stream): the buffer may no longer bind.
