@@ -16,6 +16,7 @@
 // Exits 77 (skipped) where no GPU is usable.
 
 #include <gear/gear.cuh>
+#include <gear/sharded_buffer.hpp>
 
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
@@ -25,6 +26,7 @@
 #include <cstdio>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <vector>
 
 #include "gpu_common.cuh"
@@ -250,7 +252,8 @@ __global__ void td_errors(const std::int32_t* v, std::int64_t rows, std::int64_t
 TEST_CASE("a captured PER step (sample, TD errors, update from device memory) replays as eager") {
   stream_holder s;
   using buffer = buffer_of<gear::select::prioritized>;
-  constexpr std::int64_t rows = 128, len = 4;
+  // 600 pairs: the update's mark launch has 3 blocks, so its last-block epoch store is exercised.
+  constexpr std::int64_t rows = 600, len = 4;
   constexpr int steps = 1000;
   const gear::select::prioritized policy{.alpha = 0.8, .beta = 0.6};
   const gear::window w{len, 0, gear::anchor::random, gear::pad::tail};
@@ -259,8 +262,8 @@ TEST_CASE("a captured PER step (sample, TD errors, update from device memory) re
   // The same step, eager with gear::rng, or captured once with gear::device_rng.
   const auto step = [&](buffer& buf, auto& batch, auto& draws) {
     buf.sample_async(batch, w, draws, s);
-    td_errors<<<1, rows, 0, s.s>>>(reinterpret_cast<const std::int32_t*>(batch.column_data(0)),
-                                   rows, len, td);
+    td_errors<<<(rows + 255) / 256, 256, 0, s.s>>>(
+        reinterpret_cast<const std::int32_t*>(batch.column_data(0)), rows, len, td);
     GEAR_CHECK_LAUNCH("td_errors");
     buf.update_priorities_async(std::span<const gear::key>(batch.keys_data(), rows),
                                 std::span<const float>(td, rows), gear::memory_kind::device, s);
@@ -274,12 +277,16 @@ TEST_CASE("a captured PER step (sample, TD errors, update from device memory) re
   gear::rng g(77);
   gear::device_rng dg(77);
   const captured graph(s.s, [&] { step(graph_buf, graph_batch, dg); });
-  CHECK(graph.kernels() <= 6);  // select, weights, gather; TD errors; mark, apply
+  CHECK(graph.kernels() == 6);  // select, weights, gather; TD errors; mark, apply
   int equal = 0;
   for (int k = 0; k < steps; ++k) {
     step(eager_buf, eager_batch, g);
     graph.replay(s.s);  // synchronises s, and with it the eager step before
     equal += drawn::of(graph_batch) == drawn::of(eager_batch);
+    if (k % 10 == 9) {  // eager inserts between replays: commits, evictions, stale keys
+      (void)insert_numbered(eager_buf, 1000 + k, 20, s);
+      (void)insert_numbered(graph_buf, 1000 + k, 20, s);
+    }
   }
   CHECK(equal == steps);
   CHECK(graph_buf.selection_state().priorities(s) == eager_buf.selection_state().priorities(s));
@@ -291,11 +298,32 @@ TEST_CASE("a captured PER step (sample, TD errors, update from device memory) re
 
 TEST_CASE("calls that cannot be captured are refused during a capture, changing nothing") {
   stream_holder s;
-  buffer_of<gear::select::prioritized> buf{gear::capacity{32}, gear::max_length{max_len}};
+  using buffer = buffer_of<gear::select::prioritized>;
+  buffer buf{gear::capacity{32}, gear::max_length{max_len}};
   const auto keys = insert_numbered(buf, 0, 16, s);
   auto b = buf.make_batch(gear::batch_size{8}, gear::window_length{2});
   gear::rng g(4);
+  buf.sample(b, gear::window{2}, g, s);  // b.keys_data(): 8 keys in device memory
   const std::vector<float> ones(keys.size(), 1.0f);
+  float* ones_device = nullptr;
+  GEAR_CUDA_TRY(cudaMalloc(&ones_device, 8 * sizeof(float)));
+  GEAR_CUDA_TRY(cudaMemcpy(ones_device, ones.data(), 8 * sizeof(float), cudaMemcpyHostToDevice));
+  const std::int32_t one = 1;
+  auto open_writer = buf.make_writer(s);
+  open_writer.append(&one);
+  std::optional<buffer::writer_type> doomed;
+  doomed.emplace(buf.make_writer(s));
+  const gear::reservation reserved = buf.reserve(1, s);
+  gear::sharded_buffer<vspec, gear::storage::device> sharded({0, 0}, gear::capacity{16},
+                                                             gear::max_length{max_len});
+  (void)insert_numbered(sharded, 0, 8, s);
+  auto sharded_batch = sharded.make_batch(gear::batch_size{4}, gear::window_length{2});
+  gear::device_rng dg(4);
+  GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
+  const std::int64_t size = buf.size();
+  const std::uint64_t tickets = buf.tickets_issued();
+  const std::vector<float> priorities = buf.selection_state().priorities(s);
+  const std::uint64_t draws = g.calls();
   std::vector<int> refused;
   GEAR_CUDA_TRY(cudaStreamBeginCapture(s.s, cudaStreamCaptureModeGlobal));
   const auto attempt = [&](auto&& call) {
@@ -317,15 +345,41 @@ TEST_CASE("calls that cannot be captured are refused during a capture, changing 
   attempt([&] { (void)buf.reserve(1, s); });
   attempt([&] { buf.erase_async(std::span<const gear::key>(keys.data(), 1), s); });
   attempt([&] { (void)buf.update_priorities_async(keys, ones, s); });  // host spans
+  attempt([&] { (void)buf.make_writer(s); });
+  attempt([&] { open_writer.append(&one); });
+  attempt([&] { (void)open_writer.commit_async(); });
+  attempt([&] {
+    const std::int64_t length = 1;
+    gear::key k{};
+    buf.commit_async(reserved, std::span<const std::int64_t>(&length, 1),
+                     std::span<gear::key>(&k, 1), s);
+  });
+  attempt([&] {  // synchronous, so not capturable even from device memory
+    buf.update_priorities(std::span<const gear::key>(b.keys_data(), 8),
+                          std::span<const float>(ones_device, 8), gear::memory_kind::device, s);
+  });
+  attempt([&] { buf.sample(b, gear::window{2}, dg, s); });  // synchronous
+  attempt([&] { sharded.sample_async(sharded_batch, gear::window{2}, g, s); });
+  doomed.reset();  // a writer destroyed in the capture gives nothing up: its slot stays pending
   cudaGraph_t graph{};
   GEAR_CUDA_TRY(cudaStreamEndCapture(s.s, &graph));  // the capture is still valid
+  std::size_t nodes = 1;
+  GEAR_CUDA_TRY(cudaGraphGetNodes(graph, nullptr, &nodes));
   GEAR_CUDA_TRY(cudaGraphDestroy(graph));
-  CHECK(refused == std::vector<int>(5, 1));
-  CHECK(g.calls() == 0);
-  CHECK(buf.size() == 16);
-  CHECK(buf.tickets_issued() == 16);
+  CHECK(nodes == 0);  // nothing was enqueued
+  CHECK(refused == std::vector<int>(12, 1));
+  CHECK(g.calls() == draws);
+  CHECK(buf.size() == size);
+  CHECK(buf.tickets_issued() == tickets);
   CHECK(buf.contains(keys[0]));
-  buf.sample(b, gear::window{2}, g, s);  // and every call works again outside the capture
+  const std::vector<float> after = buf.selection_state().priorities(s);  // bit for bit (NaN: none)
+  CHECK(std::memcmp(after.data(), priorities.data(), after.size() * sizeof(float)) == 0);
+  // And every call works again outside the capture.
+  open_writer.append(&one);
+  CHECK(buf.contains(open_writer.commit()));
+  buf.sample(b, gear::window{2}, dg, s);
+  CHECK(dg.calls(s) == 1);
+  GEAR_CUDA_TRY(cudaFree(ones_device));
 }
 
 TEST_CASE("a replay samples the buffer as it is when it runs") {

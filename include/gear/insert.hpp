@@ -82,7 +82,8 @@ template <trajectory_spec Spec, std::size_t C>
 column_input column_input_of(const void* data) {
   using col = typename Spec::template column_t<C>;
   column_input in{data, col::type, static_cast<int>(col::rank), {}};
-  for (std::size_t i = 0; i < col::rank; ++i) in.shape[i] = col::shape[i];
+  if constexpr (col::rank > 0)  // (a scalar column has no shape to copy)
+    for (std::size_t i = 0; i < col::rank; ++i) in.shape[i] = col::shape[i];
   return in;
 }
 

@@ -323,6 +323,7 @@ class replay_buffer {
   template <class Draws>
   requires std::same_as<Draws, rng> || (on_device && std::same_as<Draws, device_rng>)
   void sample(batch_type& out, const window& w, Draws& g, cuda::stream_ref stream) {
+    if constexpr (on_device) detail::refuse_capture(stream);  // it would synchronise
     sample_async(out, w, g, stream);
     synchronize(stream);
   }
@@ -486,6 +487,7 @@ class replay_buffer {
   }
   void synchronize(cuda::stream_ref stream) const {
     const detail::device_scope scope(core().device_);
+    if constexpr (on_device) detail::refuse_capture(stream);
     core().synchronize(stream);
   }
 

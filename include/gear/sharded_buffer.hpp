@@ -138,6 +138,7 @@ class sharded_buffer {
   /// replay_buffer::insert_async, whose errors it throws (the shards unchanged).
   void insert_async(const trajectories<Spec>& in, std::span<key> keys_out,
                     cuda::stream_ref stream) {
+    streams_.refuse_capture(stream);
     const std::size_t s = route_insert();
     const auto guard = host_tree_guard();
     streams_.run(s, stream,
@@ -170,6 +171,7 @@ class sharded_buffer {
   /// replay_buffer::sample_async throws. A shard's removals after k returns
   /// (shard(s).set_max_times_sampled) stand when a later shard's share fails.
   void sample_async(batch_type& out, const window& w, rng& g, cuda::stream_ref stream) {
+    streams_.refuse_capture(stream);
     const std::lock_guard<std::mutex> held(streams_.mutex());
     rng advanced = g;
     const rng_draw draw = advanced.next();
@@ -248,6 +250,7 @@ class sharded_buffer {
   priority_update_result update_priorities_async(std::span<const key> keys,
                                                  std::span<const float> priorities,
                                                  cuda::stream_ref stream) requires prioritized {
+    streams_.refuse_capture(stream);
     (void)detail::validate_priorities(keys, priorities, selection_.alpha);
     const detail::routed_keys by_shard = detail::route_keys(shards_.size(), keys, priorities);
     const auto guard = host_tree_guard();
@@ -307,6 +310,7 @@ class sharded_buffer {
                  "update_priorities source must be memory_kind::host or ::device");
     GEAR_REQUIRE(on_device, errc::wrong_memory,
                  "host shards take priorities from host memory only: use memory_kind::host");
+    streams_.refuse_capture(stream);
     const std::lock_guard<std::mutex> held(updates_);
     raise_update_failures();
     GEAR_REQUIRE(keys.size() == priorities.size(), errc::invalid_argument,
@@ -359,6 +363,7 @@ class sharded_buffer {
   /// Throws errc::key_out_of_range, errc::stale_key; errc::cuda_error. Another thread erasing the
   /// same keys at the same moment can make a shard refuse after others removed theirs.
   void erase_async(std::span<const key> keys, cuda::stream_ref stream) {
+    streams_.refuse_capture(stream);
     detail::routed_keys by_shard = detail::route_keys(shards_.size(), keys);
     const auto guard = host_tree_guard();
     detail::check_erase(by_shard,

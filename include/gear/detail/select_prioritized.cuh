@@ -10,12 +10,13 @@
 //          priority; a bad pair folds (class, index, errc) into this update's verdict word with
 //          atomicMin, so the verdict names the first bad key, or else the first bad priority (the
 //          host check's order), and the pair stops. Every good pair bids
-//          atomicMax(winner[slot], index + 1), so the last occurrence of a slot in the batch wins
-//          (the apply's winner clears the word again); and sets, for each tree edge on its leaf's path, the child's bit in the low
-//          16 bits of flags[parent], with reductions nobody waits for (the levels near the root,
-//          which every path shares, pooled per block in shared memory first).
+//          atomicMax(winner[slot], index + 1), so the last occurrence of a slot in the batch wins;
+//          and sets, for each tree edge on its leaf's path, the child's bit in the low 16 bits of
+//          flags[parent], with reductions nobody waits for (the levels near the root, which every
+//          path shares, pooled per block in shared memory first).
 //   apply: a group of 16 lanes per pair. Reads the verdict (final: mark has finished). The winner
-//          of each slot writes its raw priority and leaf, then walks up: at each parent it sets
+//          of each slot clears its winner word (for the next update, even a failed one's), writes
+//          its raw priority and leaf, then walks up: at each parent it sets
 //          its bit in the high 16 bits (arrivals); the group whose arrival completes the parent's
 //          mark set (the last of the touched children to finish) loads the 16 children in one
 //          line and recomputes the parent as their sum in index order,

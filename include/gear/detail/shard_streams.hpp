@@ -260,7 +260,14 @@ class shard_streams {
   }
 
   void synchronize(cuda::stream_ref caller) const {
-    if (gpu()) GEAR_CUDA_TRY(cudaStreamSynchronize(caller.get()));
+    if (!gpu()) return;
+    refuse_capture(caller);
+    GEAR_CUDA_TRY(cudaStreamSynchronize(caller.get()));
+  }
+  /// Throws errc::invalid_argument while `caller` captures a CUDA graph (no sharded_buffer call
+  /// may be captured: the shards' streams and read-backs would not replay).
+  void refuse_capture(cuda::stream_ref caller) const {
+    if (gpu()) detail::refuse_capture(caller);
   }
   void synchronize_all() const {
     for (cudaStream_t s : streams_) GEAR_CUDA_TRY(cudaStreamSynchronize(s));

@@ -55,6 +55,23 @@ inline constexpr bool dependent_false = false;
 /// code path expects a stream.
 inline cuda::stream_ref no_stream() noexcept { return cuda::stream_ref{cudaStream_t{}}; }
 
+/// True while `stream` is capturing a CUDA graph (or its capture was invalidated). Throws
+/// errc::cuda_error.
+[[nodiscard]] inline bool stream_capturing(cuda::stream_ref stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  GEAR_CUDA_TRY(cudaStreamIsCapturing(stream.get(), &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+/// Throws errc::invalid_argument while `stream` captures a CUDA graph: the call's host
+/// bookkeeping would not be replayed with its GPU work.
+inline void refuse_capture(cuda::stream_ref stream) {
+  GEAR_REQUIRE(!stream_capturing(stream), errc::invalid_argument,
+               "this call cannot be captured into a CUDA graph (its host bookkeeping would not be "
+               "replayed): of a buffer's calls only sample_async with a gear::device_rng and "
+               "update_priorities_async from device memory can (replay_buffer only); make it "
+               "outside the capture");
+}
+
 /// A process-wide number per buffer, stamped into its reservations.
 inline std::uint64_t next_buffer_id() noexcept {
   static std::atomic<std::uint64_t> next{1};
@@ -202,21 +219,8 @@ class buffer_core {
       order_.before(stream.get(), a);
     }
   }
-  /// True while `stream` is capturing a CUDA graph (or its capture was invalidated). Throws
-  /// errc::cuda_error.
-  [[nodiscard]] static bool capturing(cuda::stream_ref stream) {
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    GEAR_CUDA_TRY(cudaStreamIsCapturing(stream.get(), &status));
-    return status != cudaStreamCaptureStatusNone;
-  }
-  /// Throws errc::invalid_argument while `stream` captures a CUDA graph: the call's host
-  /// bookkeeping would not be replayed with its GPU work.
-  static void refuse_capture(cuda::stream_ref stream) {
-    GEAR_REQUIRE(!capturing(stream), errc::invalid_argument,
-                 "this call cannot be captured into a CUDA graph (its host bookkeeping would not "
-                 "be replayed): of a buffer's calls only sample_async with a gear::device_rng and "
-                 "update_priorities_async from device memory can; make it outside the capture");
-  }
+  [[nodiscard]] static bool capturing(cuda::stream_ref stream) { return stream_capturing(stream); }
+  static void refuse_capture(cuda::stream_ref stream) { detail::refuse_capture(stream); }
   void order_after(cuda::stream_ref stream, stream_order::access a, bool bytes = true) {
     if constexpr (on_device) order_.after(stream.get(), a, bytes);
   }

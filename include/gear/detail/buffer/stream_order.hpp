@@ -17,8 +17,9 @@
 //
 // A buffer sampled with a gear::device_rng, or updated inside a CUDA graph capture, is bound to
 // that call's stream (bind): CUDA graphs replay such calls, and a replay records and waits for no
-// event, so no other stream may use the buffer from then on; a call on another stream throws errc::invalid_argument before it
-// changes anything (every operation orders itself, before(), before it changes state).
+// event, so no other stream may use the buffer from then on; a call on another stream throws
+// errc::invalid_argument before it changes anything (every operation orders itself, before(),
+// before it changes state).
 //
 // Each stream keeps the events of its last 64 reads, so a write that evicted slots earlier (a
 // landing insert's reservation, landing.hpp) can wait for just the reads enqueued before that
