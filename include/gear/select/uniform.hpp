@@ -9,7 +9,9 @@
 // to the first unclaimed position from a uniform start, so no loop is unbounded.
 //
 // The host and device states draw the same numbers from the same rng_draw, so with replacement
-// they select the same slots.
+// they select the same slots. Without replacement on the GPU, when two rows draw the same slot,
+// which of them keeps it depends on timing: the batch is a uniform subset either way, but not
+// the same one at every run of the same seed.
 
 #include <algorithm>
 #include <cstdint>
