@@ -1552,7 +1552,8 @@ void bm_rank_sampler(benchmark::State& state) {
 /// eagerly (gear::rng), in the same run: uniform, B = 256 windows of `Len` steps of 4 KiB from
 /// 4096 trajectories. Two rows: GPU time per sample (median of 9 timings of 20 back-to-back calls,
 /// so a call whose host enqueue is slower than its GPU work is timed by its enqueue), and host time
-/// per call (the enqueue alone: 200 calls, no synchronisation inside, median of 9). Checked once:
+/// per call (the enqueue alone: 200 calls, no synchronisation inside, median of 9); and the same
+/// eager call drawing from the device_rng without a graph. Checked once:
 /// the first replay returns the keys of the first eager call of the same seed.
 template <std::int64_t Len>
 void bm_graph(benchmark::State& state) {
@@ -1592,9 +1593,11 @@ void bm_graph(benchmark::State& state) {
     return median(t);
   };
   const auto sample = [&] { buf.sample_async(out, w, eager, c.stream); };
-  double eager_s = 0, graph_s = 0, eager_host = 0, graph_host = 0;
+  const auto device_drawn = [&] { buf.sample_async(out, w, draws, c.stream); };
+  double eager_s = 0, graph_s = 0, eager_host = 0, graph_host = 0, device_drawn_s = 0;
   for (auto _ : state) {
     eager_s = median_per_call(sample);
+    device_drawn_s = median_per_call(device_drawn);
     graph_s = median_per_call(replay);
     eager_host = host_per_call(sample);
     graph_host = host_per_call(replay);
@@ -1605,6 +1608,12 @@ void bm_graph(benchmark::State& state) {
   table_row rate("", 1 / graph_s, "sample_async, same run", 1 / eager_s, "", 0);
   rate.unit = "/s";
   record(state, rate);
+  // What drawing from device memory costs on its own (the gather's last-block count and the
+  // counter reads), without a graph.
+  table_row eager_device(g_name + " eager with device_rng", 1 / device_drawn_s,
+                         "sample_async, same run", 1 / eager_s, "", 0);
+  eager_device.unit = "/s";
+  record(state, eager_device);
   table_row host(g_name + " host us per call", 1e6 * graph_host, "sample_async, same run",
                  1e6 * eager_host, "<= 5 us (issue 13)", 0);
   host.unit = "us";
