@@ -323,7 +323,9 @@ class replay_buffer {
   template <class Draws>
   requires std::same_as<Draws, rng> || (on_device && std::same_as<Draws, device_rng>)
   void sample(batch_type& out, const window& w, Draws& g, cuda::stream_ref stream) {
-    if constexpr (on_device) detail::refuse_capture(stream);  // it would synchronise
+    // A device_rng sample may be captured; this call would then synchronise inside the capture.
+    // (A gear::rng sample refuses a capture itself.)
+    if constexpr (std::same_as<Draws, device_rng>) detail::refuse_capture(stream);
     sample_async(out, w, g, stream);
     synchronize(stream);
   }

@@ -215,12 +215,10 @@ class buffer_core {
   /// first, a stream capturing a CUDA graph unless the call may be captured (`capturable`).
   void order_before(cuda::stream_ref stream, stream_order::access a, bool capturable = false) {
     if constexpr (on_device) {
-      if (!capturable) refuse_capture(stream);
+      if (!capturable) detail::refuse_capture(stream);
       order_.before(stream.get(), a);
     }
   }
-  [[nodiscard]] static bool capturing(cuda::stream_ref stream) { return stream_capturing(stream); }
-  static void refuse_capture(cuda::stream_ref stream) { detail::refuse_capture(stream); }
   void order_after(cuda::stream_ref stream, stream_order::access a, bool bytes = true) {
     if constexpr (on_device) order_.after(stream.get(), a, bytes);
   }
@@ -306,7 +304,7 @@ class buffer_core {
   /// would break it).
   void check_usable(cuda::stream_ref stream) const {
     check_usable();
-    if constexpr (on_device) refuse_capture(stream);
+    if constexpr (on_device) detail::refuse_capture(stream);
   }
 
   /// Runs f, which enqueues work after the ring changed; a failure makes the buffer unusable.

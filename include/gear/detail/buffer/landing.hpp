@@ -259,7 +259,7 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
 #if defined(GEAR_DEVICE_BACKEND)
     if (b.landing_.empty() && b.landing_records_.empty() && b.ring_.pending_index_changes() == 0)
       return;
-    b.refuse_capture(stream);  // before anything changes or is enqueued
+    refuse_capture(stream);  // before anything changes or is enqueued
     note_finished_copies(b);
     // What goes now. Commit: every insert whose copy has finished, and those the call must see
     // (whose copy it then waits for). Copy: every insert not copying yet (on the buffer's stream:
@@ -401,7 +401,7 @@ void land_trajectories(Core& b, std::unique_lock<std::mutex>& held, const trajec
   typename Core::landing_insert l;
   try {
     b.check_usable();
-    b.refuse_capture(stream);
+    refuse_capture(stream);
     b.order_.check_bound(stream.get());  // a device_rng sample may have bound it meanwhile
     b.landing_.reserve(b.landing_.size() + 1);
     b.landing_records_.reserve(b.landing_records_.size() + static_cast<std::size_t>(count));

@@ -109,7 +109,7 @@ void update_from_device(Core& b, std::span<const key> keys, std::span<const floa
     check_gpu_readable(priorities.data(), alignof(float), "priorities");
     // Captured into a CUDA graph, the update binds the buffer to its stream (stream_order.hpp):
     // its replays wait for no event of other streams.
-    const bool captured = b.capturing(stream);
+    const bool captured = stream_capturing(stream);
     if (captured) b.order_.check_bind(stream.get());
     // Landing inserts whose bytes are still on their way stay so: their keys count as stale here.
     settle_landing(b, landing_force{}, stream);

@@ -77,7 +77,7 @@ void abandon_slot(Core& b, std::uint64_t ticket, cuda::stream_ref stream) noexce
     // Inside a CUDA graph capture nothing may be acquired or enqueued: the slot stays pending
     // (never sampled) until the ring comes round, as when the lease below fails.
     if constexpr (Core::on_device)
-      if (b.capturing(stream)) return;
+      if (stream_capturing(stream)) return;
     settle_landing(b, landing_force{}, stream);
     const auto lease = b.lease_records(1);
     b.order_write(lease, stream);
