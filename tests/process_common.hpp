@@ -16,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <gear/error.hpp>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -65,11 +66,19 @@ pid_t spawn(Role role, int fd, int other_fd, bool disable_cma) {
   _exit(rc);
 }
 
-/// Waits for `pid` until `until`, killing it past that. Its exit code, or -signal.
+/// Waits for `pid` until `until`, killing it past that. Its exit code, or -signal. A process that
+/// has to be killed first has its threads' stacks printed to stderr where gdb is installed (a
+/// hang a test can only report must say where it hung).
 inline int reap(pid_t pid, clock_type::time_point until) {
   int status = 0;
   while (waitpid(pid, &status, WNOHANG) == 0) {
     if (clock_type::now() > until) {
+      std::fprintf(stderr, "process %d still running at its deadline: its stacks, then SIGKILL\n",
+                   static_cast<int>(pid));
+      const std::string dump = "command -v gdb >/dev/null && timeout 30 gdb -p " +
+                               std::to_string(pid) +
+                               " -batch -ex 'thread apply all bt' 1>&2 2>/dev/null";
+      (void)std::system(dump.c_str());
       kill(pid, SIGKILL);
       waitpid(pid, &status, 0);
       return -SIGKILL;

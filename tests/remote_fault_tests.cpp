@@ -24,6 +24,7 @@
 #include <doctest/doctest.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <gear/gear.hpp>
@@ -274,7 +275,8 @@ std::pair<int, double> kill_under(const child& shard, const child& watcher,
   CHECK(ready(watcher));
   const auto killed = clock_type::now();
   kill(shard.pid, SIGKILL);
-  const int rc = reap(watcher.pid, until);
+  // Every wait of the watcher's has a deadline of 2 s: 15 s is a hang (reap prints its stacks).
+  const int rc = reap(watcher.pid, std::min(until, killed + std::chrono::seconds(15)));
   return {rc, std::chrono::duration<double>(clock_type::now() - killed).count()};
 }
 
