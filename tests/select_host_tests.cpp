@@ -751,6 +751,23 @@ TEST_CASE("prioritized: priorities whose p^alpha leaves the double range are ref
   CHECK(buf.selection_state().priority(0) == 1.0f);
   const auto r = buf.update_priorities(std::vector<gear::key>{keys[2]}, std::vector<float>{2.0f});
   CHECK(r.applied == 1);
+  // Among several pairs the error names the first bad one, whichever way it is bad (only the
+  // extremes are raised to alpha, then the pairs are searched from the first).
+  const auto first_bad = [&](std::vector<float> p) -> std::string {
+    try {
+      buf.update_priorities(std::vector<gear::key>(keys.begin(), keys.end()), p);
+    } catch (const gear::error& e) {
+      return e.code() == gear::errc::invalid_priority ? e.what() : "another code";
+    }
+    return "accepted";
+  };
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  CHECK(first_bad({2.0f, 1e-35f, 1e38f, 3.0f}).find("priority 1 is") != std::string::npos);
+  CHECK(first_bad({2.0f, 1e38f, 1e-35f, 3.0f}).find("priority 1 is") != std::string::npos);
+  CHECK(first_bad({2.0f, 3.0f, nan, 1e38f}).find("priority 2 is") != std::string::npos);
+  CHECK(first_bad({2.0f, 3.0f, 1e38f, -1.0f}).find("priority 2 is") != std::string::npos);
+  CHECK(first_bad({0.0f, 3.0f, 4.0f, -0.0f}) == "accepted");
+  CHECK(buf.selection_state().priority(0) == 0.0f);
 }
 
 namespace {

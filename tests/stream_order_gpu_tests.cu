@@ -315,6 +315,40 @@ TEST_CASE("row 4: priority updates skip stale keys and apply the rest, from host
   }
 }
 
+TEST_CASE("host-span priority updates queued on a busy stream each keep their own pairs") {
+  // Ten updates from host spans enqueued behind a 200 ms kernel: their pairs travel through a
+  // ring of four pinned staging areas, grown mid-ring (10, 20, ..., 100 pairs). An area is
+  // refilled only once its last copy has run; refilled sooner, an earlier update would apply a
+  // later one's pairs, and `wrong` counts the slots that show it.
+  stream_holder s;
+  using pbuffer = vbuffer<gear::storage::device, gear::select::prioritized>;
+  pbuffer buf{gear::capacity{1000}, gear::max_length{1}};
+  std::vector<std::int32_t> v(1000);
+  for (int i = 0; i < 1000; ++i) v[i] = i;
+  const std::vector<std::int64_t> lens(1000, 1);
+  std::vector<gear::key> keys(1000);
+  buf.insert(gear::trajectories<vspec>{lens, {gear::input(v.data())}}, keys, s);
+  std::vector<float> want(1000, 1.0f);  // new trajectories enter at the largest so far: 1
+  hold(s, 200);
+  for (int u = 0; u < 10; ++u) {
+    const auto n = static_cast<std::size_t>(10 * (u + 1));
+    const std::span<const gear::key> mine(keys.data() + 100 * u, n);
+    std::vector<float> p(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      p[i] = 2.0f + static_cast<float>(u) + 0.001f * static_cast<float>(i);
+      want[static_cast<std::size_t>(mine[i].slot(1000))] = p[i];
+    }
+    const gear::priority_update_result r = buf.update_priorities_async(mine, p, s);
+    CHECK(r.applied == static_cast<std::int64_t>(n));
+    // The spans are the caller's again at once: overwrite them, as a learner's next step would.
+    std::fill(p.begin(), p.end(), 1000.0f);
+  }
+  const auto raw = buf.selection_state().priorities(s);
+  int wrong = 0;
+  for (int slot = 0; slot < 1000; ++slot) wrong += raw[slot] != want[slot];
+  CHECK(wrong == 0);
+}
+
 // ---- host inserts that land (detail/buffer/landing.hpp) ---------------------------------------
 
 TEST_CASE("landing: a sample on another stream neither waits for nor sees bytes in flight; "

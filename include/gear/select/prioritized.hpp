@@ -246,7 +246,9 @@ inline void raise_priority_failures(priority_report& report, std::uint64_t& rais
 /// Throws (changing nothing) unless there is one priority per key and each is finite and >= 0.
 /// Returns the largest priority.
 /// With `alpha`, also refuses a priority whose p^alpha is infinite (it would take every draw) or
-/// 0 while p > 0 (it could never be drawn).
+/// 0 while p > 0 (it could never be drawn). p^alpha rises with p (alpha >= 0), so only the
+/// smallest positive and the largest priority are raised to alpha; a pair found bad that way is
+/// then looked for from the first, so that the error names the first bad pair.
 inline float validate_priorities(std::span<const key> keys, std::span<const float> priorities,
                                  double alpha) {
   GEAR_REQUIRE(keys.size() == priorities.size(), errc::invalid_argument,
@@ -254,20 +256,30 @@ inline float validate_priorities(std::span<const key> keys, std::span<const floa
                    " keys, " + std::to_string(priorities.size()) + " priorities");
   GEAR_REQUIRE(keys.size() < (std::size_t{1} << 32), errc::invalid_argument,
                "update_priorities takes fewer than 2^32 keys at once");
-  float largest = 0;
+  const auto in_range = [&](float p) {
+    const double leaf = priority_leaf(p, alpha);
+    return std::isfinite(leaf) && (p == 0 || leaf > 0);
+  };
+  float largest = 0, smallest = std::numeric_limits<float>::infinity();  // smallest positive
+  bool finite = true;
+  for (const float p : priorities) {  // one branch-free pass: NaN fails `p >= 0`
+    finite &= p >= 0 && p <= std::numeric_limits<float>::max();
+    largest = std::max(largest, p);
+    smallest = p > 0 ? std::min(smallest, p) : smallest;
+  }
+  if (finite && in_range(largest) && (std::isinf(smallest) || in_range(smallest))) return largest;
   for (std::size_t i = 0; i < priorities.size(); ++i) {
     const float p = priorities[i];
     GEAR_REQUIRE(std::isfinite(p) && p >= 0, errc::invalid_priority,
                  "priority " + std::to_string(i) + " is " + std::to_string(p) +
                      "; priorities must be finite and >= 0");
-    const double leaf = priority_leaf(p, alpha);
-    GEAR_REQUIRE(std::isfinite(leaf) && (p == 0 || leaf > 0), errc::invalid_priority,
+    GEAR_REQUIRE(in_range(p), errc::invalid_priority,
                  "priority " + std::to_string(i) + " is " + std::to_string(p) +
-                     ": p^alpha (alpha " + std::to_string(alpha) + ") is " + std::to_string(leaf) +
+                     ": p^alpha (alpha " + std::to_string(alpha) + ") is " +
+                     std::to_string(priority_leaf(p, alpha)) +
                      ", outside the range a sum tree can draw from");
-    largest = std::max(largest, p);
   }
-  return largest;
+  return largest;  // not reached: a pair failed above
 }
 
 }  // namespace gear::detail
