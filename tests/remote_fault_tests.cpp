@@ -268,16 +268,46 @@ bool ready(const child& c) {
   return read(c.fd, &byte, 1) == 1 && byte == 'r';
 }
 
-/// Kills `shard` once `watcher` is ready; the watcher's exit code and the seconds from the kill
-/// to its exit.
-std::pair<int, double> kill_under(const child& shard, const child& watcher,
-                                  clock_type::time_point until) {
+/// What became of a process watching a peer killed under it.
+struct watched {
+  int rc;          // its exit code, or -SIGKILL
+  double seconds;  // from the kill to its exit
+  bool stuck;      // found spinning in pthread_spin_lock when it had not exited 15 s on
+};
+
+/// Kills `shard` once `watcher` is ready, and waits for the watcher: every wait of its has a
+/// deadline of 2 s, so 15 s is a hang. A hung watcher is looked at (stuck_on_spin_lock), then
+/// killed with its stacks printed (reap).
+watched kill_under(const child& shard, const child& watcher, clock_type::time_point until) {
   CHECK(ready(watcher));
   const auto killed = clock_type::now();
   kill(shard.pid, SIGKILL);
-  // Every wait of the watcher's has a deadline of 2 s: 15 s is a hang (reap prints its stacks).
-  const int rc = reap(watcher.pid, std::min(until, killed + std::chrono::seconds(15)));
-  return {rc, std::chrono::duration<double>(clock_type::now() - killed).count()};
+  const auto hang = std::min(until, killed + std::chrono::seconds(15));
+  int status = 0;
+  while (waitpid(watcher.pid, &status, WNOHANG) == 0 && clock_type::now() < hang)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const bool stuck = clock_type::now() >= hang && stuck_on_spin_lock(watcher.pid);
+  const int rc = clock_type::now() >= hang ? reap(watcher.pid, clock_type::now())
+                 : WIFEXITED(status)       ? WEXITSTATUS(status)
+                                           : -WTERMSIG(status);
+  return {rc, std::chrono::duration<double>(clock_type::now() - killed).count(), stuck};
+}
+
+/// The outcome README's "Killed peers" documents for a watcher of a killed peer, by its deadline
+/// plus `margin` seconds: it exits 0 in time, or, on shm alone (libfabric 1.17), it may spin for
+/// good in libfabric on a lock of its shared region that the killed peer held.
+void check_watcher(const char* provider, const char* who, const watched& w, double margin) {
+  if (w.stuck) {
+    MESSAGE(provider << ": the " << who
+                     << " spins in pthread_spin_lock inside libfabric, on a lock the killed peer "
+                        "held (shm, libfabric 1.17; README, \"Killed peers\")");
+    CHECK(std::string(provider) == "shm");
+    return;
+  }
+  MESSAGE(provider << ": the " << who << " saw the loss and exited after " << w.seconds
+                   << " s (exit " << w.rc << ")");
+  CHECK(w.rc == 0);
+  CHECK(w.seconds < margin);
 }
 
 void faults(const char* provider) {
@@ -313,11 +343,7 @@ void faults(const char* provider) {
   // The shard killed under a learner sampling 8 ahead (requests held and bundled): peer_lost, in
   // bounded time.
   const child watcher = start([&](int fd) { return run_learner(fd, fabric, -1, true, 8); }, blob);
-  const auto [watcher_rc, seconds] = kill_under(shard, watcher, until);
-  MESSAGE(std::string(provider) << ": the learner saw the shard's loss after " << seconds
-                                << " s (exit " << watcher_rc << ")");
-  CHECK(watcher_rc == 0);
-  CHECK(seconds < 2.0 + 3.0);
+  check_watcher(provider, "learner", kill_under(shard, watcher, until), 2.0 + 3.0);
   CHECK(reap(shard.pid, until) == -SIGKILL);
   (void)shm_leftovers(shard.pid);
   CHECK(shm_leftovers(watcher.pid) == 0);
@@ -336,11 +362,8 @@ void keyless_loss(const char* provider) {
   const std::vector<std::byte> blob = receive_frame(shard.fd);
   REQUIRE_FALSE(blob.empty());
   const child inserter = start([&](int fd) { return run_keyless_actor(fd, fabric); }, blob);
-  const auto [rc, seconds] = kill_under(shard, inserter, until);
-  MESSAGE(std::string(provider) << ": the actor saw the shard's loss and exited after " << seconds
-                                << " s (exit " << rc << ")");
-  CHECK(rc == 0);
-  CHECK(seconds < 2.0 + 2.0 + 3.0);  // the failing call, then its destructor's wait
+  // The failing call, then its destructor's wait for acknowledgements, each 2 s.
+  check_watcher(provider, "actor", kill_under(shard, inserter, until), 2.0 + 2.0 + 3.0);
   CHECK(reap(shard.pid, until) == -SIGKILL);
   (void)shm_leftovers(shard.pid);
   CHECK(shm_leftovers(inserter.pid) == 0);
