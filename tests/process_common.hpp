@@ -3,12 +3,12 @@
 // out-of-band channel), children with deadlines, and the cleanup checks (no process, no /dev/shm
 // file of theirs left).
 
-#include <doctest/doctest.h>
 #include <dlfcn.h>
+#include <doctest/doctest.h>
 #include <signal.h>
 #include <sys/ptrace.h>
-#include <sys/user.h>
 #include <sys/socket.h>
+#include <sys/user.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
