@@ -9,11 +9,8 @@
 // running 5 s after the kill is counted as hung, and where it was found (inside
 // pthread_spin_lock, or elsewhere) is printed. Leaves no process or /dev/shm file behind.
 
-#include <dlfcn.h>
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/ptrace.h>
-#include <sys/user.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -26,6 +23,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "spin_lock_probe.hpp"  // tests/
 
 namespace {
 
@@ -68,35 +67,6 @@ struct side {
     ep.receive_into(in_region, 1 << 16);
   }
 };
-
-/// True when a thread of `pid` is inside pthread_spin_lock at 5 looks 20 ms apart (the child was
-/// forked from this process: libc is at the same addresses).
-bool in_spin_lock(pid_t pid) {
-#if defined(__x86_64__)
-  const auto lock = reinterpret_cast<std::uintptr_t>(dlsym(RTLD_DEFAULT, "pthread_spin_lock"));
-  std::error_code ec;
-  for (const auto& t :
-       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
-    const auto tid = static_cast<pid_t>(std::stol(t.path().filename().string()));
-    int inside = 0;
-    for (int look = 0; look < 5; ++look) {
-      if (ptrace(PTRACE_ATTACH, tid, nullptr, nullptr) != 0) break;
-      int status = 0;
-      if (waitpid(tid, &status, __WALL) != tid) break;
-      user_regs_struct regs{};
-      const bool got = ptrace(PTRACE_GETREGS, tid, nullptr, &regs) == 0;
-      (void)ptrace(PTRACE_DETACH, tid, nullptr, nullptr);
-      if (!got || regs.rip < lock || regs.rip >= lock + 64) break;
-      ++inside;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    if (inside == 5) return true;
-  }
-#else
-  (void)pid;
-#endif
-  return false;
-}
 
 }  // namespace
 
@@ -153,7 +123,7 @@ int main(int argc, char** argv) {
     }
     if (!exited) {
       ++hung;
-      const bool spin = in_spin_lock(survivor);
+      const bool spin = process_test::stuck_on_spin_lock(survivor);
       spinning += spin;
       std::printf("kill %d: the survivor is still running 5 s later, %s\n", round + 1,
                   spin ? "inside pthread_spin_lock" : "not inside pthread_spin_lock");

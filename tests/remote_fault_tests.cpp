@@ -284,23 +284,25 @@ watched kill_under(const child& shard, const child& watcher, clock_type::time_po
   kill(shard.pid, SIGKILL);
   const auto hang = std::min(until, killed + std::chrono::seconds(15));
   int status = 0;
-  while (waitpid(watcher.pid, &status, WNOHANG) == 0 && clock_type::now() < hang)
+  bool exited = false;
+  while (!(exited = waitpid(watcher.pid, &status, WNOHANG) == watcher.pid) &&
+         clock_type::now() < hang)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  const bool stuck = clock_type::now() >= hang && stuck_on_spin_lock(watcher.pid);
-  const int rc = clock_type::now() >= hang ? reap(watcher.pid, clock_type::now())
-                 : WIFEXITED(status)       ? WEXITSTATUS(status)
-                                           : -WTERMSIG(status);
+  const bool stuck = !exited && stuck_on_spin_lock(watcher.pid);
+  const int rc = !exited             ? reap(watcher.pid, clock_type::now())
+                 : WIFEXITED(status) ? WEXITSTATUS(status)
+                                     : -WTERMSIG(status);
   return {rc, std::chrono::duration<double>(clock_type::now() - killed).count(), stuck};
 }
 
-/// The outcome README's "Killed peers" documents for a watcher of a killed peer, by its deadline
-/// plus `margin` seconds: it exits 0 in time, or, on shm alone (libfabric 1.17), it may spin for
-/// good in libfabric on a lock of its shared region that the killed peer held.
+/// The outcome README documents for a watcher of a killed peer ("Killed peers", "A limit of shm
+/// in libfabric 1.17"), by its deadline plus `margin` seconds: it exits 0 in time, or, on shm
+/// alone, it may spin for good in libfabric on a lock of its shared region the killed peer held.
 void check_watcher(const char* provider, const char* who, const watched& w, double margin) {
   if (w.stuck) {
     MESSAGE(provider << ": the " << who
                      << " spins in pthread_spin_lock inside libfabric, on a lock the killed peer "
-                        "held (shm, libfabric 1.17; README, \"Killed peers\")");
+                        "held (shm, libfabric 1.17; README, \"A limit of shm in libfabric 1.17\")");
     CHECK(std::string(provider) == "shm");
     return;
   }

@@ -272,15 +272,26 @@ TEST_CASE("row 6: writer::append copies each step during the call, whatever the 
   CHECK(rows_of(batch, s).at(0).v == std::vector<std::int32_t>{1, 2, 3});
 }
 
-TEST_CASE("row 4: priority updates skip stale keys and apply the rest, from host and device memory") {
-  stream_holder s;
-  using pbuffer = vbuffer<gear::storage::device, gear::select::prioritized>;
-  pbuffer buf{gear::capacity{1000}, gear::max_length{1}};
+namespace {
+
+using pbuffer = vbuffer<gear::storage::device, gear::select::prioritized>;
+
+/// Fills `buf` (capacity 1000, one-step trajectories) with values 0..999; their keys.
+std::vector<gear::key> fill_thousand(pbuffer& buf, cuda::stream_ref s) {
   std::vector<std::int32_t> v(1000);
   for (int i = 0; i < 1000; ++i) v[i] = i;
   const std::vector<std::int64_t> lens(1000, 1);
   std::vector<gear::key> keys(1000);
   buf.insert(gear::trajectories<vspec>{lens, {gear::input(v.data())}}, keys, s);
+  return keys;
+}
+
+}  // namespace
+
+TEST_CASE("row 4: priority updates skip stale keys and apply the rest, from host and device memory") {
+  stream_holder s;
+  pbuffer buf{gear::capacity{1000}, gear::max_length{1}};
+  (void)fill_thousand(buf, s);
   auto batch = buf.make_batch(gear::batch_size{256}, gear::window_length{1});
   gear::rng g{5};
   for (int round = 0; round < 2; ++round) {
@@ -321,13 +332,8 @@ TEST_CASE("host-span priority updates queued on a busy stream each keep their ow
   // refilled only once its last copy has run; refilled sooner, an earlier update would apply a
   // later one's pairs, and `wrong` counts the slots that show it.
   stream_holder s;
-  using pbuffer = vbuffer<gear::storage::device, gear::select::prioritized>;
   pbuffer buf{gear::capacity{1000}, gear::max_length{1}};
-  std::vector<std::int32_t> v(1000);
-  for (int i = 0; i < 1000; ++i) v[i] = i;
-  const std::vector<std::int64_t> lens(1000, 1);
-  std::vector<gear::key> keys(1000);
-  buf.insert(gear::trajectories<vspec>{lens, {gear::input(v.data())}}, keys, s);
+  const std::vector<gear::key> keys = fill_thousand(buf, s);
   std::vector<float> want(1000, 1.0f);  // new trajectories enter at the largest so far: 1
   hold(s, 200);
   for (int u = 0; u < 10; ++u) {
