@@ -10,11 +10,11 @@
 
 #include <algorithm>
 #include <chrono>
-#include <type_traits>
 #include <cstdio>
 #include <optional>
-#include <string>
 #include <set>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include "gpu_common.cuh"
@@ -38,7 +38,8 @@ bool streams_overlap() {
   const auto t0 = std::chrono::steady_clock::now();
   hold(b, 0);
   GEAR_CUDA_TRY(cudaStreamSynchronize(b.s));
-  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   GEAR_CUDA_TRY(cudaStreamSynchronize(a.s));
   return waited < 0.15;
 }
@@ -46,13 +47,15 @@ bool streams_overlap() {
 /// Writes `n` steps valued first, first + 1, ... into the reserved slot through a ref.
 template <class Ref>
 __global__ void write_steps(Ref ref, std::int64_t slot, std::int32_t first, std::int64_t n) {
-  for (std::int64_t t = 0; t < n; ++t) *ref.template step<0>(slot, t) = first + static_cast<std::int32_t>(t);
+  for (std::int64_t t = 0; t < n; ++t)
+    *ref.template step<0>(slot, t) = first + static_cast<std::int32_t>(t);
 }
 
 template <class T>
 std::vector<T> to_host(const T* p, std::int64_t n, cuda::stream_ref s) {
   std::vector<T> out(static_cast<std::size_t>(n));
-  GEAR_CUDA_TRY(cudaMemcpyAsync(out.data(), p, out.size() * sizeof(T), cudaMemcpyDeviceToHost, s.get()));
+  GEAR_CUDA_TRY(
+      cudaMemcpyAsync(out.data(), p, out.size() * sizeof(T), cudaMemcpyDeviceToHost, s.get()));
   GEAR_CUDA_TRY(cudaStreamSynchronize(s.get()));
   return out;
 }
@@ -81,7 +84,8 @@ std::vector<row> rows_of(const Batch& b, cuda::stream_ref s) {
   const auto v = to_host(reinterpret_cast<const std::int32_t*>(b.column_data(0)), n * L, s);
   std::vector<row> out;
   for (std::int64_t r = 0; r < n; ++r)
-    out.push_back({keys[r], {mask.begin() + r * L, mask.begin() + (r + 1) * L},
+    out.push_back({keys[r],
+                   {mask.begin() + r * L, mask.begin() + (r + 1) * L},
                    {v.begin() + r * L, v.begin() + (r + 1) * L}});
   return out;
 }
@@ -183,8 +187,8 @@ TEST_CASE("row 7: two streams inserting from device memory: every slot holds wha
   for (int i = 0; i < 4096; ++i)
     for (int side = 0; side < 2; ++side) {
       const int v = 2 * i + side;  // even: stream A, odd: stream B
-      gear::trajectories<vspec> in{one, {gear::input(src.as<const std::int32_t>() + v)},
-                                   gear::memory_kind::device};
+      gear::trajectories<vspec> in{
+          one, {gear::input(src.as<const std::int32_t>() + v)}, gear::memory_kind::device};
       gear::key k{};
       buf.insert_async(in, std::span<gear::key>(&k, 1), side == 0 ? sa : sb);
       value_of_ticket[k.ticket] = v;
@@ -247,7 +251,8 @@ TEST_CASE("more open writers than staging entries: each keeps its own steps") {
   for (const row& x : rows_of(batch, s)) {
     const auto at = std::find(keys.begin(), keys.end(), x.k) - keys.begin();
     REQUIRE(at < 40);
-    CHECK(x.v == std::vector<std::int32_t>{static_cast<std::int32_t>(at), 100 + static_cast<std::int32_t>(at)});
+    CHECK(x.v == std::vector<std::int32_t>{static_cast<std::int32_t>(at),
+                                           100 + static_cast<std::int32_t>(at)});
   }
 }
 
@@ -288,7 +293,8 @@ std::vector<gear::key> fill_thousand(pbuffer& buf, cuda::stream_ref s) {
 
 }  // namespace
 
-TEST_CASE("row 4: priority updates skip stale keys and apply the rest, from host and device memory") {
+TEST_CASE(
+    "row 4: priority updates skip stale keys and apply the rest, from host and device memory") {
   stream_holder s;
   pbuffer buf{gear::capacity{1000}, gear::max_length{1}};
   (void)fill_thousand(buf, s);
@@ -355,10 +361,42 @@ TEST_CASE("host-span priority updates queued on a busy stream each keep their ow
   CHECK(wrong == 0);
 }
 
+TEST_CASE_TEMPLATE("fifo and lifo samples queued on a busy stream each return their own rows",
+                   Selection, gear::select::fifo, gear::select::lifo) {
+  // Eight samples enqueued behind a 200 ms kernel: each one's rows travel to the GPU through a
+  // ring of four pinned staging areas, refilled only once their copies have run; refilled
+  // sooner, an earlier batch would hold a later sample's rows.
+  constexpr bool oldest_first = std::is_same_v<Selection, gear::select::fifo>;
+  stream_holder s;
+  vbuffer<gear::storage::device, Selection> buf{gear::capacity{64}, gear::max_length{1}};
+  std::vector<std::int32_t> v(64);
+  for (int i = 0; i < 64; ++i) v[i] = i;
+  const std::vector<std::int64_t> lens(64, 1);
+  std::vector<gear::key> keys(64);
+  buf.insert(gear::trajectories<vspec>{lens, {gear::input(v.data())}}, keys, s);
+  std::vector<decltype(buf.make_batch(gear::batch_size{8}, gear::window_length{1}))> batches;
+  for (int b = 0; b < 8; ++b)
+    batches.push_back(buf.make_batch(gear::batch_size{8}, gear::window_length{1}));
+  gear::rng g{3};
+  hold(s, 200);
+  for (auto& b : batches) buf.sample_async(b, gear::window{.length = 1}, g, s);
+  int wrong = 0;
+  for (int b = 0; b < 8; ++b) {
+    const std::vector<row> got = rows_of(batches[static_cast<std::size_t>(b)], s);
+    for (int r = 0; r < 8; ++r) {
+      const int want = oldest_first ? 8 * b + r : 63 - (8 * b + r);
+      wrong += got[static_cast<std::size_t>(r)].v[0] != want;
+    }
+  }
+  CHECK(wrong == 0);
+  CHECK(buf.size() == 0);
+}
+
 // ---- host inserts that land (detail/buffer/landing.hpp) ---------------------------------------
 
-TEST_CASE("landing: a sample on another stream neither waits for nor sees bytes in flight; "
-          "the insert's own stream and later samples see them") {
+TEST_CASE(
+    "landing: a sample on another stream neither waits for nor sees bytes in flight; "
+    "the insert's own stream and later samples see them") {
   stream_holder learner, actor;
   vbuffer<gear::storage::device> buf{gear::capacity{8}, gear::max_length{4}};
   const gear::key ka = insert_values(buf, {1, 2, 3, 4}, learner);
@@ -374,12 +412,14 @@ TEST_CASE("landing: a sample on another stream neither waits for nor sees bytes 
 
   const auto t0 = std::chrono::steady_clock::now();
   buf.sample(batch, gear::window{.length = 4}, g, learner);
-  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (streams_overlap())
     CHECK(waited < 0.2);  // did not wait for the 400 ms the actor's stream is held
   else
-    MESSAGE("kernels of two streams do not overlap here (compute-sanitizer serialises them): "
-            "the sample's wait is not timed");
+    MESSAGE(
+        "kernels of two streams do not overlap here (compute-sanitizer serialises them): "
+        "the sample's wait is not timed");
   for (const row& r : rows_of(batch, learner)) {
     CHECK(r.k == ka);
     CHECK(r.v == std::vector<std::int32_t>{1, 2, 3, 4});
@@ -391,7 +431,8 @@ TEST_CASE("landing: a sample on another stream neither waits for nor sees bytes 
   int of_b = 0;
   for (const row& r : rows_of(mine, actor)) {
     CHECK((r.k == ka || r.k == kb));
-    CHECK(r.v == (r.k == kb ? std::vector<std::int32_t>{5, 6, 7, 8} : std::vector<std::int32_t>{1, 2, 3, 4}));
+    CHECK(r.v == (r.k == kb ? std::vector<std::int32_t>{5, 6, 7, 8}
+                            : std::vector<std::int32_t>{1, 2, 3, 4}));
     of_b += r.k == kb;
   }
   CHECK(of_b > 64);  // about 128 of 256; 64 or fewer has probability below 1e-15
@@ -447,14 +488,14 @@ TEST_CASE("landing: inserts that evict slots a queued gather may read wait for i
 TEST_CASE("landing: a copy in flight never overwrites the slot's next reservation") {
   stream_holder learner, actor, third, writer_stream;
   vbuffer<gear::storage::device> buf{gear::capacity{2}, gear::max_length{2}};
-  (void)insert_values(buf, {0, 1}, learner);  // ticket 0, slot 0
+  (void)insert_values(buf, {0, 1}, learner);    // ticket 0, slot 0
   (void)insert_values(buf, {10, 11}, learner);  // ticket 1, slot 1
   auto batch = buf.make_batch(gear::batch_size{8}, gear::window_length{2});
   gear::rng g{13};
   buf.sample(batch, gear::window{.length = 2}, g, actor);  // two streams: inserts land now
   hold(learner, 300);
   buf.sample_async(batch, gear::window{.length = 2}, g, learner);  // a gather held 300 ms
-  (void)insert_values(buf, {20, 21}, actor);  // ticket 2, slot 0: lands
+  (void)insert_values(buf, {20, 21}, actor);                       // ticket 2, slot 0: lands
   GEAR_CUDA_TRY(cudaStreamSynchronize(actor.s));
   // Two settles on a third stream: the first applies the eviction and starts the copy, which
   // waits for the held gather; neither commits it.
@@ -476,7 +517,7 @@ TEST_CASE("landing: a copy in flight never overwrites the slot's next reservatio
   for (const row& r2 : rows_of(all, writer_stream)) {
     CHECK((r2.k == keys[0] || r2.k == keys[1]));
     CHECK(r2.v == (r2.k == keys[0] ? std::vector<std::int32_t>{30, 31}
-                                    : std::vector<std::int32_t>{40, 41}));
+                                   : std::vector<std::int32_t>{40, 41}));
     seen += r2.k == keys[1];
   }
   CHECK(seen > 0);
@@ -510,16 +551,18 @@ TEST_CASE("landing: erase and host-span priority updates publish the keys they n
 
 // Review finding E4: a launch check reads the thread's last error, so a failed launch of the
 // caller's that nobody checked was reported by the buffer's next launch, after the buffer had
-// changed, leaving it unusable. The buffer now refuses to start, changing nothing, and stays usable.
-// The failed launch is real, so compute-sanitizer reports it as it should: its runs leave this
-// test out (-tce='*planted*', see the README).
-TEST_CASE("planted: an unchecked failed launch of the caller's is reported before the buffer "
-          "changes") {
+// changed, leaving it unusable. The buffer now refuses to start, changing nothing, and stays
+// usable. The failed launch is real, so compute-sanitizer reports it as it should: its runs leave
+// this test out (-tce='*planted*', see the README).
+TEST_CASE(
+    "planted: an unchecked failed launch of the caller's is reported before the buffer "
+    "changes") {
   stream_holder s;
   vbuffer<gear::storage::device> buf{gear::capacity{4}, gear::max_length{2}};
   const gear::key k0 = insert_values(buf, {1, 2}, s);
   GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
-  gear_test::spin<><<<0, 1, 0, s.s>>>(0);  // an invalid configuration: fails at launch, nobody checks
+  gear_test::spin<>
+      <<<0, 1, 0, s.s>>>(0);  // an invalid configuration: fails at launch, nobody checks
   std::string message;
   try {
     (void)insert_values(buf, {3, 4}, s);
@@ -634,10 +677,12 @@ std::pair<int, int> inject_every_fault(Op&& op) {
 }  // namespace
 
 // The publish of a landing insert (a settle, made by a sample on the insert's own stream: it
-// copies and commits at once) under every injected fault: a failure before anything changed leaves the insert landing (stored, its key
-// live) and the next sample publishes it; a failure after makes the buffer unusable, never wrong.
-TEST_CASE("landing: every failing call of a publish leaves the insert landing, or the buffer "
-          "unusable") {
+// copies and commits at once) under every injected fault: a failure before anything changed leaves
+// the insert landing (stored, its key live) and the next sample publishes it; a failure after makes
+// the buffer unusable, never wrong.
+TEST_CASE(
+    "landing: every failing call of a publish leaves the insert landing, or the buffer "
+    "unusable") {
   int failures = 0, unchanged = 0;
   for (long n = 1; n < 200; ++n) {
     stream_holder learner, actor;
@@ -678,7 +723,8 @@ TEST_CASE("landing: every failing call of a publish leaves the insert landing, o
       int of_k1 = 0;
       for (const row& r : rows_of(all, actor)) {
         CHECK((r.k == k0 || r.k == k1));
-        CHECK(r.v == (r.k == k1 ? std::vector<std::int32_t>{10, 11} : std::vector<std::int32_t>{0, 1}));
+        CHECK(r.v ==
+              (r.k == k1 ? std::vector<std::int32_t>{10, 11} : std::vector<std::int32_t>{0, 1}));
         of_k1 += r.k == k1;
       }
       CHECK(of_k1 > 64);  // about 128 of 256
@@ -691,16 +737,18 @@ TEST_CASE("landing: every failing call of a publish leaves the insert landing, o
   FAIL("the publish still failed after 200 injected faults");
 }
 
-TEST_CASE_TEMPLATE("row 5: every failing allocation or CUDA call of a mutating call leaves the "
-                   "buffer as it was, or unusable with a clear error",
-                   Storage, gear::storage::device, gear::storage::pinned_host) {
+TEST_CASE_TEMPLATE(
+    "row 5: every failing allocation or CUDA call of a mutating call leaves the "
+    "buffer as it was, or unusable with a clear error",
+    Storage, gear::storage::device, gear::storage::pinned_host) {
   using B = vbuffer<Storage>;
   auto report = [](const std::string& what, std::pair<int, int> r) {
     MESSAGE(what << ": " << r.first << " injected failures, " << r.second
                  << " left it unchanged, the others made it unusable");
     CHECK(r.first > 0);
   };
-  report("insert_async from host", inject_every_fault<Storage>([](B& b, cuda::stream_ref s, auto arm) {
+  report("insert_async from host",
+         inject_every_fault<Storage>([](B& b, cuda::stream_ref s, auto arm) {
            arm();
            (void)insert_values(b, {30, 31}, s);
          }));
@@ -723,7 +771,8 @@ TEST_CASE_TEMPLATE("row 5: every failing allocation or CUDA call of a mutating c
            arm();
            b.commit_async(r, two, std::span<gear::key>(&k, 1), s);
          }));
-  report("writer append and commit", inject_every_fault<Storage>([](B& b, cuda::stream_ref s, auto arm) {
+  report("writer append and commit",
+         inject_every_fault<Storage>([](B& b, cuda::stream_ref s, auto arm) {
            auto w = b.make_writer(s);
            arm();
            for (std::int32_t v : {30, 31}) w.append(&v);

@@ -40,7 +40,6 @@
 // unusable.
 
 #include <algorithm>
-#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -48,6 +47,7 @@
 #include <gear/detail/cuda.hpp>
 #include <gear/detail/memory.hpp>
 #include <gear/detail/priority_kernels.cuh>
+#include <gear/detail/staging_ring.hpp>
 #include <gear/detail/sum_tree.hpp>
 #include <gear/detail/sum_tree_select.cuh>
 #include <gear/detail/tuning.hpp>
@@ -233,8 +233,8 @@ class prioritized::state<exec::device> {
 
   /// Sets the priorities of live keys (checked by the buffer; both spans in host memory). Last
   /// write wins for a slot named twice. The pairs travel through pinned staging with one copy;
-  /// the staging is a ring of update_stagings areas, each reused once its last copy has finished:
-  /// the call waits on the host only when the stream is that many host updates behind. Each key is
+  /// the staging is a ring of 4 areas (detail::staging_ring): the call waits on the host only when
+  /// the stream is 4 host updates behind. Each key is
   /// checked again when the update runs: one whose slot was reserved again since is skipped and
   /// counted (stale_pairs).
   /// Throws errc::invalid_priority / errc::invalid_argument before changing anything.
@@ -243,19 +243,16 @@ class prioritized::state<exec::device> {
     detail::validate_priorities(keys, priorities, policy_.alpha);
     const auto n = static_cast<std::int64_t>(keys.size());
     if (n == 0) return;
-    prepare_update(keys.size());
-    staging_area& area = staging_[next_staging_];
+    std::byte* const host = prepare_update(keys.size());
     const std::size_t slot_bytes = staged_offset(keys.size());
     const std::size_t bytes = slot_bytes + static_cast<std::size_t>(n) * sizeof(float);
-    std::copy(keys.begin(), keys.end(), area.host.as<key>());
-    std::copy(priorities.begin(), priorities.end(),
-              reinterpret_cast<float*>(area.host.data() + slot_bytes));
+    std::copy(keys.begin(), keys.end(), reinterpret_cast<key*>(host));
+    std::copy(priorities.begin(), priorities.end(), reinterpret_cast<float*>(host + slot_bytes));
     // The device twin is one: updates are stream-ordered, so a copy never overtakes the kernels
     // of the update before it.
-    GEAR_CUDA_TRY(cudaMemcpyAsync(staged_.data(), area.host.data(), bytes, cudaMemcpyHostToDevice,
-                                  stream.get()));
-    GEAR_CUDA_TRY(cudaEventRecord(area.copied.get(), stream.get()));
-    next_staging_ = (next_staging_ + 1) % update_stagings;
+    GEAR_CUDA_TRY(
+        cudaMemcpyAsync(staged_.data(), host, bytes, cudaMemcpyHostToDevice, stream.get()));
+    staging_.copied(stream);
     detail::priority_source src;
     src.keys = staged_.as<const key>();
     src.priorities = reinterpret_cast<const float*>(staged_.data() + slot_bytes);
@@ -268,25 +265,15 @@ class prioritized::state<exec::device> {
   }
 
   /// Acquires what update() of `n` pairs needs (the next staging area, once its last copy has
-  /// finished, grown with its device twin if too small; its event), so that a caller can do it
-  /// before it changes anything. update() calls it too; calling it again changes nothing.
+  /// run; the device twin, grown if too small), so that a caller can do it before it changes
+  /// anything. update() calls it too; calling it again changes nothing. Returns the area.
   /// Throws errc::out_of_memory, errc::cuda_error.
-  void prepare_update(std::size_t n) {
+  std::byte* prepare_update(std::size_t n) {
     const std::size_t bytes = staged_offset(n) + n * sizeof(float);
-    staging_area& area = staging_[next_staging_];
-    if (area.copied.get() != nullptr) GEAR_CUDA_TRY(cudaEventSynchronize(area.copied.get()));
-    if (area.copied.get() == nullptr) area.copied = detail::event::make();
-    const bool host_small = area.host.size() < bytes, twin_small = staged_.size() < bytes;
-    if (!host_small && !twin_small) return;
-    // Both allocated before either is replaced. Freeing the old twin (cudaFree) waits for the
-    // kernels that may still read it.
-    const std::size_t twin_bytes = twin_small ? std::max(bytes, staged_.size() * 2) : staged_.size();
-    detail::allocation twin =
-        twin_small ? detail::allocation(memory_kind::device, twin_bytes) : detail::allocation();
-    detail::allocation host =
-        host_small ? detail::allocation(memory_kind::pinned_host, twin_bytes) : detail::allocation();
-    if (twin_small) staged_ = std::move(twin);
-    if (host_small) area.host = std::move(host);
+    // Freeing the old twin (cudaFree) waits for the kernels that may still read it.
+    if (staged_.size() < bytes)
+      staged_ = detail::allocation(memory_kind::device, std::max(bytes, 2 * staged_.size()));
+    return staging_.acquire(bytes);
   }
 
   /// Pairs skipped so far because their key was stale when the update ran (synchronises).
@@ -400,14 +387,8 @@ class prioritized::state<exec::device> {
   detail::allocation nodes_, raw_, winner_, flags_;
   detail::allocation status_;  // device: detail::priority_status
   detail::allocation report_;  // mapped pinned: detail::priority_report, written by the GPU
-  // Host updates' pinned staging, a ring (update() fills the next area), and its device twin.
-  static constexpr std::size_t update_stagings = 4;
-  struct staging_area {
-    detail::allocation host;
-    detail::event copied;  // recorded after the area's last copy
-  };
-  std::array<staging_area, update_stagings> staging_;
-  std::size_t next_staging_ = 0;
+  // Host updates' pinned staging (update() fills the next area) and its device twin.
+  detail::staging_ring<4> staging_;
   detail::allocation staged_;
   std::uint64_t device_calls_ = 0;     // update_from_device calls enqueued
   std::uint64_t failures_raised_ = 0;  // failures raise_update_failures has thrown
