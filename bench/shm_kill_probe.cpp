@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -80,6 +81,7 @@ int main(int argc, char** argv) {
   const char* cma = std::getenv("FI_SHM_DISABLE_CMA");
   std::printf("gear_shm_kill_probe: %d kills, %zu-byte messages both ways, %s\n", kills, bytes,
               cma != nullptr && std::string(cma) == "1" ? "without CMA" : "with CMA");
+  std::signal(SIGPIPE, SIG_IGN);  // a survivor gone early: its pipe's write fails, and is told
   std::mt19937 gen(42);
   int hung = 0, spinning = 0;
   for (int round = 0; round < kills; ++round) {
@@ -87,6 +89,7 @@ int main(int argc, char** argv) {
     if (pipe(names_a) != 0 || pipe(names_b) != 0 || pipe(ready) != 0 || pipe(killed) != 0) return 3;
     const pid_t survivor = fork();
     if (survivor == 0) {
+      for (const int fd : {names_a[0], names_b[1], ready[0], killed[1]}) close(fd);
       {
         side s;
         send_name(names_a[1], s.ep.name());
@@ -102,19 +105,41 @@ int main(int argc, char** argv) {
     }
     const pid_t victim = fork();
     if (victim == 0) {
+      for (const int fd : {names_a[1], names_b[0], ready[0], ready[1], killed[0], killed[1]})
+        close(fd);
       side s;
       const fi_addr_t peer = s.ep.insert_peer(receive_name(names_a[0]));
       send_name(names_b[1], s.ep.name());
       talk(s.ep, peer, s.out_region, bytes, clock_type::now() + std::chrono::seconds(60));
       _exit(0);
     }
+    // Only the children hold the other ends: a child that dies early ends the reads below.
+    for (const int fd : {names_a[0], names_a[1], names_b[0], names_b[1], ready[1], killed[0]})
+      close(fd);
+    const auto remove_files = [&] {  // killed processes leave their /dev/shm files
+      std::error_code ec;
+      for (const pid_t pid : {victim, survivor})
+        for (const auto& f : std::filesystem::directory_iterator("/dev/shm", ec))
+          if (f.path().filename().string().rfind(std::to_string(pid) + ":", 0) == 0)
+            std::filesystem::remove(f.path(), ec);
+    };
+    const auto give_up = [&](const char* why) {
+      std::fprintf(stderr, "gear_shm_kill_probe: %s (is the shm provider there?)\n", why);
+      for (const pid_t pid : {victim, survivor}) {
+        kill(pid, SIGKILL);
+        waitpid(pid, nullptr, 0);
+      }
+      close(ready[0]), close(killed[1]);
+      remove_files();
+      return 3;
+    };
     char byte = 0;
-    if (read(ready[0], &byte, 1) != 1) return 3;
+    if (read(ready[0], &byte, 1) != 1) return give_up("the survivor did not get ready");
     std::this_thread::sleep_for(std::chrono::microseconds(1000 + gen() % 30000));
     kill(victim, SIGKILL);
     int status = 0;
     waitpid(victim, &status, 0);
-    if (write(killed[1], "k", 1) != 1) return 3;
+    if (write(killed[1], "k", 1) != 1) return give_up("the survivor is gone");
     const auto at = clock_type::now();
     bool exited = false;
     while (!exited && clock_type::now() - at < std::chrono::seconds(5)) {
@@ -130,12 +155,8 @@ int main(int argc, char** argv) {
       kill(survivor, SIGKILL);
       waitpid(survivor, &status, 0);
     }
-    for (int* p : {names_a, names_b, ready, killed}) close(p[0]), close(p[1]);
-    std::error_code ec;  // killed processes leave their /dev/shm files
-    for (const pid_t pid : {victim, survivor})
-      for (const auto& f : std::filesystem::directory_iterator("/dev/shm", ec))
-        if (f.path().filename().string().rfind(std::to_string(pid) + ":", 0) == 0)
-          std::filesystem::remove(f.path(), ec);
+    close(ready[0]), close(killed[1]);
+    remove_files();
     if ((round + 1) % 20 == 0)
       std::printf("... %d kills, %d hung\n", round + 1, hung), std::fflush(stdout);
   }

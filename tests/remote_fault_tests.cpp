@@ -5,7 +5,8 @@
 //     learner's samples hold intact trajectories only (the killed actor's half-written entries
 //     are never visible); on shm, where libfabric 1.17 may leave a thread of the shard spinning
 //     for good on a lock a killed peer held, that outcome is recognised (a thread inside
-//     pthread_spin_lock) and ends the case;
+//     pthread_spin_lock) and ends that run of the case, which starts again with a fresh shard (it
+//     must get through whole once in 3 runs);
 //   - a shard killed while a learner samples 8 ahead (requests held and sent in bundles): the
 //     learner's next sample_begin or sample_end fails with errc::peer_lost naming shard 0
 //     within its 2 s deadline (plus a margin);
@@ -316,7 +317,8 @@ void check_watcher(const char* provider, const char* who, const watched& w, doub
   CHECK(w.seconds < margin);
 }
 
-void faults(const char* provider) {
+/// One run of the case; false when it was cut short by a shard found spinning (shm).
+bool faults_once(const char* provider) {
   gear::transport::libfabric_config fabric;
   fabric.provider = provider;
   const auto until = clock_type::now() + std::chrono::seconds(60);
@@ -338,7 +340,7 @@ void faults(const char* provider) {
   (void)shm_leftovers(doomed_learner.pid);
   // On shm (libfabric 1.17) a peer killed while posting into the shard's region may leave a
   // thread of the shard spinning for good (README, "A limit of shm in libfabric 1.17"): the
-  // documented outcome there, and the end of this case.
+  // documented outcome there, and the end of this run of the case.
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   if (stuck_on_spin_lock(shard.pid)) {
     MESSAGE(provider << ": a thread of the shard spins in pthread_spin_lock inside libfabric, on "
@@ -348,7 +350,7 @@ void faults(const char* provider) {
     CHECK(reap(shard.pid, until) == -SIGKILL);
     (void)shm_leftovers(shard.pid);
     for (const child* c : {&shard, &doomed_actor, &doomed_learner}) close(c->fd);
-    return;
+    return false;
   }
   // The shard serves on: a new actor, then a new learner that checks every row.
   const child actor = start([&](int fd) { return run_actor(fd, fabric, 0, 40); }, blob);
@@ -363,13 +365,25 @@ void faults(const char* provider) {
   // The shard killed under a learner sampling 8 ahead (requests held and bundled): peer_lost, in
   // bounded time.
   const child watcher = start([&](int fd) { return run_learner(fd, fabric, -1, true, 8); }, blob);
-  check_watcher(provider, "learner", kill_under(shard, watcher, until), 2.0 + 3.0);
+  const watched w = kill_under(shard, watcher, until);
+  check_watcher(provider, "learner", w, 2.0 + 3.0);
   CHECK(reap(shard.pid, until) == -SIGKILL);
   (void)shm_leftovers(shard.pid);
-  CHECK(shm_leftovers(watcher.pid) == 0);
+  // A watcher killed as stuck could not remove its files (removed here, counted only otherwise).
+  const int watcher_files = shm_leftovers(watcher.pid);
+  if (!w.stuck) CHECK(watcher_files == 0);
   for (const child* c :
        {&shard, &doomed_actor, &doomed_learner, &actor, &learner, &ahead, &watcher})
     close(c->fd);
+  return true;
+}
+
+/// The case, run again with a fresh shard when one is cut short (at most 3 runs): it must get
+/// through whole at least once, so that a spinning shard cannot stand in for every check.
+void faults(const char* provider) {
+  for (int run = 0; run < 3; ++run)
+    if (faults_once(provider)) return;
+  FAIL_CHECK(provider << ": the shard was found spinning in all 3 runs of the case");
 }
 
 /// A shard killed under an actor inserting without keys: the actor's next insert or flush fails
@@ -383,10 +397,12 @@ void keyless_loss(const char* provider) {
   REQUIRE_FALSE(blob.empty());
   const child inserter = start([&](int fd) { return run_keyless_actor(fd, fabric); }, blob);
   // The failing call, then its destructor's wait for acknowledgements, each 2 s.
-  check_watcher(provider, "actor", kill_under(shard, inserter, until), 2.0 + 2.0 + 3.0);
+  const watched w = kill_under(shard, inserter, until);
+  check_watcher(provider, "actor", w, 2.0 + 2.0 + 3.0);
   CHECK(reap(shard.pid, until) == -SIGKILL);
   (void)shm_leftovers(shard.pid);
-  CHECK(shm_leftovers(inserter.pid) == 0);
+  const int inserter_files = shm_leftovers(inserter.pid);
+  if (!w.stuck) CHECK(inserter_files == 0);
   for (const child* c : {&shard, &inserter}) close(c->fd);
 }
 

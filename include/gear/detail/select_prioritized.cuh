@@ -234,7 +234,8 @@ class prioritized::state<exec::device> {
   /// Sets the priorities of live keys (checked by the buffer; both spans in host memory). Last
   /// write wins for a slot named twice. The pairs travel through pinned staging with one copy;
   /// the staging is a ring of 4 areas (detail::staging_ring): the call waits on the host only when
-  /// the stream is 4 host updates behind. Each key is
+  /// the stream is 4 host updates behind, or when the device twin grows (freeing the old one waits
+  /// for the device). Each key is
   /// checked again when the update runs: one whose slot was reserved again since is skipped and
   /// counted (stale_pairs).
   /// Throws errc::invalid_priority / errc::invalid_argument before changing anything.

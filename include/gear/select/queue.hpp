@@ -130,8 +130,8 @@ class queue_state<OldestFirst, exec::device> {
   void validate(const slot_table& t, std::int64_t batch) const { validate_queue(t, batch); }
 
   /// Computes the rows on the host, then one stream-ordered copy each of slots, probabilities and
-  /// weights from pinned staging (a ring of 4 areas: waits on the host only when the stream is 4
-  /// samples behind).
+  /// weights from pinned staging. One area: a consuming sample reads its rows back and
+  /// synchronises (detail/buffer/sample.hpp), so the last copies have always run by the next.
   void select(const slot_table& t, const selection_request& r, cuda::stream_ref stream) {
     const auto rows = static_cast<std::size_t>(r.batch);
     auto* slots = reinterpret_cast<std::int64_t*>(
@@ -139,17 +139,22 @@ class queue_state<OldestFirst, exec::device> {
     auto* ones = reinterpret_cast<float*>(slots + rows);
     queue_rows(t, OldestFirst, r.batch, slots, cursor_, links_.data());
     std::fill_n(ones, 2 * rows, 1.0f);
-    GEAR_CUDA_TRY(cudaMemcpyAsync(r.slots, slots, rows * sizeof(std::int64_t),
-                                  cudaMemcpyHostToDevice, stream.get()));
-    GEAR_CUDA_TRY(cudaMemcpyAsync(r.probabilities, ones, rows * sizeof(float),
-                                  cudaMemcpyHostToDevice, stream.get()));
-    GEAR_CUDA_TRY(cudaMemcpyAsync(r.weights, ones + rows, rows * sizeof(float),
-                                  cudaMemcpyHostToDevice, stream.get()));
+    try {
+      GEAR_CUDA_TRY(cudaMemcpyAsync(r.slots, slots, rows * sizeof(std::int64_t),
+                                    cudaMemcpyHostToDevice, stream.get()));
+      GEAR_CUDA_TRY(cudaMemcpyAsync(r.probabilities, ones, rows * sizeof(float),
+                                    cudaMemcpyHostToDevice, stream.get()));
+      GEAR_CUDA_TRY(cudaMemcpyAsync(r.weights, ones + rows, rows * sizeof(float),
+                                    cudaMemcpyHostToDevice, stream.get()));
+    } catch (...) {  // the copies enqueued before the failure still read the area
+      staging_.copied(stream);
+      throw;
+    }
     staging_.copied(stream);
   }
 
  private:
-  staging_ring<4> staging_;
+  staging_ring<1> staging_;
   std::uint64_t cursor_ = 0;
   std::vector<lifo_link> links_;
 };
