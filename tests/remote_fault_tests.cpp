@@ -104,11 +104,13 @@ int run_learner(int fd, const gear::transport::libfabric_config& fabric, std::in
   o.max_batch = 32;
   o.max_window = max_length;
   o.deadline = std::chrono::milliseconds(expect_loss ? 2000 : 5000);
-  gear::transport::remote_learner<spec> learner(blobs, o);
+  // The batches outlive the learner (README: a reply cut off by a deadline may still land there
+  // until the learner is destroyed).
   std::vector<gear::batch<spec>> out;
   for (std::size_t i = 0; i < in_flight; ++i)
     out.emplace_back(gear::memory_kind::host, gear::batch_size{32},
                      gear::window_length{max_length});
+  gear::transport::remote_learner<spec> learner(blobs, o);
   gear::rng g{7};
   const gear::window w{.length = max_length};
   try {
@@ -305,14 +307,15 @@ watched kill_under(const child& shard, const child& watcher, clock_type::time_po
 /// alone, it may spin for good in libfabric on a lock of its shared region the killed peer held.
 void check_watcher(const char* provider, const char* who, const watched& w, double margin) {
   if (w.stuck) {
-    MESSAGE(provider << ": the " << who
-                     << " spins in pthread_spin_lock inside libfabric, on a lock the killed peer "
-                        "held (shm, libfabric 1.17; README, \"A limit of shm in libfabric 1.17\")");
+    MESSAGE(std::string(provider)
+            << ": the " << std::string(who)
+            << " spins in pthread_spin_lock inside libfabric, on a lock the killed peer "
+               "held (shm, libfabric 1.17; README, \"A limit of shm in libfabric 1.17\")");
     CHECK(std::string(provider) == "shm");
     return;
   }
-  MESSAGE(provider << ": the " << who << " saw the loss and exited after " << w.seconds
-                   << " s (exit " << w.rc << ")");
+  MESSAGE(std::string(provider) << ": the " << std::string(who) << " saw the loss and exited after "
+                                << w.seconds << " s (exit " << w.rc << ")");
   CHECK(w.rc == 0);
   CHECK(w.seconds < margin);
 }
@@ -343,8 +346,9 @@ bool faults_once(const char* provider) {
   // documented outcome there, and the end of this run of the case.
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   if (stuck_on_spin_lock(shard.pid)) {
-    MESSAGE(provider << ": a thread of the shard spins in pthread_spin_lock inside libfabric, on "
-                        "a lock a killed peer held (shm, libfabric 1.17)");
+    MESSAGE(std::string(provider)
+            << ": a thread of the shard spins in pthread_spin_lock inside libfabric, on "
+               "a lock a killed peer held (shm, libfabric 1.17)");
     CHECK(std::string(provider) == "shm");
     kill(shard.pid, SIGKILL);
     CHECK(reap(shard.pid, until) == -SIGKILL);
@@ -383,7 +387,7 @@ bool faults_once(const char* provider) {
 void faults(const char* provider) {
   for (int run = 0; run < 3; ++run)
     if (faults_once(provider)) return;
-  FAIL_CHECK(provider << ": the shard was found spinning in all 3 runs of the case");
+  FAIL_CHECK(std::string(provider) << ": the shard was found spinning in all 3 runs of the case");
 }
 
 /// A shard killed under an actor inserting without keys: the actor's next insert or flush fails
