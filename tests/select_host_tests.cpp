@@ -762,10 +762,14 @@ TEST_CASE("prioritized: priorities whose p^alpha leaves the double range are ref
     return "accepted";
   };
   const float nan = std::numeric_limits<float>::quiet_NaN();
+  const double before = buf.selection_state().total();
   CHECK(first_bad({2.0f, 1e-35f, 1e38f, 3.0f}).find("priority 1 is") != std::string::npos);
   CHECK(first_bad({2.0f, 1e38f, 1e-35f, 3.0f}).find("priority 1 is") != std::string::npos);
   CHECK(first_bad({2.0f, 3.0f, nan, 1e38f}).find("priority 2 is") != std::string::npos);
   CHECK(first_bad({2.0f, 3.0f, 1e38f, -1.0f}).find("priority 2 is") != std::string::npos);
+  CHECK(buf.selection_state().total() == before);  // refused whole: nothing changed
+  for (std::int64_t slot = 0; slot < 4; ++slot)
+    CHECK(buf.selection_state().priority(slot) == (slot == 2 ? 2.0f : 1.0f));
   CHECK(first_bad({0.0f, 3.0f, 4.0f, -0.0f}) == "accepted");
   CHECK(buf.selection_state().priority(0) == 0.0f);
 }
