@@ -332,6 +332,56 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("host-span priority updates queued on a busy stream each keep their own pairs") {
+  // Four synchronised updates of 100 pairs size the device twin and the ring's four pinned
+  // staging areas. Then, behind a 200 ms kernel, ten updates of up to 100 pairs: the first four
+  // fill the four areas without waiting; the fifth waits on the host for the first one's copy,
+  // which runs after the kernel. Refilled sooner, an area would carry a later update's pairs into
+  // an earlier one, and `wrong` counts the slots that show it. Last, updates that grow the twin
+  // and the areas while earlier ones are queued.
+  stream_holder s;
+  pbuffer buf{gear::capacity{1000}, gear::max_length{1}};
+  const std::vector<gear::key> keys = fill_thousand(buf, s);
+  std::vector<float> want(1000, 1.0f);  // new trajectories enter at the largest so far: 1
+  for (int u = 0; u < 4; ++u)
+    (void)buf.update_priorities(std::span<const gear::key>(keys.data(), 100),
+                                std::vector<float>(100, 1.0f), s);
+  const auto update = [&](int u, std::size_t first, std::size_t n) {
+    const std::span<const gear::key> mine(keys.data() + first, n);
+    std::vector<float> p(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      p[i] = 2.0f + static_cast<float>(u) + 0.001f * static_cast<float>(i);
+      want[static_cast<std::size_t>(mine[i].slot(1000))] = p[i];
+    }
+    const auto start = std::chrono::steady_clock::now();
+    const gear::priority_update_result r = buf.update_priorities_async(mine, p, s);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    CHECK(r.applied == static_cast<std::int64_t>(n));
+    // The spans are the caller's again at once: overwrite them, as a learner's next step would.
+    std::fill(p.begin(), p.end(), 1000.0f);
+    return seconds;
+  };
+  hold(s, 200);
+  double first_four = 0, fifth = 0;
+  for (int u = 0; u < 10; ++u) {
+    const double seconds = update(u, static_cast<std::size_t>(100 * u), 100 - 5 * u);
+    if (u < 4) first_four += seconds;
+    if (u == 4) fifth = seconds;
+  }
+  MESSAGE("first four updates " << first_four * 1e3 << " ms, the fifth " << fifth * 1e3 << " ms");
+  CHECK(first_four < 0.1);
+  CHECK(fifth > 0.05);
+  hold(s, 200);
+  for (int u = 10; u < 16; ++u)  // 150 to 400 pairs: the twin and the areas grow
+    (void)update(u, static_cast<std::size_t>(50 * (u - 10)),
+                 static_cast<std::size_t>(50 * (u - 7)));
+  const auto raw = buf.selection_state().priorities(s);
+  int wrong = 0;
+  for (int slot = 0; slot < 1000; ++slot) wrong += raw[slot] != want[slot];
+  CHECK(wrong == 0);
+}
+
 TEST_CASE_TEMPLATE("fifo and lifo samples queued on a busy stream each return their own rows",
                    Selection, gear::select::fifo, gear::select::lifo) {
   // Eight samples enqueued behind a 200 ms kernel: each returns its own rows, in order (a

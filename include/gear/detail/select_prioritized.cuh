@@ -47,6 +47,7 @@
 #include <gear/detail/cuda.hpp>
 #include <gear/detail/memory.hpp>
 #include <gear/detail/priority_kernels.cuh>
+#include <gear/detail/staging_ring.hpp>
 #include <gear/detail/sum_tree.hpp>
 #include <gear/detail/sum_tree_select.cuh>
 #include <gear/detail/tuning.hpp>
@@ -232,8 +233,9 @@ class prioritized::state<exec::device> {
 
   /// Sets the priorities of live keys (checked by the buffer; both spans in host memory). Last
   /// write wins for a slot named twice. The pairs travel through pinned staging with one copy;
-  /// the staging is reused once the previous update's copy has finished: the call waits on the
-  /// host for that copy (behind whatever the stream was doing then). Each key is
+  /// the staging is a ring of 4 areas (detail::staging_ring): the call waits on the host only when
+  /// the stream is 4 host updates behind, or when the device twin grows (freeing the old one waits
+  /// for the device). Each key is
   /// checked again when the update runs: one whose slot was reserved again since is skipped and
   /// counted (stale_pairs).
   /// Throws errc::invalid_priority / errc::invalid_argument before changing anything.
@@ -242,15 +244,16 @@ class prioritized::state<exec::device> {
     detail::validate_priorities(keys, priorities, policy_.alpha);
     const auto n = static_cast<std::int64_t>(keys.size());
     if (n == 0) return;
-    prepare_update(keys.size());
+    std::byte* const host = prepare_update(keys.size());
     const std::size_t slot_bytes = staged_offset(keys.size());
     const std::size_t bytes = slot_bytes + static_cast<std::size_t>(n) * sizeof(float);
-    std::copy(keys.begin(), keys.end(), staging_.as<key>());
-    std::copy(priorities.begin(), priorities.end(),
-              reinterpret_cast<float*>(staging_.data() + slot_bytes));
-    GEAR_CUDA_TRY(cudaMemcpyAsync(staged_.data(), staging_.data(), bytes, cudaMemcpyHostToDevice,
-                                  stream.get()));
-    GEAR_CUDA_TRY(cudaEventRecord(staging_ready_.get(), stream.get()));
+    std::copy(keys.begin(), keys.end(), reinterpret_cast<key*>(host));
+    std::copy(priorities.begin(), priorities.end(), reinterpret_cast<float*>(host + slot_bytes));
+    // The device twin is one: updates are stream-ordered, so a copy never overtakes the kernels
+    // of the update before it.
+    GEAR_CUDA_TRY(
+        cudaMemcpyAsync(staged_.data(), host, bytes, cudaMemcpyHostToDevice, stream.get()));
+    staging_.copied(stream);
     detail::priority_source src;
     src.keys = staged_.as<const key>();
     src.priorities = reinterpret_cast<const float*>(staged_.data() + slot_bytes);
@@ -262,21 +265,16 @@ class prioritized::state<exec::device> {
     apply(src, stream);
   }
 
-  /// Acquires what update() of `n` pairs needs (waits for the previous update's copy, grows the
-  /// staging and its device twin, makes the event), so that a caller can do it before it changes
-  /// anything. update() calls it too. Throws errc::out_of_memory, errc::cuda_error.
-  void prepare_update(std::size_t n) {
+  /// Acquires what update() of `n` pairs needs (the next staging area, once its last copy has
+  /// run; the device twin, grown if too small), so that a caller can do it before it changes
+  /// anything. update() calls it too; calling it again changes nothing. Returns the area.
+  /// Throws errc::out_of_memory, errc::cuda_error.
+  std::byte* prepare_update(std::size_t n) {
     const std::size_t bytes = staged_offset(n) + n * sizeof(float);
-    if (staging_ready_.get() != nullptr) GEAR_CUDA_TRY(cudaEventSynchronize(staging_ready_.get()));
-    if (staging_.size() < bytes) {
-      // Both grow or neither: staging larger than its device twin would overflow it later.
-      const std::size_t grown = std::max(bytes, staging_.size() * 2);
-      detail::allocation pinned(memory_kind::pinned_host, grown);
-      detail::allocation device(memory_kind::device, grown);
-      staging_ = std::move(pinned);
-      staged_ = std::move(device);
-    }
-    if (staging_ready_.get() == nullptr) staging_ready_ = detail::event::make();
+    // Freeing the old twin (cudaFree) waits for the kernels that may still read it.
+    if (staged_.size() < bytes)
+      staged_ = detail::allocation(memory_kind::device, std::max(bytes, 2 * staged_.size()));
+    return staging_.acquire(bytes);
   }
 
   /// Pairs skipped so far because their key was stale when the update ran (synchronises).
@@ -390,8 +388,9 @@ class prioritized::state<exec::device> {
   detail::allocation nodes_, raw_, winner_, flags_;
   detail::allocation status_;  // device: detail::priority_status
   detail::allocation report_;  // mapped pinned: detail::priority_report, written by the GPU
-  detail::allocation staging_, staged_;
-  detail::event staging_ready_;
+  // Host updates' pinned staging (update() fills the next area) and its device twin.
+  detail::staging_ring<4> staging_;
+  detail::allocation staged_;
   std::uint64_t device_calls_ = 0;     // update_from_device calls enqueued
   std::uint64_t failures_raised_ = 0;  // failures raise_update_failures has thrown
 };

@@ -17,6 +17,7 @@
 #include <cuda/stream_ref>
 #include <gear/detail/cuda.hpp>
 #include <gear/detail/memory.hpp>
+#include <gear/detail/staging_ring.hpp>
 #include <gear/error.hpp>
 #include <gear/select/concept.hpp>
 #include <string>
@@ -129,31 +130,31 @@ class queue_state<OldestFirst, exec::device> {
   void validate(const slot_table& t, std::int64_t batch) const { validate_queue(t, batch); }
 
   /// Computes the rows on the host, then one stream-ordered copy each of slots, probabilities and
-  /// weights from pinned staging; waits for the previous sample's copies before reusing it.
+  /// weights from pinned staging. One area: a consuming sample reads its rows back and
+  /// synchronises (detail/buffer/sample.hpp), so the last copies have always run by the next.
   void select(const slot_table& t, const selection_request& r, cuda::stream_ref stream) {
     const auto rows = static_cast<std::size_t>(r.batch);
-    const std::size_t bytes = rows * (sizeof(std::int64_t) + 2 * sizeof(float));
-    if (ready_.get() != nullptr)
-      GEAR_CUDA_TRY(cudaEventSynchronize(ready_.get()));
-    else
-      ready_ = event::make();
-    if (staging_.size() < bytes) staging_ = allocation(memory_kind::pinned_host, bytes);
-    auto* slots = staging_.as<std::int64_t>();
+    auto* slots = reinterpret_cast<std::int64_t*>(
+        staging_.acquire(rows * (sizeof(std::int64_t) + 2 * sizeof(float))));
     auto* ones = reinterpret_cast<float*>(slots + rows);
     queue_rows(t, OldestFirst, r.batch, slots, cursor_, links_.data());
     std::fill_n(ones, 2 * rows, 1.0f);
-    GEAR_CUDA_TRY(cudaMemcpyAsync(r.slots, slots, rows * sizeof(std::int64_t),
-                                  cudaMemcpyHostToDevice, stream.get()));
-    GEAR_CUDA_TRY(cudaMemcpyAsync(r.probabilities, ones, rows * sizeof(float),
-                                  cudaMemcpyHostToDevice, stream.get()));
-    GEAR_CUDA_TRY(cudaMemcpyAsync(r.weights, ones + rows, rows * sizeof(float),
-                                  cudaMemcpyHostToDevice, stream.get()));
-    GEAR_CUDA_TRY(cudaEventRecord(ready_.get(), stream.get()));
+    try {
+      GEAR_CUDA_TRY(cudaMemcpyAsync(r.slots, slots, rows * sizeof(std::int64_t),
+                                    cudaMemcpyHostToDevice, stream.get()));
+      GEAR_CUDA_TRY(cudaMemcpyAsync(r.probabilities, ones, rows * sizeof(float),
+                                    cudaMemcpyHostToDevice, stream.get()));
+      GEAR_CUDA_TRY(cudaMemcpyAsync(r.weights, ones + rows, rows * sizeof(float),
+                                    cudaMemcpyHostToDevice, stream.get()));
+    } catch (...) {  // the copies enqueued before the failure still read the area
+      staging_.copied(stream);
+      throw;
+    }
+    staging_.copied(stream);
   }
 
  private:
-  allocation staging_;
-  event ready_;
+  staging_ring<1> staging_;
   std::uint64_t cursor_ = 0;
   std::vector<lifo_link> links_;
 };

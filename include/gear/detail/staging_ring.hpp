@@ -1,0 +1,59 @@
+#pragma once
+// A ring of pinned staging areas for host data that stream-ordered copies take to the GPU: the
+// caller fills the next area at once, and the copies read it when the stream gets to them. An
+// area is refilled only after its last copies have run, so a caller waits on the host only when
+// its stream is `Areas` fills behind (with one area it waited for the previous fill's copies on
+// every call, behind whatever the stream was doing then).
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cuda/stream_ref>
+#include <gear/detail/cuda.hpp>
+#include <gear/detail/memory.hpp>
+
+namespace gear::detail {
+
+template <std::size_t Areas>
+class staging_ring {
+  static_assert(Areas >= 1);
+
+ public:
+  /// The next area, of at least `bytes`, once its last copies have run (waiting on the host for
+  /// them if they have not). An area too small is replaced by one twice as large, or `bytes`.
+  /// Until copied() it gives the same area again. Throws errc::out_of_memory, errc::cuda_error,
+  /// with the ring as it was.
+  [[nodiscard]] std::byte* acquire(std::size_t bytes) {
+    area& a = areas_[next_];
+    if (a.copied.get() != nullptr)
+      GEAR_CUDA_TRY(cudaEventSynchronize(a.copied.get()));
+    else
+      a.copied = event::make();
+    if (a.host.size() < bytes)
+      a.host = allocation(memory_kind::pinned_host, std::max(bytes, 2 * a.host.size()));
+    return a.host.data();
+  }
+
+  /// Ends a fill: the copies from the area acquire() gave are enqueued on `stream`. The next
+  /// acquire() takes the next area. Throws errc::cuda_error, once the stream has run those copies
+  /// (so that the area is never refilled under them).
+  void copied(cuda::stream_ref stream) {
+    try {
+      GEAR_CUDA_TRY(cudaEventRecord(areas_[next_].copied.get(), stream.get()));
+    } catch (...) {
+      (void)cudaStreamSynchronize(stream.get());
+      throw;
+    }
+    next_ = (next_ + 1) % Areas;
+  }
+
+ private:
+  struct area {
+    allocation host;  // pinned
+    event copied;     // recorded after the area's last copies
+  };
+  std::array<area, Areas> areas_;
+  std::size_t next_ = 0;
+};
+
+}  // namespace gear::detail
