@@ -215,6 +215,68 @@ TEST_CASE("prioritized (device): host and device select the same slots from the 
   CHECK(same >= 4090);
 }
 
+TEST_CASE(
+    "prioritized (device): the selection's last block writes the weights; batches over "
+    "8192 rows take a second launch; trees of 1 to 5 levels") {
+  // Slots, probabilities and weights are poisoned before each sample. Slots are compared with the
+  // host tree's selection from the same draws (a wrong descent through the levels a block reads
+  // into shared memory would pick other slots); probabilities and weights with their formulas;
+  // and the batch's arrivals word must be back at 0 after every sample, or the next sample's
+  // last block would never know it is last.
+  stream_holder s;
+  const double alpha = 0.6, beta = 0.7;
+  for (const std::int64_t n : {1, 8, 200, 5000, 70000}) {
+    for (const std::int64_t rows : {1, 777, 8192, 9000}) {
+      INFO("capacity " << n << ", batch " << rows);
+      per_buffer dev{gear::capacity{n}, gear::max_length{1},
+                     gear::select::prioritized{alpha, beta}};
+      gear::replay_buffer<spec, gear::storage::host, gear::select::prioritized> host{
+          gear::capacity{n}, gear::max_length{1}, gear::select::prioritized{alpha, beta}};
+      const auto kd = insert_ids(dev, 0, n, cuda::stream_ref{s});
+      const auto kh = insert_ids(host, 0, n);
+      const auto p = random_priorities(static_cast<std::uint64_t>(n), static_cast<std::size_t>(n));
+      dev.update_priorities(kd, p, s);
+      host.update_priorities(kh, p);
+      const auto want = exact_probabilities(p, alpha);
+      auto bd = dev.make_batch(gear::batch_size{rows}, gear::window_length{1});
+      auto bh = host.make_batch(gear::batch_size{rows}, gear::window_length{1});
+      gear::rng gd{static_cast<std::uint64_t>(rows)}, gh{static_cast<std::uint64_t>(rows)};
+      for (int call = 0; call < 3; ++call) {
+        GEAR_CUDA_TRY(cudaMemsetAsync(bd.slots_data(), 0xFF, std::size_t(rows) * 8, s.s));
+        GEAR_CUDA_TRY(cudaMemsetAsync(bd.probabilities_data(), 0xFF, std::size_t(rows) * 4, s.s));
+        GEAR_CUDA_TRY(cudaMemsetAsync(bd.weights_data(), 0xFF, std::size_t(rows) * 4, s.s));
+        dev.sample(bd, gear::window{1}, gd, s);
+        host.sample(bh, gear::window{1}, gh);
+        const auto slots = to_host(bd.slots_data(), rows);
+        const auto probs = to_host(bd.probabilities_data(), rows);
+        const auto weights = to_host(bd.weights_data(), rows);
+        CHECK(to_host(bd.arrivals_data(), 1)[0] == 0u);
+        std::int64_t same = 0;
+        double smallest = 1;
+        for (std::int64_t r = 0; r < rows; ++r) {
+          const auto slot = slots[std::size_t(r)];
+          REQUIRE(slot >= 0);
+          REQUIRE(slot < n);
+          same += slot == bh.slots_data()[r];
+          const double w = want[std::size_t(slot)];
+          REQUIRE(w > 0);
+          REQUIRE(std::abs(probs[std::size_t(r)] - w) <= 1e-5 * w);
+          smallest = std::min(smallest, w);
+        }
+        // Leaves may differ in the last bit (device pow), which can move a draw at a boundary.
+        CHECK(same >= rows - std::max<std::int64_t>(1, rows / 500));
+        float largest = 0;
+        for (std::int64_t r = 0; r < rows; ++r) {
+          const double w = std::pow(smallest / want[std::size_t(slots[std::size_t(r)])], beta);
+          REQUIRE(std::abs(weights[std::size_t(r)] - w) <= 1e-5 * w);
+          largest = std::max(largest, weights[std::size_t(r)]);
+        }
+        CHECK(largest == 1.0f);  // the row of the smallest leaf: exp(0)
+      }
+    }
+  }
+}
+
 TEST_CASE("prioritized (device): duplicates (last write wins), stale keys, bad priorities") {
   stream_holder s;
   per_buffer buf{gear::capacity{8}, gear::max_length{1}, gear::select::prioritized{0.5, 0.5}};

@@ -7,7 +7,8 @@
 //   keys       [B]                     the sampled trajectories
 //   probabilities, weights [B]         selection probability and importance weight of each row
 //
-// in host memory for host storage, in device memory otherwise. Views are mdspans into it: pass
+// in host memory for host storage, in device memory otherwise (with the selection's workspace:
+// scratch, and a word its kernels count their blocks in). Views are mdspans into it: pass
 // them to kernels by value, or copy the bytes out. Make one batch per (B, L) and reuse it; sample()
 // allocates nothing in it (a sample that removes what it returned leases pinned staging from the
 // buffer for its readback, allocated the first time).
@@ -62,7 +63,9 @@ class batch {
     weights_offset_ = reserve(rows_ * std::int64_t{sizeof(float)});
     scratch_size_ = detail::claim_table_size(rows_);
     scratch_offset_ = reserve(scratch_size_ * std::int64_t{sizeof(std::uint64_t)});
+    arrivals_offset_ = reserve(sizeof(unsigned));
     memory_ = detail::allocation(where, at);
+    detail::zero_now(memory_.data() + arrivals_offset_, sizeof(unsigned), where);
   }
 
   [[nodiscard]] std::int64_t batch_size() const noexcept { return rows_; }
@@ -126,6 +129,10 @@ class batch {
     return reinterpret_cast<std::uint64_t*>(base() + scratch_offset_);
   }
   [[nodiscard]] std::int64_t scratch_size() const noexcept { return scratch_size_; }
+  /// A word that is 0 between samples (selection_request::arrivals).
+  [[nodiscard]] unsigned* arrivals_data() const noexcept {
+    return reinterpret_cast<unsigned*>(base() + arrivals_offset_);
+  }
 
  private:
   static constexpr std::int64_t align_up_256(std::int64_t x) noexcept {
@@ -137,7 +144,7 @@ class batch {
   std::int64_t length_;
   std::array<std::size_t, num_columns> column_offset_{};
   std::size_t mask_offset_ = 0, keys_offset_ = 0, slots_offset_ = 0, probabilities_offset_ = 0,
-              weights_offset_ = 0, scratch_offset_ = 0;
+              weights_offset_ = 0, scratch_offset_ = 0, arrivals_offset_ = 0;
   std::int64_t scratch_size_ = 0;
   detail::allocation memory_;
 };

@@ -204,8 +204,9 @@ class sharded_buffer {
         streams_.start(s);
         open = true;
         if (share_[s] > 0) {
-          detail::batch_slice<Spec> slice(out, first, share_[s], scratch_[s].as<std::uint64_t>(),
-                                          scratch_words_);
+          auto* scratch = scratch_[s].as<std::uint64_t>();  // then the arrivals word
+          detail::batch_slice<Spec> slice(out, first, share_[s], scratch, scratch_words_,
+                                          reinterpret_cast<unsigned*>(scratch + scratch_words_));
           rng shard_rng{detail::remote::share_seed(draw.seed, draw.call * max_shards + s)};
           shards_[s]->sample_async(slice, w, shard_rng, streams_.of(s));
           parts_.add(first, share_[s], snapshot_[s].mass / total_mass);
@@ -447,11 +448,14 @@ class sharded_buffer {
     }
   }
 
+  /// Each shard's selection scratch: `words` words, then its arrivals word (zeroed here).
   void grow_scratch(std::int64_t words) {
     std::vector<detail::allocation> grown;
+    const std::size_t bytes = static_cast<std::size_t>(words) * sizeof(std::uint64_t);
     for (std::size_t s = 0; s < shards_.size(); ++s) {
       const detail::device_scope scope(devices_[s]);
-      grown.emplace_back(batch_memory, static_cast<std::size_t>(words) * sizeof(std::uint64_t));
+      grown.emplace_back(batch_memory, bytes + sizeof(unsigned));
+      detail::zero_now(grown.back().data() + bytes, sizeof(unsigned), batch_memory);
     }
     streams_.synchronize_all();  // the old scratch may still be in use by a shard's selection
     scratch_ = std::move(grown);

@@ -38,10 +38,9 @@ inline pointer_memory memory_of(const void* p) {
   cudaPointerAttributes attributes{};
   GEAR_CUDA_TRY(cudaPointerGetAttributes(&attributes, p));
   pointer_memory m;
-  m.device =
-      attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
-  m.gpu_readable = (m.device || attributes.type == cudaMemoryTypeHost) &&
-                   attributes.devicePointer == p;
+  m.device = attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
+  m.gpu_readable =
+      (m.device || attributes.type == cudaMemoryTypeHost) && attributes.devicePointer == p;
   return m;
 }
 
@@ -129,6 +128,25 @@ class allocation {
   std::size_t bytes_ = 0;
   memory_kind kind_ = memory_kind::host;
 };
+
+/// Sets `bytes` bytes at `p`, memory of kind `kind`, to zero and returns once they are. Device
+/// memory is cleared on a private stream and waited for: the legacy stream does not order the
+/// caller's non-blocking streams, so work they enqueue next could otherwise run first.
+/// Throws errc::cuda_error.
+inline void zero_now(void* p, std::size_t bytes, memory_kind kind) {
+  if (bytes == 0) return;
+  if (kind != memory_kind::device) {
+    std::memset(p, 0, bytes);
+    return;
+  }
+  cudaStream_t init{};
+  GEAR_CUDA_TRY(cudaStreamCreateWithFlags(&init, cudaStreamNonBlocking));
+  const cudaError_t cleared = cudaMemsetAsync(p, 0, bytes, init);
+  const cudaError_t synced = cudaStreamSynchronize(init);
+  GEAR_CUDA_TRY(cudaStreamDestroy(init));
+  GEAR_CUDA_TRY(cleared);
+  GEAR_CUDA_TRY(synced);
+}
 
 }  // namespace detail
 }  // namespace gear

@@ -2,8 +2,9 @@
 // Device side of gear::select::prioritized: the sum tree in device memory.
 //
 // Selection: a group of 16 lanes per row descends the tree (D - 1 coalesced line reads, D =
-// levels), then a second launch writes the weights: O(B log N), stream-ordered, no
-// synchronisation (sum_tree_select.cuh).
+// levels), and the last block to finish writes the weights (a second launch for batches over
+// 8192 rows, or without an arrivals word): O(B log N), stream-ordered, no synchronisation
+// (sum_tree_select.cuh).
 //
 // Update of B (slot, priority) pairs, O(B log N), two launches:
 //   mark:  (pairs from device memory only) checks its key against the slot metadata and its
@@ -220,9 +221,12 @@ class prioritized::state<exec::device> {
         std::min<std::int64_t>({detail::blocks_for(r.batch * detail::sum_tree_group, threads),
                                 detail::tuning::select_max_blocks}));
     const auto* nodes = nodes_.as<const double>();
-    detail::prioritized_select_kernel<threads>
-        <<<blocks, threads, 0, stream.get()>>>(t, r, nodes, shape_, policy_.stratified);
+    const bool fused =
+        r.arrivals != nullptr && r.batch <= detail::tuning::select_fused_weights_max_rows;
+    detail::prioritized_select_kernel<threads><<<blocks, threads, 0, stream.get()>>>(
+        t, r, nodes, shape_, policy_.stratified, policy_.beta, fused);
     GEAR_CHECK_LAUNCH("prioritized_select_kernel");
+    if (fused) return;
     detail::prioritized_weights_kernel<threads>
         <<<detail::blocks_for(r.batch, threads), threads, 0, stream.get()>>>(r, nodes, policy_.beta,
                                                                              blocks);

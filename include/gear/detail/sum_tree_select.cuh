@@ -1,25 +1,33 @@
 #pragma once
-// Prioritized selection on the GPU: the sum tree's descent by groups of 16 lanes, and the one
-// kernel that selects a batch and writes its importance weights.
+// Prioritized selection on the GPU: the sum tree's descent by groups of 16 lanes, and the kernel
+// that selects a batch and writes its importance weights.
 //
 // A group of sum_tree_fanout (16) lanes descends for one row: at each level lane c loads child c
 // of the current node, so the node's children are one coalesced 128-byte load per row (one lane
 // per row issued 16 loads touching 32 different lines per warp instruction, and the L1's
-// wavefronts bounded the descent). The pick is then folded in index order, exactly as
-// sum_tree_find does on the host (the 16 values reach every lane by shuffles), so the device
-// selects bit for bit the rows the host selects from the same tree and draws. The fold is
-// hand-written: cub::WarpScan would add the children in a tree order of its own, which the host
-// tree does not reproduce and CUB does not promise to keep.
+// wavefronts bounded the descent). The levels just below the root, which every row reads, are
+// read once per block into shared memory (tuning::select_shared_levels). The pick is then folded
+// in index order, exactly as sum_tree_find does on the host (the 16 values reach every lane by
+// shuffles), so the device selects bit for bit the rows the host selects from the same tree and
+// draws. The fold is hand-written: cub::WarpScan would add the children in a tree order of its
+// own, which the host tree does not reproduce and CUB does not promise to keep.
 //
-// The batch's smallest leaf (for the weights) is reduced per block with cub::BlockReduce into
-// scratch word b of block b; a second launch reduces those words in every block and writes the
-// weights (double pow, spread over the GPU). Two launches and no memset per sample, where there
-// were two launches and a memset.
+// Weights: each row's log leaf goes to scratch, and each block's smallest (cub::BlockReduce) to
+// scratch word b of block b. With an arrivals word (selection_request::arrivals, 0 between
+// samples) and a batch of at most tuning::select_fused_weights_max_rows, each block then counts
+// itself in that word, and the last block to arrive reduces the blocks' minima and writes every
+// weight, then sets the word back to 0: one launch per selection. Otherwise a second launch
+// reduces the minima in every block and writes the weights spread over the GPU.
+//
+// A weight is (leaf_min / leaf)^beta, computed as exp(beta * (log leaf_min - log leaf)): the logs
+// are taken in the selection's parallel part, so the last block spends one exp per row, and no
+// intermediate can overflow.
 
 #include <cmath>
 #include <cstdint>
 #include <cub/block/block_reduce.cuh>
 #include <gear/detail/sum_tree.hpp>
+#include <gear/detail/tuning.hpp>
 #include <gear/select/concept.hpp>
 #include <gear/select/prioritized.hpp>
 #include <gear/select/uniform.hpp>
@@ -28,12 +36,16 @@ namespace gear::detail {
 
 /// sum_tree_find by the group of sum_tree_group lanes the calling lane (lane = its index in the
 /// group) belongs to; every lane of the warp calls it with its group's u (the shuffles span the
-/// whole warp). Returns the slot, and its leaf's value in `leaf`. Requires levels >= 2.
-__device__ inline std::int64_t sum_tree_find_group(const double* tree, const sum_tree_shape& s,
+/// whole warp). Levels 1 .. top_levels are read from `top` (their entries, level 1 first, as in
+/// the tree); the rest from `tree`. Returns the slot, and its leaf's value in `leaf`. Requires
+/// levels >= 2.
+__device__ inline std::int64_t sum_tree_find_group(const double* tree, const double* top,
+                                                   int top_levels, const sum_tree_shape& s,
                                                    double u, int lane, double& leaf) {
   std::int64_t j = 0;
   for (int d = 0; d + 1 < s.levels; ++d) {
-    const double mine = tree[s.offset[d + 1] + j * sum_tree_fanout + lane];
+    const std::int64_t at = s.offset[d + 1] + j * sum_tree_fanout + lane;
+    const double mine = d < top_levels ? top[at - s.offset[1]] : tree[at];
     int pick = -1, last = 0;
     double picked = 0, last_value = 0;
     for (int c = 0; c < sum_tree_fanout; ++c) {  // sum_tree_find's fold, branch-free
@@ -70,19 +82,68 @@ __device__ double block_min_to_all(double mine) {
   return smallest;
 }
 
+/// Entries of levels 1 .. tuning::select_shared_levels, at most (level 1 has at most 16 nodes, and
+/// each level below at most 16 times the one above).
+constexpr int sum_tree_shared_entries() {
+  int entries = 0, level = 1;
+  for (int d = 0; d < tuning::select_shared_levels; ++d) entries += level *= sum_tree_fanout;
+  return entries;
+}
+
+__device__ inline double word_as_double(const std::uint64_t* word) {
+  return __longlong_as_double(
+      static_cast<long long>(__ldcg(reinterpret_cast<const unsigned long long*>(word))));
+}
+__device__ inline std::uint64_t double_as_word(double x) {
+  return static_cast<std::uint64_t>(__double_as_longlong(x));
+}
+
+/// Weights from the rows' log leaves (r.scratch[batch, 2 * batch)) and the smallest one, for rows
+/// first, first + stride, ... (importance_weight, computed as the file's top says).
+__device__ inline void write_weights(const selection_request& r, double log_min, double beta,
+                                     std::int64_t first, std::int64_t stride) {
+  for (std::int64_t row = first; row < r.batch; row += stride)
+    r.weights[row] =
+        static_cast<float>(::exp(beta * (log_min - word_as_double(r.scratch + r.batch + row))));
+}
+
+/// The smallest of the blocks' minima (r.scratch[0, minima)), given to every thread of the block.
+template <int Threads>
+__device__ double smallest_of_blocks(const selection_request& r, unsigned minima) {
+  double smallest = INFINITY;
+  for (unsigned b = threadIdx.x; b < minima; b += Threads) {
+    const double m = word_as_double(r.scratch + b);
+    smallest = m < smallest ? m : smallest;
+  }
+  return block_min_to_all<Threads>(smallest);
+}
+
 /// Selects r.batch rows by priority (a group of lanes per row, groups striding over the rows
-/// when the batch is larger than the grid) and writes their slots and probabilities; row i's leaf
-/// goes into r.scratch[batch + i] and block b's smallest leaf into r.scratch[b] (a double's bits;
-/// scratch holds 2 * batch words, and there are at most batch / 16 blocks). With a root of 0
-/// (every priority 0) rows are uniform with weight 1.
+/// when the batch is larger than the grid) and writes their slots and probabilities; row i's log
+/// leaf goes into r.scratch[batch + i] and block b's smallest into r.scratch[b] (scratch holds
+/// 2 * batch words, and there are at most batch / 16 blocks). With `fused`, the last block to
+/// arrive (r.arrivals) writes every weight; otherwise prioritized_weights_kernel follows. With a
+/// root of 0 (every priority 0) rows are uniform with weight 1.
 template <int Threads, class Request>  // Request is always selection_request
 __global__ void __launch_bounds__(Threads)
     prioritized_select_kernel(slot_table table, Request r, const double* nodes,
-                              sum_tree_shape shape, bool stratified) {
+                              sum_tree_shape shape, bool stratified, double beta, bool fused) {
   static_assert(Threads % 32 == 0, "whole warps");
   constexpr int rows_per_block = Threads / sum_tree_group;
+  __shared__ double top[sum_tree_shared_entries()];
+  __shared__ bool last_to_arrive;
   const int lane = static_cast<int>(threadIdx.x % sum_tree_group);
   read_device_counts(table, r);
+  const int top_levels = shape.levels - 1 < tuning::select_shared_levels
+                             ? shape.levels - 1
+                             : tuning::select_shared_levels;
+  const auto top_entries =  // levels 1 .. top_levels, with their padding
+      top_levels < 1 ? 0
+                     : static_cast<int>(shape.offset[top_levels] - shape.offset[1] +
+                                        sum_tree_padded(shape.count[top_levels]));
+  for (int i = static_cast<int>(threadIdx.x); i < top_entries; i += Threads)
+    top[i] = nodes[shape.offset[1] + i];
+  __syncthreads();
   const double root = nodes[0];
   double smallest = INFINITY;
   // Whole warps take the same number of turns: the shuffles need every lane of the warp. Lanes
@@ -102,38 +163,43 @@ __global__ void __launch_bounds__(Threads)
     const double u = priority_target(r.draw, row < r.batch ? row : 0, r.batch, stratified, root);
     double leaf = root;  // a tree of one leaf is its root
     const std::int64_t slot =
-        shape.levels > 1 ? sum_tree_find_group(nodes, shape, u, lane, leaf) : 0;
+        shape.levels > 1 ? sum_tree_find_group(nodes, top, top_levels, shape, u, lane, leaf) : 0;
     if (writes) {
       r.slots[row] = slot;
       r.probabilities[row] = static_cast<float>(leaf / root);
-      r.scratch[r.batch + row] = static_cast<std::uint64_t>(__double_as_longlong(leaf));
-      smallest = leaf < smallest ? leaf : smallest;
+      const double log_leaf = ::log(leaf);
+      r.scratch[r.batch + row] = double_as_word(log_leaf);
+      smallest = log_leaf < smallest ? log_leaf : smallest;
     }
   }
   using reduce = cub::BlockReduce<double, Threads>;
   __shared__ typename reduce::TempStorage storage;
   smallest = reduce(storage).Reduce(smallest, double_min{});
-  if (threadIdx.x == 0)
-    r.scratch[blockIdx.x] = static_cast<std::uint64_t>(__double_as_longlong(smallest));
+  if (threadIdx.x == 0) {
+    r.scratch[blockIdx.x] = double_as_word(smallest);
+    if (fused) {
+      __threadfence();  // the block's words (ordered before by the reduction's barriers) first
+      last_to_arrive = atomicAdd(r.arrivals, 1u) == gridDim.x - 1;
+    }
+  }
+  if (!fused) return;  // the same for the whole grid
+  __syncthreads();
+  if (!last_to_arrive) return;
+  __threadfence();  // every other block's words, as they were when it arrived
+  const double log_min = smallest_of_blocks<Threads>(r, gridDim.x);
+  if (root > 0) write_weights(r, log_min, beta, threadIdx.x, Threads);
+  if (threadIdx.x == 0) *r.arrivals = 0;  // for the next sample into this batch
 }
 
-/// The weights of the rows prioritized_select_kernel selected with `minima` blocks: every block
-/// reduces the blocks' smallest leaves (r.scratch[0, minima)), then writes its rows' weights from
-/// their leaves (r.scratch[batch, 2 * batch)).
+/// The weights of the rows prioritized_select_kernel selected with `minima` blocks, without
+/// `fused`: every block reduces the blocks' minima, then writes its rows' weights.
 template <int Threads, class Request>  // Request is always selection_request
 __global__ void __launch_bounds__(Threads)
     prioritized_weights_kernel(Request r, const double* nodes, double beta, unsigned minima) {
   if (!(nodes[0] > 0)) return;  // uniform rows have their weights
-  double smallest = INFINITY;
-  for (unsigned b = threadIdx.x; b < minima; b += Threads) {
-    const double m = __longlong_as_double(static_cast<long long>(r.scratch[b]));
-    smallest = m < smallest ? m : smallest;
-  }
-  const double leaf_min = block_min_to_all<Threads>(smallest);
-  const std::int64_t row = blockIdx.x * std::int64_t{Threads} + threadIdx.x;
-  if (row < r.batch)
-    r.weights[row] = importance_weight(
-        __longlong_as_double(static_cast<long long>(r.scratch[r.batch + row])), leaf_min, beta);
+  const double log_min = smallest_of_blocks<Threads>(r, minima);
+  write_weights(r, log_min, beta, blockIdx.x * std::int64_t{Threads} + threadIdx.x,
+                std::int64_t{gridDim.x} * Threads);
 }
 
 }  // namespace gear::detail

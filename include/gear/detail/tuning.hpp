@@ -10,6 +10,13 @@ inline constexpr int select_threads = 256;
 /// Most blocks of the prioritized selection (larger batches stride): its weights launch reduces
 /// one word per selection block in every block.
 inline constexpr std::int64_t select_max_blocks = 1024;
+/// Levels below the root that each prioritized selection block reads once into shared memory
+/// (levels 1 and 2: at most 16 + 256 nodes, 2 KiB) instead of every row reading them from L2.
+inline constexpr int select_shared_levels = 2;
+/// Largest batch whose importance weights the prioritized selection's last block writes itself,
+/// in the selection's launch (one exp per row, spread over that block's threads); larger batches
+/// take a second launch spread over the GPU.
+inline constexpr std::int64_t select_fused_weights_max_rows = 8192;
 /// Threads per block of the priority update kernels (one thread per updated key) and of the sum
 /// tree rebuild (one thread per node).
 inline constexpr int priority_update_threads = 256;

@@ -36,10 +36,10 @@
 //                           cuda::stream_ref s[, std::uint32_t siblings]);
 //   void raise_update_failures();
 //       (device states; both or neither) the same from GPU-readable memory, not checked by the
-//       buffer: the state checks each key against table (device lengths, tickets) and owner (shard and incarnation),
-//       and each priority, on the GPU in stream order without synchronising; an update with a
-//       bad pair changes nothing, and raise_update_failures() throws the earliest failure not
-//       yet thrown whose kernels have finished, without waiting. update_priorities with
+//       buffer: the state checks each key against table (device lengths, tickets) and owner (shard
+//       and incarnation), and each priority, on the GPU in stream order without synchronising; an
+//       update with a bad pair changes nothing, and raise_update_failures() throws the earliest
+//       failure not yet thrown whose kernels have finished, without waiting. update_priorities with
 //       memory_kind::device exists for such policies (others: errc::wrong_memory). A state
 //       with the last parameter serves sharded_buffer's shards: a good pair whose key names
 //       shard [0, siblings) other than owner's, same incarnation, is skipped, not counted;
@@ -93,18 +93,18 @@ struct device {};
 
 /// Per-slot metadata as selection sees it (in the memory of the selecting side).
 struct slot_table {
-  const std::int64_t* lengths = nullptr;       ///< committed length; 0 if empty, pending or removed
-  const std::uint64_t* tickets = nullptr;      ///< ticket of each slot's latest reservation
-  const std::int64_t* dense = nullptr;         ///< [live]: every committed slot once, any order
-  std::int64_t capacity = 0;                   ///< number of slots
-  std::int64_t occupied = 0;                   ///< slots [0, occupied) have ever been reserved
-  std::int64_t live = 0;                       ///< committed slots (length > 0)
-  std::uint64_t next_ticket = 0;               ///< ticket the next reservation gets
+  const std::int64_t* lengths = nullptr;   ///< committed length; 0 if empty, pending or removed
+  const std::uint64_t* tickets = nullptr;  ///< ticket of each slot's latest reservation
+  const std::int64_t* dense = nullptr;     ///< [live]: every committed slot once, any order
+  std::int64_t capacity = 0;               ///< number of slots
+  std::int64_t occupied = 0;               ///< slots [0, occupied) have ever been reserved
+  std::int64_t live = 0;                   ///< committed slots (length > 0)
+  std::uint64_t next_ticket = 0;           ///< ticket the next reservation gets
   /// Device memory, or null: the live count as of stream order (the device mirror's). Set for
   /// samples drawn with a gear::device_rng, which CUDA graphs replay: their kernels take `live`
   /// from here (detail::read_device_counts), not from the host's count at the call.
   const std::int64_t* live_at = nullptr;
-  const std::int64_t* host_lengths = nullptr;  ///< the host's copy of lengths (host memory always)
+  const std::int64_t* host_lengths = nullptr;   ///< the host's copy of lengths (host memory always)
   const std::uint64_t* host_tickets = nullptr;  ///< the host's copy of tickets (host memory)
   /// The host's slot states (host memory): 0 empty (never used, abandoned or removed), 1 pending,
   /// 2 committed.
@@ -121,6 +121,12 @@ struct selection_request {
   std::uint64_t* scratch = nullptr;  ///< workspace of scratch_size words, contents unspecified:
                                      ///< a policy that needs zeros clears what it uses
   std::int64_t scratch_size = 0;     ///< a power of two >= 2 * batch
+  /// Device memory, or null: a word that is 0 when the selection starts. A selection's kernel may
+  /// count its blocks' arrivals in it (so that the last block to finish knows it is last and
+  /// finishes the batch in the same launch); it must leave the word 0 when it ends. gear's
+  /// batches keep one (a sharded buffer one per shard's share): one batch is filled by one
+  /// sample at a time.
+  unsigned* arrivals = nullptr;
   /// Device memory, or null: this call's draw number (a gear::device_rng's). Kernels take
   /// draw.call from here (detail::read_device_counts).
   const std::uint64_t* call_at = nullptr;

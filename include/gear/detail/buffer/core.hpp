@@ -80,9 +80,10 @@ inline std::uint64_t next_buffer_id() noexcept {
 
 template <class Spec, class Storage, class Selection, class Transport>
 class buffer_core {
-  static_assert(!requires { Transport::remote; },
-                "gear::replay_buffer with a remote transport (transport::libfabric) is declared "
-                "in <gear/distributed.hpp>: include it");
+  static_assert(
+      !requires { Transport::remote; },
+      "gear::replay_buffer with a remote transport (transport::libfabric) is declared "
+      "in <gear/distributed.hpp>: include it");
 
  public:
   static constexpr std::size_t num_columns = Spec::num_columns;
@@ -111,13 +112,7 @@ class buffer_core {
         ring_(capacity, next_buffer_id()) {
     if constexpr (on_device) {
       mirror_ = allocation(memory_kind::device, slot_mirror::bytes(capacity));
-      cudaStream_t init{};
-      GEAR_CUDA_TRY(cudaStreamCreateWithFlags(&init, cudaStreamNonBlocking));
-      const cudaError_t cleared = cudaMemsetAsync(mirror_.data(), 0, mirror_.size(), init);
-      const cudaError_t synced = cudaStreamSynchronize(init);
-      GEAR_CUDA_TRY(cudaStreamDestroy(init));
-      GEAR_CUDA_TRY(cleared);
-      GEAR_CUDA_TRY(synced);
+      zero_now(mirror_.data(), mirror_.size(), memory_kind::device);
     }
     selection_.emplace(selection, capacity);
   }
@@ -129,7 +124,7 @@ class buffer_core {
   Selection selection_settings_;  // as constructed; states with setters report their own
   Transport transport_;
   key_owner owner_ = detail::owner_of(transport_);  ///< the keys this shard issues and accepts
-  int device_;  // the GPU the buffer lives on (-1: none)
+  int device_;                                      // the GPU the buffer lives on (-1: none)
   slot_regions<Spec> regions_;
   slot_ring ring_;
   allocation mirror_;  // GPU buffers: slot_mirror in device memory
