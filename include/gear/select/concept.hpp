@@ -56,6 +56,13 @@
 //       std::nullopt (e.g. uniform without replacement, whose rows claim slots from each other)
 //       makes the buffer call select() as usual.
 //
+// A device state whose rows are chosen on the host (fifo, lifo) may provide
+//
+//   std::span<const std::int64_t> host_rows() const;
+//       the slots the last select() wrote to request.slots, in host memory, valid until the next
+//       select(). A sample that removes what it returns counts them from here, without reading
+//       the slots back from the GPU (which synchronises the stream).
+//
 // A device state may declare `static constexpr bool reads_device_counts = true;`: its kernels (and
 // its row_selector's F, through a member `void read_device_counts()` called in the kernel) call
 // detail::read_device_counts on their copies of the table and request before using table.live or
@@ -67,9 +74,8 @@
 // trajectory a sample returns (each is returned once), as a queue or stack does.
 //
 // Each optional part has a concept of its own at the bottom of this file (commit_hook,
-// evict_hook, host_priority_update, device_priority_update, row_selecting, consuming_policy,
-// device_counted);
-// the buffer asks for them by name.
+// evict_hook, host_priority_update, device_priority_update, row_selecting, host_chosen_rows,
+// consuming_policy, device_counted); the buffer asks for them by name.
 //
 // slot_table points at metadata in the memory of Space (and at the host's copy of the lengths).
 // Ticket t (an insertion sequence number) lives in slot t % capacity. A user-written policy follows
@@ -195,6 +201,11 @@ concept device_priority_update = requires(State& s, const slot_table& t, std::sp
 template <class State>
 concept row_selecting = requires(const State& s, const slot_table& t, const selection_request& r) {
   s.row_selector(t, r);
+};
+/// host_rows: the last selection's slots, chosen on the host, kept there.
+template <class State>
+concept host_chosen_rows = requires(const State& s) {
+  { s.host_rows() } -> std::convertible_to<std::span<const std::int64_t>>;
 };
 /// `static constexpr bool reads_device_counts = true`: samples with a gear::device_rng.
 template <class State>

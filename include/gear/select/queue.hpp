@@ -20,6 +20,7 @@
 #include <gear/detail/staging_ring.hpp>
 #include <gear/error.hpp>
 #include <gear/select/concept.hpp>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -130,14 +131,17 @@ class queue_state<OldestFirst, exec::device> {
   void validate(const slot_table& t, std::int64_t batch) const { validate_queue(t, batch); }
 
   /// Computes the rows on the host, then one stream-ordered copy each of slots, probabilities and
-  /// weights from pinned staging. One area: a consuming sample reads its rows back and
-  /// synchronises (detail/buffer/sample.hpp), so the last copies have always run by the next.
+  /// weights from pinned staging: a ring of four areas, so a caller waits on the host only when
+  /// its stream is four samples behind. The rows stay on the host too (host_rows), so a
+  /// consuming sample counts them without reading them back: it never synchronises.
   void select(const slot_table& t, const selection_request& r, cuda::stream_ref stream) {
     const auto rows = static_cast<std::size_t>(r.batch);
     auto* slots = reinterpret_cast<std::int64_t*>(
         staging_.acquire(rows * (sizeof(std::int64_t) + 2 * sizeof(float))));
     auto* ones = reinterpret_cast<float*>(slots + rows);
-    queue_rows(t, OldestFirst, r.batch, slots, cursor_, links_.data());
+    chosen_.resize(rows);  // before the cursor moves: a failure here leaves the state as it was
+    queue_rows(t, OldestFirst, r.batch, chosen_.data(), cursor_, links_.data());
+    std::copy(chosen_.begin(), chosen_.end(), slots);
     std::fill_n(ones, 2 * rows, 1.0f);
     try {
       GEAR_CUDA_TRY(cudaMemcpyAsync(r.slots, slots, rows * sizeof(std::int64_t),
@@ -153,8 +157,12 @@ class queue_state<OldestFirst, exec::device> {
     staging_.copied(stream);
   }
 
+  /// The slots the last select() chose (host memory), until the next select().
+  [[nodiscard]] std::span<const std::int64_t> host_rows() const noexcept { return chosen_; }
+
  private:
-  staging_ring<1> staging_;
+  staging_ring<4> staging_;
+  std::vector<std::int64_t> chosen_;
   std::uint64_t cursor_ = 0;
   std::vector<lifo_link> links_;
 };

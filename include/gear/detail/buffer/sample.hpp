@@ -149,7 +149,10 @@ void sample_into(Core& b, Batch& out, const window& w, Draws& g, cuda::stream_re
     b.times_sampled_.assign(static_cast<std::size_t>(b.capacity_), 0);
   std::optional<staging_pool::lease> readback, removal;
   if (consumes) removal = b.lease_records(out.batch_size());
-  if constexpr (Core::on_device)
+  // Rows chosen on the GPU are read back to be counted (this synchronises); rows chosen on the
+  // host (fifo, lifo) are counted from the host's copy.
+  constexpr bool rows_on_host = host_chosen_rows<typename Core::state_type>;
+  if constexpr (Core::on_device && !rows_on_host)
     if (consumes) {
       try {
         readback = b.staging_.acquire(static_cast<std::size_t>(out.batch_size()) * 8, 0);
@@ -202,6 +205,7 @@ void sample_into(Core& b, Batch& out, const window& w, Draws& g, cuda::stream_re
       b.order_before(stream, Core::read, /*capturable=*/device_draws);
       select_and_gather_on_device(*b.selection_, drawn_from, request, args, stream);
       b.order_after(stream, Core::read);
+      if constexpr (rows_on_host) slots = b.selection_->host_rows().data();
       if constexpr (device_draws) {  // once nothing can be refused (checked: neither throws)
         b.order_.bind(stream.get());
         g.bind(stream.get());
