@@ -7,17 +7,19 @@
 // References without a buffer say what the copy method alone allows: 8 threads copying their
 // pageable trajectories through pinned memory (a CPU copy, as a landing insert does, then a copy
 // to the GPU), straight from pageable memory (the driver stages it), and the first again while
-// the learner samples (what the copies alone cost the learner, and it them).
+// the learner samples (what the copies alone cost the learner, and it them); and the first through
+// write-combined pinned memory, alone and with the learner (whether staging that bypasses the
+// CPU's caches would let a landing insert copy faster).
 //
 //   gear_contention [seconds per phase, default 2]       exits 77 without a GPU
-
-#include <gear/gear.cuh>
 
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <gear/gear.cuh>
+#include <memory>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -42,7 +44,8 @@ struct stream {
 /// Pinned host-to-device copy of 256 MiB, GB/s (best of 5).
 double h2d_limit() {
   const std::size_t bytes = std::size_t{256} << 20;
-  gear::detail::allocation h(gear::memory_kind::pinned_host, bytes), d(gear::memory_kind::device, bytes);
+  gear::detail::allocation h(gear::memory_kind::pinned_host, bytes),
+      d(gear::memory_kind::device, bytes);
   std::memset(h.data(), 1, bytes);
   stream s;
   double best = 0;
@@ -60,18 +63,31 @@ double h2d_limit() {
 /// (a CPU copy into pinned memory, then cudaMemcpyAsync from there; 4 buffers per thread in
 /// turn), else one cudaMemcpyAsync from the pageable memory (the driver stages it). With a
 /// callable `side`, runs it meanwhile (for as long as it takes) instead of sleeping `seconds`.
+/// With `write_combined`, the pinned buffers are write-combined (cudaHostAllocWriteCombined: the
+/// CPU's copy bypasses its caches, and the GPU's reads of it are not snooped).
 template <class Side = int>
-double copy_reference(bool staged, double seconds, std::size_t bytes, Side side = 0) {
+double copy_reference(bool staged, double seconds, std::size_t bytes, Side side = 0,
+                      bool write_combined = false) {
   std::atomic<bool> stop{false};
   std::atomic<std::int64_t> copies{0};
   auto worker = [&] {
     stream s;
     std::vector<std::uint8_t> mine(bytes, 3);
     gear::detail::allocation dst(gear::memory_kind::device, bytes);
-    std::vector<gear::detail::allocation> pinned;
+    struct pinned_buffer {
+      void* p = nullptr;
+      pinned_buffer(std::size_t n, bool wc) {
+        GEAR_CUDA_TRY(cudaHostAlloc(&p, n, wc ? cudaHostAllocWriteCombined : cudaHostAllocDefault));
+      }
+      pinned_buffer(const pinned_buffer&) = delete;
+      pinned_buffer& operator=(const pinned_buffer&) = delete;
+      ~pinned_buffer() { (void)cudaFreeHost(p); }
+      [[nodiscard]] void* data() const { return p; }
+    };
+    std::vector<std::unique_ptr<pinned_buffer>> pinned;
     std::vector<gear::detail::event> done;
     for (int i = 0; i < 4; ++i) {
-      pinned.emplace_back(gear::memory_kind::pinned_host, bytes);
+      pinned.push_back(std::make_unique<pinned_buffer>(bytes, write_combined));
       done.push_back(gear::detail::event::make());
     }
     std::int64_t n = 0;
@@ -79,8 +95,9 @@ double copy_reference(bool staged, double seconds, std::size_t bytes, Side side 
       if (staged) {
         const auto k = static_cast<std::size_t>(n % 4);
         GEAR_CUDA_TRY(cudaEventSynchronize(done[k].get()));
-        std::memcpy(pinned[k].data(), mine.data(), bytes);
-        GEAR_CUDA_TRY(cudaMemcpyAsync(dst.data(), pinned[k].data(), bytes, cudaMemcpyHostToDevice, s.s));
+        std::memcpy(pinned[k]->data(), mine.data(), bytes);
+        GEAR_CUDA_TRY(
+            cudaMemcpyAsync(dst.data(), pinned[k]->data(), bytes, cudaMemcpyHostToDevice, s.s));
         GEAR_CUDA_TRY(cudaEventRecord(done[k].get(), s.s));
       } else {
         GEAR_CUDA_TRY(cudaMemcpyAsync(dst.data(), mine.data(), bytes, cudaMemcpyHostToDevice, s.s));
@@ -137,7 +154,8 @@ int main(int argc, char** argv) {
   // Thread safety on one stream: 256 B steps, B = 256, windows of 64; timed per call on the host
   // and on the GPU (16 calls per sync), before and after a second stream has used the buffer.
   using spec256 = gear::spec<gear::column<"obs", std::uint8_t, 256>>;
-  gear::replay_buffer<spec256, gear::storage::device> small{gear::capacity{4096}, gear::max_length{64}};
+  gear::replay_buffer<spec256, gear::storage::device> small{gear::capacity{4096},
+                                                            gear::max_length{64}};
   {
     std::vector<std::uint8_t> data(std::size_t{4096} * 64 * 256, 7);
     std::vector<std::int64_t> lens(4096, 64);
@@ -165,7 +183,8 @@ int main(int argc, char** argv) {
   {
     stream s;
     gear::key k{};
-    for (std::int64_t i = 0; i < capacity; ++i) buf.insert_async(one, std::span<gear::key>(&k, 1), s.s);
+    for (std::int64_t i = 0; i < capacity; ++i)
+      buf.insert_async(one, std::span<gear::key>(&k, 1), s.s);
     GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
   }
   progress("learner alone");
@@ -212,9 +231,14 @@ int main(int argc, char** argv) {
   const double copy_staged = copy_reference(true, phase, traj_bytes);
   const double copy_driver = copy_reference(false, phase, traj_bytes);
   double learner_copy = 0;
-  const double copy_with_learner = copy_reference(true, phase, traj_bytes, [&] {
-    learner_copy = learn(buf, learner_stream.s, phase, steps);
-  });
+  const double copy_with_learner = copy_reference(
+      true, phase, traj_bytes, [&] { learner_copy = learn(buf, learner_stream.s, phase, steps); });
+  progress("references: the same through write-combined pinned memory, alone and with the learner");
+  const double copy_wc = copy_reference(true, phase, traj_bytes, 0, true);
+  double learner_copy_wc = 0;
+  const double copy_wc_with_learner = copy_reference(
+      true, phase, traj_bytes,
+      [&] { learner_copy_wc = learn(buf, learner_stream.s, phase, steps); }, true);
 
   std::printf("%-58s %12s %14s %8s %8s\n", "operation", "figure", "reference", "ratio", "target");
   std::printf("%-58s %9.0f /s %11.0f /s %7.1f%% %8s\n",
@@ -222,16 +246,29 @@ int main(int argc, char** argv) {
               100 * two_streams / one_stream, ">= 95%");
   std::printf("%-58s %9.1f /s %11.1f /s %7.1f%% %8s\n", "learner B=256 w=64 28 KiB, with 8 actors",
               learner_with, solo, 100 * learner_with / solo, ">= 90%");
-  std::printf("%-58s %6.1f GB/s %8.1f GB/s %7.1f%% %8s\n", "8 actors inserting 28 KiB steps, with learner",
-              actors_with, limit, 100 * actors_with / limit, ">= 80%");
-  std::printf("%-58s %6.1f GB/s %8.1f GB/s %7.1f%% %8s\n", "8 threads: CPU copy to pinned, then H2D (no buffer)",
-              copy_staged, limit, 100 * copy_staged / limit, "");
-  std::printf("%-58s %6.1f GB/s %8.1f GB/s %7.1f%% %8s\n", "8 threads: H2D from pageable, driver-staged (no buffer)",
-              copy_driver, limit, 100 * copy_driver / limit, "");
-  std::printf("%-58s %9.1f /s %11.1f /s %7.1f%% %8s\n", "learner, 8 threads copying as above (no buffer)",
-              learner_copy, solo, 100 * learner_copy / solo, "");
-  std::printf("%-58s %6.1f GB/s %8.1f GB/s %7.1f%% %8s\n", "8 threads copying as above, with the learner",
-              copy_with_learner, limit, 100 * copy_with_learner / limit, "");
+  std::printf("%-58s %6.1f GB/s %8.1f GB/s %7.1f%% %8s\n",
+              "8 actors inserting 28 KiB steps, with learner", actors_with, limit,
+              100 * actors_with / limit, ">= 80%");
+  std::printf("%-58s %6.1f GB/s %8.1f GB/s %7.1f%% %8s\n",
+              "8 threads: CPU copy to pinned, then H2D (no buffer)", copy_staged, limit,
+              100 * copy_staged / limit, "");
+  std::printf("%-58s %6.1f GB/s %8.1f GB/s %7.1f%% %8s\n",
+              "8 threads: H2D from pageable, driver-staged (no buffer)", copy_driver, limit,
+              100 * copy_driver / limit, "");
+  std::printf("%-58s %9.1f /s %11.1f /s %7.1f%% %8s\n",
+              "learner, 8 threads copying as above (no buffer)", learner_copy, solo,
+              100 * learner_copy / solo, "");
+  std::printf("%-58s %6.1f GB/s %8.1f GB/s %7.1f%% %8s\n",
+              "8 threads copying as above, with the learner", copy_with_learner, limit,
+              100 * copy_with_learner / limit, "");
+  std::printf("%-58s %6.1f GB/s %8.1f GB/s %7.1f%% %8s\n",
+              "8 threads: CPU copy to write-combined pinned, then H2D", copy_wc, limit,
+              100 * copy_wc / limit, "");
+  std::printf("%-58s %6.1f GB/s %8.1f GB/s %7.1f%% %8s\n",
+              "8 threads copying write-combined, with the learner", copy_wc_with_learner, limit,
+              100 * copy_wc_with_learner / limit, "");
+  std::printf("%-58s %9.1f /s %11.1f /s %7.1f%% %8s\n", "learner, 8 threads copying write-combined",
+              learner_copy_wc, solo, 100 * learner_copy_wc / solo, "");
   std::printf("%-58s %6.1f GB/s %8.1f GB/s %7.1f%% %8s\n", "8 actors inserting 28 KiB steps, alone",
               actors_alone, limit, 100 * actors_alone / limit, "");
   return 0;
