@@ -897,7 +897,8 @@ double median_cpu_us(int reps, F&& f) {
 
 /// P3 and P3u on gear's prioritized device state (the part of replay_buffer they are about), with
 /// their PERF.md baselines in the same run: N = 2^24 trajectories with random priorities, B = 4096.
-///   select:  one sample's selection with importance weights (3 launches), against
+///   select:  one sample's selection with importance weights (one launch; and the same with the
+///            weights in a second launch, alternately), against
 ///            thrust inclusive_scan + upper_bound over all N (fp64, like the tree) and gear's
 ///            one-thread CPU sum tree (the host state, the same 16-ary tree Reverb's design uses);
 ///   update:  4096 pairs, every tenth naming the key before it again (last write wins), from host
@@ -954,9 +955,7 @@ void bm_prioritized(benchmark::State& state) {
   r.slots = out.slots_data();
   r.probabilities = out.probabilities_data();
   r.weights = out.weights_data();
-  r.scratch = out.scratch_data();
-  r.scratch_size = out.scratch_size();
-  r.arrivals = out.arrivals_data();  // one launch: the last block writes the weights
+  out.workspace().lend_to(r);  // one launch: the last block writes the weights
   gear::selection_request two_launches = r;
   two_launches.arrivals = nullptr;
   gear::rng g{7};
@@ -967,7 +966,8 @@ void bm_prioritized(benchmark::State& state) {
   for (const gear::selection_request* q : {&r, &two_launches}) {
     gear::selection_request once = *q;
     once.draw = g.next();
-    GEAR_CUDA_TRY(cudaMemset(once.weights, 0xFF, static_cast<std::size_t>(batch) * 4));
+    GEAR_CUDA_TRY(
+        cudaMemsetAsync(once.weights, 0xFF, static_cast<std::size_t>(batch) * 4, c.stream));
     dev.select(t, once, c.stream);
     GEAR_CUDA_TRY(cudaStreamSynchronize(c.stream));
     std::vector<std::int64_t> slots(static_cast<std::size_t>(batch));

@@ -217,7 +217,7 @@ TEST_CASE("prioritized (device): host and device select the same slots from the 
 
 TEST_CASE(
     "prioritized (device): the selection's last block writes the weights; batches over "
-    "8192 rows take a second launch; trees of 1 to 5 levels") {
+    "8192 rows take a second launch; trees of 1 to 6 levels") {
   // Slots, probabilities and weights are poisoned before each sample. Slots are compared with the
   // host tree's selection from the same draws (a wrong descent through the levels a block reads
   // into shared memory would pick other slots); probabilities and weights with their formulas;
@@ -225,7 +225,7 @@ TEST_CASE(
   // last block would never know it is last.
   stream_holder s;
   const double alpha = 0.6, beta = 0.7;
-  for (const std::int64_t n : {1, 8, 200, 5000, 70000}) {
+  for (const std::int64_t n : {1, 8, 200, 1000, 5000, 70000}) {  // 1, 2, 3, 4, 5, 6 levels
     for (const std::int64_t rows : {1, 777, 8192, 9000}) {
       INFO("capacity " << n << ", batch " << rows);
       per_buffer dev{gear::capacity{n}, gear::max_length{1},
@@ -250,7 +250,7 @@ TEST_CASE(
         const auto slots = to_host(bd.slots_data(), rows);
         const auto probs = to_host(bd.probabilities_data(), rows);
         const auto weights = to_host(bd.weights_data(), rows);
-        CHECK(to_host(bd.arrivals_data(), 1)[0] == 0u);
+        CHECK(to_host(bd.workspace().arrivals(), 1)[0] == 0u);
         std::int64_t same = 0;
         double smallest = 1;
         for (std::int64_t r = 0; r < rows; ++r) {
@@ -264,7 +264,7 @@ TEST_CASE(
           smallest = std::min(smallest, w);
         }
         // Leaves may differ in the last bit (device pow), which can move a draw at a boundary.
-        CHECK(same >= rows - std::max<std::int64_t>(1, rows / 500));
+        CHECK(same >= rows - rows / 500);
         float largest = 0;
         for (std::int64_t r = 0; r < rows; ++r) {
           const double w = std::pow(smallest / want[std::size_t(slots[std::size_t(r)])], beta);
@@ -273,6 +273,55 @@ TEST_CASE(
         }
         CHECK(largest == 1.0f);  // the row of the smallest leaf: exp(0)
       }
+    }
+  }
+}
+
+TEST_CASE(
+    "prioritized (device): with every priority 0 rows are uniform, weights 1, arrivals clear") {
+  stream_holder s;
+  per_buffer buf{gear::capacity{500}, gear::max_length{1}, gear::select::prioritized{0.6, 0.4}};
+  const auto keys = insert_ids(buf, 0, 500, cuda::stream_ref{s});
+  buf.update_priorities(keys, std::vector<float>(500, 0.0f), s);
+  auto b = buf.make_batch(gear::batch_size{3000}, gear::window_length{1});
+  gear::rng g{5};
+  for (int call = 0; call < 3; ++call) {
+    GEAR_CUDA_TRY(cudaMemsetAsync(b.weights_data(), 0xFF, 3000 * 4, s.s));
+    buf.sample(b, gear::window{1}, g, s);
+    const auto slots = to_host(b.slots_data(), 3000);
+    const auto weights = to_host(b.weights_data(), 3000);
+    const auto probs = to_host(b.probabilities_data(), 3000);
+    for (std::size_t r = 0; r < slots.size(); ++r) {
+      REQUIRE(slots[r] >= 0);
+      REQUIRE(slots[r] < 500);
+      REQUIRE(weights[r] == 1.0f);
+      REQUIRE(probs[r] == 1.0f / 500);
+    }
+    CHECK(to_host(b.workspace().arrivals(), 1)[0] == 0u);
+  }
+}
+
+TEST_CASE("uniform without replacement (device): one launch; its last block clears the claims") {
+  // Batches of every trajectory, five times over: a claim left from one sample would make a row
+  // of the next find no slot (-1). The claim table and the arrivals word must be all 0 after.
+  stream_holder s;
+  for (const std::int64_t n : {1, 255, 600}) {
+    INFO("capacity and batch " << n);
+    gear::replay_buffer<spec, gear::storage::device, gear::select::uniform> buf{
+        gear::capacity{n}, gear::max_length{1}, gear::select::uniform{.replacement = false}};
+    (void)insert_ids(buf, 0, n, cuda::stream_ref{s});
+    auto b = buf.make_batch(gear::batch_size{n}, gear::window_length{1});
+    gear::rng g{static_cast<std::uint64_t>(n)};
+    for (int call = 0; call < 5; ++call) {
+      GEAR_CUDA_TRY(cudaMemsetAsync(b.slots_data(), 0xFF, std::size_t(n) * 8, s.s));
+      buf.sample(b, gear::window{1}, g, s);
+      auto slots = to_host(b.slots_data(), n);
+      std::sort(slots.begin(), slots.end());
+      for (std::int64_t r = 0; r < n; ++r) REQUIRE(slots[std::size_t(r)] == r);  // each once
+      const auto& w = b.workspace();
+      const auto claims = to_host(w.claims(), w.size());
+      CHECK(std::count(claims.begin(), claims.end(), std::uint64_t{0}) == w.size());
+      CHECK(to_host(w.arrivals(), 1)[0] == 0u);
     }
   }
 }

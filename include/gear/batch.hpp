@@ -7,19 +7,20 @@
 //   keys       [B]                     the sampled trajectories
 //   probabilities, weights [B]         selection probability and importance weight of each row
 //
-// in host memory for host storage, in device memory otherwise (with the selection's workspace:
-// scratch, and a word its kernels count their blocks in). Views are mdspans into it: pass
-// them to kernels by value, or copy the bytes out. Make one batch per (B, L) and reuse it; sample()
-// allocates nothing in it (a sample that removes what it returned leases pinned staging from the
-// buffer for its readback, allocated the first time).
+// in host memory for host storage, in device memory otherwise, and beside it the selection's
+// workspace (detail::selection_workspace). One batch is filled by one sample at a time: two
+// samples into it at once, from two streams, would also share that workspace. Views are mdspans
+// into it: pass them to kernels by value, or copy the bytes out. Make one batch per (B, L) and
+// reuse it; sample() allocates nothing in it (a sample that removes what it returned leases pinned
+// staging from the buffer for its readback, allocated the first time).
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cuda/std/mdspan>
 #include <cuda/std/span>
-#include <gear/detail/claim.hpp>
 #include <gear/detail/memory.hpp>
+#include <gear/detail/selection_workspace.hpp>
 #include <gear/error.hpp>
 #include <gear/key.hpp>
 #include <gear/spec.hpp>
@@ -61,11 +62,8 @@ class batch {
     slots_offset_ = reserve(rows_ * std::int64_t{sizeof(std::int64_t)});
     probabilities_offset_ = reserve(rows_ * std::int64_t{sizeof(float)});
     weights_offset_ = reserve(rows_ * std::int64_t{sizeof(float)});
-    scratch_size_ = detail::claim_table_size(rows_);
-    scratch_offset_ = reserve(scratch_size_ * std::int64_t{sizeof(std::uint64_t)});
-    arrivals_offset_ = reserve(sizeof(unsigned));
     memory_ = detail::allocation(where, at);
-    detail::zero_now(memory_.data() + arrivals_offset_, sizeof(unsigned), where);
+    workspace_ = detail::selection_workspace(where, rows_);
   }
 
   [[nodiscard]] std::int64_t batch_size() const noexcept { return rows_; }
@@ -125,14 +123,8 @@ class batch {
   [[nodiscard]] float* weights_data() const noexcept {
     return reinterpret_cast<float*>(base() + weights_offset_);
   }
-  [[nodiscard]] std::uint64_t* scratch_data() const noexcept {
-    return reinterpret_cast<std::uint64_t*>(base() + scratch_offset_);
-  }
-  [[nodiscard]] std::int64_t scratch_size() const noexcept { return scratch_size_; }
-  /// A word that is 0 between samples (selection_request::arrivals).
-  [[nodiscard]] unsigned* arrivals_data() const noexcept {
-    return reinterpret_cast<unsigned*>(base() + arrivals_offset_);
-  }
+  /// What the selection of a sample into this batch may use besides its outputs.
+  [[nodiscard]] const detail::selection_workspace& workspace() const noexcept { return workspace_; }
 
  private:
   static constexpr std::int64_t align_up_256(std::int64_t x) noexcept {
@@ -144,9 +136,9 @@ class batch {
   std::int64_t length_;
   std::array<std::size_t, num_columns> column_offset_{};
   std::size_t mask_offset_ = 0, keys_offset_ = 0, slots_offset_ = 0, probabilities_offset_ = 0,
-              weights_offset_ = 0, scratch_offset_ = 0, arrivals_offset_ = 0;
-  std::int64_t scratch_size_ = 0;
+              weights_offset_ = 0;
   detail::allocation memory_;
+  detail::selection_workspace workspace_;
 };
 
 }  // namespace gear

@@ -305,8 +305,8 @@ class replay_buffer {
   /// fused launch for all columns, plus one for selection unless the policy draws each row on
   /// its own and the batch is small. Consumes one draw of g. Stream-ordered; does not
   /// synchronise (sample does) unless trajectories are removed after k returns
-  /// (set_max_times_sampled, or a consuming policy such as select::fifo): then it reads back the
-  /// rows it drew. `g` is a gear::rng, or a gear::device_rng for CUDA graphs (see "CUDA graphs"
+  /// (set_max_times_sampled) and the policy draws on the GPU: then it reads back the rows it drew
+  /// (select::fifo and select::lifo choose their rows on the host and need not). `g` is a gear::rng, or a gear::device_rng for CUDA graphs (see "CUDA graphs"
   /// above).
   /// Throws (leaving the buffer and g unchanged): errc::empty_buffer, errc::empty_window,
   /// errc::window_out_of_range, errc::batch_mismatch, errc::not_enough_items (policy-specific),
@@ -354,7 +354,8 @@ class replay_buffer {
   /// Removes every trajectory once it has been returned by `k` samples (0: never, the default).
   /// Works with every selection policy. A row counts as one return, so with replacement one batch
   /// may return a trajectory more often than it had returns left; it is removed after that batch.
-  /// With a limit set, sample_async synchronises the stream (it reads back the rows it drew).
+  /// With a limit set, sample_async synchronises the stream (it reads back the rows it drew),
+  /// unless the policy chooses rows on the host (fifo, lifo).
   /// Counts start with the next sample. Throws errc::invalid_argument for k < 0, or k > 0 on a
   /// buffer sampled with a gear::device_rng (its replays remove nothing).
   void set_max_times_sampled(std::int64_t k) { detail::set_return_limit(core(), k); }

@@ -20,7 +20,7 @@
 //
 // Selection: select::uniform and select::prioritized (the policies whose union law the split
 // reproduces). Threads: every call may come from any thread at once; samples are enqueued one at
-// a time (each shard's selection scratch is reused in its stream's order).
+// a time (each shard's selection workspace is reused in its stream's order).
 //
 // A shard on another device than the caller's stream: the call's work on it is ordered after the
 // caller's stream (an event) and the caller's stream after it. A sample's batch is on the caller's
@@ -105,7 +105,7 @@ class sharded_buffer {
 
   sharded_buffer(const sharded_buffer&) = delete;
   sharded_buffer& operator=(const sharded_buffer&) = delete;
-  /// Waits for the shards' streams (their selections use this buffer's scratch) first.
+  /// Waits for the shards' streams (their selections use this buffer's workspaces) first.
   ~sharded_buffer() {
     try {
       streams_.synchronize_all();
@@ -191,8 +191,9 @@ class sharded_buffer {
       for (std::size_t s = 0; s < shards_.size(); ++s)
         if (share_[s] > 0) streams_.reach(devices_[s], here);
     }
-    if (scratch_.size() != shards_.size() || scratch_words_ < detail::claim_table_size(rows))
-      grow_scratch(detail::claim_table_size(rows));
+    if (workspaces_.size() != shards_.size() ||
+        workspaces_[0].size() < detail::claim_table_size(rows))
+      grow_workspaces(rows);
     parts_ = {};
     const double total_mass = detail::remote::live_mass(snapshot_);
     std::int64_t first = 0;
@@ -204,9 +205,7 @@ class sharded_buffer {
         streams_.start(s);
         open = true;
         if (share_[s] > 0) {
-          auto* scratch = scratch_[s].as<std::uint64_t>();  // then the arrivals word
-          detail::batch_slice<Spec> slice(out, first, share_[s], scratch, scratch_words_,
-                                          reinterpret_cast<unsigned*>(scratch + scratch_words_));
+          detail::batch_slice<Spec> slice(out, first, share_[s], workspaces_[s]);
           rng shard_rng{detail::remote::share_seed(draw.seed, draw.call * max_shards + s)};
           shards_[s]->sample_async(slice, w, shard_rng, streams_.of(s));
           parts_.add(first, share_[s], snapshot_[s].mass / total_mass);
@@ -448,18 +447,15 @@ class sharded_buffer {
     }
   }
 
-  /// Each shard's selection scratch: `words` words, then its arrivals word (zeroed here).
-  void grow_scratch(std::int64_t words) {
-    std::vector<detail::allocation> grown;
-    const std::size_t bytes = static_cast<std::size_t>(words) * sizeof(std::uint64_t);
+  /// Each shard's selection workspace, for shares of up to `rows` rows.
+  void grow_workspaces(std::int64_t rows) {
+    std::vector<detail::selection_workspace> grown;
     for (std::size_t s = 0; s < shards_.size(); ++s) {
       const detail::device_scope scope(devices_[s]);
-      grown.emplace_back(batch_memory, bytes + sizeof(unsigned));
-      detail::zero_now(grown.back().data() + bytes, sizeof(unsigned), batch_memory);
+      grown.emplace_back(batch_memory, rows);
     }
-    streams_.synchronize_all();  // the old scratch may still be in use by a shard's selection
-    scratch_ = std::move(grown);
-    scratch_words_ = words;
+    streams_.synchronize_all();  // the old ones may still be in use by a shard's selection
+    workspaces_ = std::move(grown);
   }
 
   /// Turns the shards' local probabilities into global ones and writes the union's weights.
@@ -486,14 +482,13 @@ class sharded_buffer {
   std::atomic<std::size_t> next_{0};
   std::mutex updates_;  // updates from device memory and their failures, one call at a time
   detail::updates_in_flight in_flight_;  // under updates_
-  // Sampling (under streams_.mutex()): the snapshot, the split, each shard's selection scratch
+  // Sampling (under streams_.mutex()): the snapshot, the split, each shard's selection workspace
   // (on its device), and the rows each shard wrote with its factor M_s / M.
   std::vector<detail::remote::shard_share> snapshot_;
   bool fresh_ = false;
   std::vector<std::int64_t> share_;
   std::vector<double> upto_;
-  std::vector<detail::allocation> scratch_;
-  std::int64_t scratch_words_ = 0;
+  std::vector<detail::selection_workspace> workspaces_;  // one per shard, on its device
   detail::shard_parts parts_;
 };
 

@@ -1,10 +1,12 @@
 #pragma once
 // Selection one thread per row, for policies that draw each row on its own (uniform, recency):
-// the launch behind their select(), given the policy's row function.
+// the launch behind their select(), given the policy's row function; and the same for rows that
+// claim slots from each other (uniform without replacement).
 
 #include <cstdint>
 #include <cuda/stream_ref>
 #include <gear/detail/cuda.hpp>
+#include <gear/detail/last_block.cuh>
 #include <gear/detail/tuning.hpp>
 #include <gear/select/concept.hpp>
 
@@ -21,6 +23,23 @@ __global__ void row_select_kernel(Rows rows, const selection_request r) {
   r.weights[row] = s.weight;
 }
 
+/// row_select_kernel for rows that claim slots from each other in r.scratch (uniform without
+/// replacement), a table that is all 0 when the launch starts: the last block to finish (counted
+/// in r.arrivals) clears it for the next sample, so no memset precedes the launch.
+template <class Rows>
+__global__ void claiming_select_kernel(Rows rows, const selection_request r) {
+  const std::int64_t row = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
+  if (row < r.batch) {
+    if constexpr (requires { rows.read_device_counts(); }) rows.read_device_counts();
+    const selected_row s = rows(row);
+    r.slots[row] = s.slot;
+    r.probabilities[row] = s.probability;
+    r.weights[row] = s.weight;
+  }
+  if (!last_block_to_arrive(r.arrivals)) return;
+  for (std::int64_t i = threadIdx.x; i < r.scratch_size; i += blockDim.x) r.scratch[i] = 0;
+}
+
 /// Launches row_select_kernel over r.batch rows on `stream`; never synchronises.
 template <class Rows>
 void select_rows_on_device(const Rows& rows, const selection_request& r, cuda::stream_ref stream) {
@@ -28,6 +47,16 @@ void select_rows_on_device(const Rows& rows, const selection_request& r, cuda::s
   const auto blocks = static_cast<unsigned>((r.batch + threads - 1) / threads);
   row_select_kernel<<<blocks, threads, 0, stream.get()>>>(rows, r);
   GEAR_CHECK_LAUNCH("row_select_kernel");
+}
+
+/// Launches claiming_select_kernel over r.batch rows on `stream`; never synchronises.
+template <class Rows>
+void select_claiming_on_device(const Rows& rows, const selection_request& r,
+                               cuda::stream_ref stream) {
+  constexpr int threads = tuning::select_threads;
+  const auto blocks = static_cast<unsigned>((r.batch + threads - 1) / threads);
+  claiming_select_kernel<<<blocks, threads, 0, stream.get()>>>(rows, r);
+  GEAR_CHECK_LAUNCH("claiming_select_kernel");
 }
 
 }  // namespace gear::detail

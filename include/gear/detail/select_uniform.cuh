@@ -10,7 +10,8 @@
 
 namespace gear::select {
 
-/// Device side: one kernel launch, stream-ordered, never synchronises.
+/// Device side: one kernel launch (and a memset without replacement, for a request without
+/// claims), stream-ordered, never synchronises.
 template <>
 class uniform::state<exec::device> {
  public:
@@ -23,17 +24,27 @@ class uniform::state<exec::device> {
     detail::validate_uniform(t, batch, policy_.replacement);
   }
 
+  /// Without replacement the rows claim slots in a table that starts empty: the request's claims
+  /// (clear between samples; the launch's last block clears them again), else its scratch,
+  /// cleared by a memset first.
   void select(const slot_table& t, const selection_request& r, cuda::stream_ref stream) {
-    if (!policy_.replacement)  // the claim set starts empty
+    if (policy_.replacement) {
+      detail::select_rows_on_device(detail::uniform_rows{t, r, true}, r, stream);
+    } else if (r.claims != nullptr && r.arrivals != nullptr) {
+      selection_request claiming = r;
+      claiming.scratch = r.claims;
+      detail::select_claiming_on_device(detail::uniform_rows{t, claiming, false}, claiming, stream);
+    } else {
       GEAR_CUDA_TRY(cudaMemsetAsync(
           r.scratch, 0, static_cast<std::size_t>(r.scratch_size) * sizeof(std::uint64_t),
           stream.get()));
-    detail::select_rows_on_device(detail::uniform_rows{t, r, policy_.replacement}, r, stream);
+      detail::select_rows_on_device(detail::uniform_rows{t, r, false}, r, stream);
+    }
   }
 
   /// With replacement every row is drawn on its own, so sample() draws inside the gather kernel.
-  [[nodiscard]] std::optional<detail::uniform_rows> row_selector(
-      const slot_table& t, const selection_request& r) const {
+  [[nodiscard]] std::optional<detail::uniform_rows> row_selector(const slot_table& t,
+                                                                 const selection_request& r) const {
     if (!policy_.replacement) return std::nullopt;
     return detail::uniform_rows{t, r, true};
   }

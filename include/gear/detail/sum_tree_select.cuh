@@ -15,8 +15,8 @@
 // Weights: each row's log leaf goes to scratch, and each block's smallest (cub::BlockReduce) to
 // scratch word b of block b. With an arrivals word (selection_request::arrivals, 0 between
 // samples) and a batch of at most tuning::select_fused_weights_max_rows, each block then counts
-// itself in that word, and the last block to arrive reduces the blocks' minima and writes every
-// weight, then sets the word back to 0: one launch per selection. Otherwise a second launch
+// itself in that word, and the last block to arrive (last_block.cuh) reduces the blocks' minima
+// and writes every weight: one launch per selection. Otherwise a second launch
 // reduces the minima in every block and writes the weights spread over the GPU.
 //
 // A weight is (leaf_min / leaf)^beta, computed as exp(beta * (log leaf_min - log leaf)): the logs
@@ -26,6 +26,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cub/block/block_reduce.cuh>
+#include <gear/detail/last_block.cuh>
 #include <gear/detail/sum_tree.hpp>
 #include <gear/detail/tuning.hpp>
 #include <gear/select/concept.hpp>
@@ -131,7 +132,6 @@ __global__ void __launch_bounds__(Threads)
   static_assert(Threads % 32 == 0, "whole warps");
   constexpr int rows_per_block = Threads / sum_tree_group;
   __shared__ double top[sum_tree_shared_entries()];
-  __shared__ bool last_to_arrive;
   const int lane = static_cast<int>(threadIdx.x % sum_tree_group);
   read_device_counts(table, r);
   const int top_levels = shape.levels - 1 < tuning::select_shared_levels
@@ -175,20 +175,11 @@ __global__ void __launch_bounds__(Threads)
   using reduce = cub::BlockReduce<double, Threads>;
   __shared__ typename reduce::TempStorage storage;
   smallest = reduce(storage).Reduce(smallest, double_min{});
-  if (threadIdx.x == 0) {
-    r.scratch[blockIdx.x] = double_as_word(smallest);
-    if (fused) {
-      __threadfence();  // the block's words (ordered before by the reduction's barriers) first
-      last_to_arrive = atomicAdd(r.arrivals, 1u) == gridDim.x - 1;
-    }
-  }
-  if (!fused) return;  // the same for the whole grid
-  __syncthreads();
-  if (!last_to_arrive) return;
-  __threadfence();  // every other block's words, as they were when it arrived
+  if (threadIdx.x == 0) r.scratch[blockIdx.x] = double_as_word(smallest);
+  // `fused` is the same for the whole grid; the last block sees every block's words.
+  if (!fused || !last_block_to_arrive(r.arrivals)) return;
   const double log_min = smallest_of_blocks<Threads>(r, gridDim.x);
   if (root > 0) write_weights(r, log_min, beta, threadIdx.x, Threads);
-  if (threadIdx.x == 0) *r.arrivals = 0;  // for the next sample into this batch
 }
 
 /// The weights of the rows prioritized_select_kernel selected with `minima` blocks, without

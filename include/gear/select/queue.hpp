@@ -139,7 +139,8 @@ class queue_state<OldestFirst, exec::device> {
     auto* slots = reinterpret_cast<std::int64_t*>(
         staging_.acquire(rows * (sizeof(std::int64_t) + 2 * sizeof(float))));
     auto* ones = reinterpret_cast<float*>(slots + rows);
-    chosen_.resize(rows);  // before the cursor moves: a failure here leaves the state as it was
+    // Before the cursor moves (a failure here leaves the state as it was); -1 counts as no row.
+    chosen_.assign(rows, -1);
     queue_rows(t, OldestFirst, r.batch, chosen_.data(), cursor_, links_.data());
     std::copy(chosen_.begin(), chosen_.end(), slots);
     std::fill_n(ones, 2 * rows, 1.0f);

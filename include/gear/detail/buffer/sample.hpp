@@ -175,9 +175,7 @@ void sample_into(Core& b, Batch& out, const window& w, Draws& g, cuda::stream_re
   request.slots = out.slots_data();
   request.probabilities = out.probabilities_data();
   request.weights = out.weights_data();
-  request.scratch = out.scratch_data();
-  request.scratch_size = out.scratch_size();
-  request.arrivals = out.arrivals_data();
+  out.workspace().lend_to(request);
   gather_args args;
   args.num_columns = static_cast<int>(Core::num_columns);
   for (std::size_t c = 0; c < Core::num_columns; ++c)
