@@ -1678,6 +1678,52 @@ void bm_graph(benchmark::State& state) {
   record(state, host);
 }
 
+/// Issue 13's P7: host time of one sample_async with policy `policy`, B = 256 windows of 16 steps
+/// of 256 B from a device buffer of 16384 trajectories: the median of 9 rounds of 40 calls, each
+/// round timed on the host from the first call's start to the last call's return (the GPU work
+/// runs on afterwards, untimed; a consuming policy's buffer is filled up again between rounds).
+/// `work` says what each call enqueues, for the note.
+template <class Policy>
+void bm_enqueue(benchmark::State& state, Policy policy, const char* work) {
+  constexpr std::int64_t total = 16384, len = 16, batch = 256, calls = 40, chunk = 1024;
+  auto& c = clock_();
+  gear::replay_buffer<step_spec<256>, gear::storage::device, Policy> buf{
+      gear::capacity{total}, gear::max_length{len}, policy};
+  gear::detail::allocation src(gear::memory_kind::device,
+                               static_cast<std::size_t>(chunk * len * 256));
+  GEAR_CUDA_TRY(cudaMemsetAsync(src.data(), 1, src.size(), c.stream));
+  const std::vector<std::int64_t> lengths(chunk, len);
+  std::vector<gear::key> keys(chunk);
+  const gear::trajectories<step_spec<256>> in{
+      lengths, {gear::input(src.as<const std::uint8_t>(), {256})}, gear::memory_kind::device};
+  const auto fill_up = [&] {
+    while (buf.size() + chunk <= total) buf.insert(in, keys, c.stream);
+    GEAR_CUDA_TRY(cudaStreamSynchronize(c.stream));
+  };
+  fill_up();
+  auto out = buf.make_batch(gear::batch_size{batch}, gear::window_length{len});
+  const gear::window w{.length = len};
+  gear::rng g{31};
+  buf.sample(out, w, g, c.stream);  // warm: staging and events made
+  std::vector<double> t;
+  for (auto _ : state) {
+    t.clear();
+    for (int round = 0; round < 9; ++round) {
+      fill_up();
+      const double t0 = wall_seconds();
+      for (std::int64_t i = 0; i < calls; ++i) buf.sample_async(out, w, g, c.stream);
+      t.push_back((wall_seconds() - t0) / calls);
+      GEAR_CUDA_TRY(cudaStreamSynchronize(c.stream));
+    }
+    state.SetIterationTime(median(t));
+  }
+  table_row row("", 1e6 * median(t), "", 0, "P7 <= 5 us", 0);
+  row.unit = "us";
+  row.met = median(t) <= 5e-6 ? "yes" : "NO";
+  row.note = work;
+  record(state, row);
+}
+
 void register_gpu_benchmarks() {
   add("limit/d2d_copy", bm_limit_d2d)->UseManualTime()->Iterations(3);
   add("limit/h2d_pinned_copy", bm_limit_h2d)->UseManualTime()->Iterations(3);
@@ -1718,6 +1764,23 @@ void register_gpu_benchmarks() {
   add_once("rank_sampler/device/ranks:4/step:4096/rows:64", bm_rank_sampler<4>);
   add_once("graph/device/step:4096/batch:256/window:1", bm_graph<1>);
   add_once("graph/device/step:4096/batch:256/window:16", bm_graph<16>);
+  // P7: host time per sample_async, one row per policy.
+  add_once("enqueue/device/uniform/batch:256", [](benchmark::State& s) {
+    bm_enqueue(s, gear::select::uniform{}, "1 launch: rows drawn in the gather");
+  });
+  add_once("enqueue/device/uniform_without_replacement/batch:256", [](benchmark::State& s) {
+    bm_enqueue(s, gear::select::uniform{.replacement = false}, "2 launches: select, gather");
+  });
+  add_once("enqueue/device/prioritized/batch:256", [](benchmark::State& s) {
+    bm_enqueue(s, gear::select::prioritized{}, "2 launches: select with weights, gather");
+  });
+  add_once("enqueue/device/recency/batch:256", [](benchmark::State& s) {
+    bm_enqueue(s, gear::select::recency{.newest = 4096}, "1 launch: rows drawn in the gather");
+  });
+  add_once("enqueue/device/fifo/batch:256", [](benchmark::State& s) {
+    bm_enqueue(s, gear::select::fifo{},
+               "3 copies and the gather; the removal's record copy and journal apply");
+  });
   register_select_axis<gear::select::uniform>();
   register_select_axis<gear::select::prioritized>();
   register_select_axis<gear::select::recency>();
