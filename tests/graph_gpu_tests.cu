@@ -203,6 +203,16 @@ TEST_CASE("1000 replays of a captured sample equal 1000 eager calls of the same 
     bool differ = false;
     for (int k = 0; k < 1000; ++k) {
       graph.replay(s.s);
+      if (k % 250 == 0) {  // each replay leaves the claim table and the arrivals word clear
+        const auto& w = b.workspace();
+        std::vector<std::uint64_t> claims(static_cast<std::size_t>(w.size()));
+        unsigned arrivals = 1;
+        GEAR_CUDA_TRY(
+            cudaMemcpy(claims.data(), w.claims(), claims.size() * 8, cudaMemcpyDeviceToHost));
+        GEAR_CUDA_TRY(cudaMemcpy(&arrivals, w.arrivals(), 4, cudaMemcpyDeviceToHost));
+        CHECK(std::count(claims.begin(), claims.end(), std::uint64_t{0}) == w.size());
+        CHECK(arrivals == 0u);
+      }
       const auto d = drawn::of(b);
       std::vector<std::int64_t> slots = d.slots;
       std::sort(slots.begin(), slots.end());

@@ -32,8 +32,8 @@ struct gather_args {
   std::int64_t batch = 0;
   window win{};
   rng_draw draw{};
-  const std::int64_t* slots = nullptr;         ///< [batch] from selection; -1 marks no row
-  const std::int64_t* lengths = nullptr;  ///< slot metadata
+  const std::int64_t* slots = nullptr;     ///< [batch] from selection; -1 marks no row
+  const std::int64_t* lengths = nullptr;   ///< slot metadata
   const std::uint64_t* tickets = nullptr;  ///< slot metadata
   std::uint32_t shard = 0;
   std::uint32_t incarnation = 0;
@@ -46,7 +46,7 @@ struct gather_args {
 
 /// The window of row `row`, resolved against its trajectory (all padding for slot -1).
 GEAR_HD inline window_plan row_plan(const gather_args& a, const rng_draw& draw, std::int64_t row,
-                                   std::int64_t slot) {
+                                    std::int64_t slot) {
   if (slot < 0) return {0, 0, 0};
   return plan_window(a.win, a.lengths[slot],
                      draw.extra(static_cast<std::uint64_t>(row), 0xFFFFFFFFu));

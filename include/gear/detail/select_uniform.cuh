@@ -10,8 +10,8 @@
 
 namespace gear::select {
 
-/// Device side: one kernel launch (and a memset without replacement, for a request without
-/// claims), stream-ordered, never synchronises.
+/// Device side: one kernel launch (and a memset without replacement, for a request without claims
+/// or a batch over 8192 rows), stream-ordered, never synchronises.
 template <>
 class uniform::state<exec::device> {
  public:
@@ -25,12 +25,13 @@ class uniform::state<exec::device> {
   }
 
   /// Without replacement the rows claim slots in a table that starts empty: the request's claims
-  /// (clear between samples; the launch's last block clears them again), else its scratch,
-  /// cleared by a memset first.
+  /// (clear between samples; the launch's last block clears them again) where the table is small
+  /// enough for one block to clear, else its scratch, cleared by a memset first.
   void select(const slot_table& t, const selection_request& r, cuda::stream_ref stream) {
     if (policy_.replacement) {
       detail::select_rows_on_device(detail::uniform_rows{t, r, true}, r, stream);
-    } else if (r.claims != nullptr && r.arrivals != nullptr) {
+    } else if (r.claims != nullptr && r.arrivals != nullptr &&
+               r.scratch_size <= detail::tuning::select_fused_claims_max_words) {
       selection_request claiming = r;
       claiming.scratch = r.claims;
       detail::select_claiming_on_device(detail::uniform_rows{t, claiming, false}, claiming, stream);

@@ -17,6 +17,7 @@
 #include <gear/detail/claim.hpp>
 #include <gear/detail/memory.hpp>
 #include <gear/select/concept.hpp>
+#include <utility>
 
 namespace gear::detail {
 
@@ -33,13 +34,24 @@ class selection_workspace {
     zero_now(memory_.data() + words, words + sizeof(unsigned), where);
   }
 
+  selection_workspace(selection_workspace&& o) noexcept
+      : size_(std::exchange(o.size_, 0)), memory_(std::move(o.memory_)) {}
+  selection_workspace& operator=(selection_workspace&& o) noexcept {
+    size_ = std::exchange(o.size_, 0);
+    memory_ = std::move(o.memory_);
+    return *this;
+  }
+
+  /// Words of scratch and of claims (0 once moved from: every pointer is then null).
   [[nodiscard]] std::int64_t size() const noexcept { return size_; }
   [[nodiscard]] std::uint64_t* scratch() const noexcept {
     return memory_.device_as<std::uint64_t>();
   }
-  [[nodiscard]] std::uint64_t* claims() const noexcept { return scratch() + size_; }
+  [[nodiscard]] std::uint64_t* claims() const noexcept {
+    return size_ == 0 ? nullptr : scratch() + size_;
+  }
   [[nodiscard]] unsigned* arrivals() const noexcept {
-    return reinterpret_cast<unsigned*>(claims() + size_);
+    return size_ == 0 ? nullptr : reinterpret_cast<unsigned*>(scratch() + 2 * size_);
   }
 
   /// Points the request's workspace fields here.

@@ -17,6 +17,10 @@ inline constexpr int select_shared_levels = 2;
 /// in the selection's launch (one exp per row, spread over that block's threads); larger batches
 /// take a second launch spread over the GPU.
 inline constexpr std::int64_t select_fused_weights_max_rows = 8192;
+/// Largest claim table (words) that uniform selection without replacement clears in its own last
+/// block (one block's stores); larger tables are cleared by a memset before the selection, spread
+/// over the GPU. The table of a batch of B rows is the power of two >= 2B: this is B = 8192.
+inline constexpr std::int64_t select_fused_claims_max_words = 16384;
 /// Threads per block of the priority update kernels (one thread per updated key) and of the sum
 /// tree rebuild (one thread per node).
 inline constexpr int priority_update_threads = 256;

@@ -127,10 +127,11 @@ struct selection_request {
   std::uint64_t* scratch = nullptr;  ///< workspace of scratch_size words, contents unspecified:
                                      ///< a policy that needs zeros clears what it uses
   std::int64_t scratch_size = 0;     ///< a power of two >= 2 * batch
-  /// Device memory, or null: scratch_size words that are all 0 when the selection starts; a
-  /// selection that uses them (uniform's claim table without replacement) leaves them all 0.
+  /// In the memory of Space (device memory for GPU buffers), or null: scratch_size words that are
+  /// all 0 when the selection starts; a selection that uses them (uniform's claim table without
+  /// replacement) leaves them all 0.
   std::uint64_t* claims = nullptr;
-  /// Device memory, or null: a word that is 0 when the selection starts. A selection's kernel may
+  /// In the memory of Space, or null: a word that is 0 when the selection starts. A kernel may
   /// count its blocks' arrivals in it (detail::last_block_to_arrive), so that its last block
   /// finishes the batch in the same launch; the word must be 0 again when it ends. gear's
   /// batches keep claims and arrivals (detail::selection_workspace); one batch is filled by one
