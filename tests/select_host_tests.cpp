@@ -48,6 +48,38 @@ std::vector<double> draw_counts(Buffer& buf, gear::rng& g, std::int64_t rows, in
 
 // ---- sum tree maths ---------------------------------------------------------------------------
 
+TEST_CASE(
+    "selection_workspace: sizes, claims and arrivals clear, a batch's own; moved from, null") {
+  for (const std::int64_t rows : {1, 2, 3, 255, 256, 4097}) {
+    gear::detail::selection_workspace w(gear::memory_kind::host, rows);
+    INFO("rows " << rows);
+    CHECK(w.size() == gear::detail::claim_table_size(rows));
+    CHECK(w.size() >= 2 * rows);
+    CHECK((w.size() & (w.size() - 1)) == 0);
+    CHECK(std::all_of(w.claims(), w.claims() + w.size(), [](std::uint64_t c) { return c == 0; }));
+    CHECK(*w.arrivals() == 0u);
+    CHECK(w.claims() == w.scratch() + w.size());  // three regions, apart
+    CHECK(reinterpret_cast<std::uint64_t*>(w.arrivals()) == w.claims() + w.size());
+    CHECK(reinterpret_cast<std::uintptr_t>(w.claims()) % 16 == 0);  // 16-byte clears
+    gear::selection_request r;
+    w.lend_to(r);
+    CHECK(r.scratch == w.scratch());
+    CHECK(r.scratch_size == w.size());
+    CHECK(r.claims == w.claims());
+    CHECK(r.arrivals == w.arrivals());
+    gear::detail::selection_workspace moved(std::move(w));
+    CHECK(moved.claims() == r.claims);
+    CHECK(w.size() == 0);  // NOLINT(bugprone-use-after-move): what a moved-from one lends
+    CHECK(w.claims() == nullptr);
+    CHECK(w.arrivals() == nullptr);
+  }
+  // Each batch has its own.
+  gear::batch<spec> a(gear::memory_kind::host, gear::batch_size{8}, gear::window_length{1});
+  gear::batch<spec> b(gear::memory_kind::host, gear::batch_size{8}, gear::window_length{1});
+  CHECK(a.workspace().claims() != b.workspace().claims());
+  CHECK(a.workspace().size() == 16);
+}
+
 TEST_CASE("sum tree shape: every node's 16 children lie inside the padded next level") {
   for (std::int64_t cap :
        {1, 2, 15, 16, 17, 255, 256, 257, 4095, 4096, 4097, 100000, 1 << 24, (1 << 24) + 1}) {
@@ -284,8 +316,8 @@ TEST_CASE("prioritized: the GPU's pair check agrees with check_key and the host 
   for (std::size_t i = 0; i < probes.size(); ++i) {
     const gear::key& k = probes[i];
     INFO("probe " << i << ": ticket " << k.ticket << " shard " << k.shard);
-    const auto verdict =
-        gear::detail::check_priority_pair(k, 1.0f, i, t.lengths, t.tickets, t.capacity, gear::key_owner{});
+    const auto verdict = gear::detail::check_priority_pair(k, 1.0f, i, t.lengths, t.tickets,
+                                                           t.capacity, gear::key_owner{});
     const gear::errc host = gear_test::code_of([&] { buf.check_key(k); });
     if (host == gear::errc{}) {
       CHECK(verdict == gear::detail::priority_ok);
@@ -296,11 +328,12 @@ TEST_CASE("prioritized: the GPU's pair check agrees with check_key and the host 
     CHECK(gear::detail::priority_verdict_index(verdict) == i);
   }
   for (float p : {0.0f, -0.0f, 1e-30f, 3.0f, 0x1.fffffep127f})
-    CHECK(gear::detail::check_priority_pair(keys[0], p, 0, t.lengths, t.tickets, 40, gear::key_owner{}) ==
-          gear::detail::priority_ok);
+    CHECK(gear::detail::check_priority_pair(keys[0], p, 0, t.lengths, t.tickets, 40,
+                                            gear::key_owner{}) == gear::detail::priority_ok);
   for (float p : {-1e-30f, -1.0f, INFINITY, -INFINITY, std::nanf("")})
     CHECK(gear::detail::priority_verdict_code(gear::detail::check_priority_pair(
-              keys[0], p, 7, t.lengths, t.tickets, 40, gear::key_owner{})) == gear::errc::invalid_priority);
+              keys[0], p, 7, t.lengths, t.tickets, 40, gear::key_owner{})) ==
+          gear::errc::invalid_priority);
   // The minimum of verdicts names the first bad key, else the first bad priority.
   using gear::errc;
   using gear::detail::priority_verdict;
@@ -321,8 +354,8 @@ TEST_CASE("prioritized: the GPU's pair check refuses keys of another incarnation
   gear::key reborn = keys[2];
   reborn.incarnation = 1;
   REQUIRE(gear_test::code_of([&] { buf.check_key(reborn); }) == gear::errc::key_out_of_range);
-  const auto verdict =
-      gear::detail::check_priority_pair(reborn, 1.0f, 4, t.lengths, t.tickets, t.capacity, gear::key_owner{});
+  const auto verdict = gear::detail::check_priority_pair(reborn, 1.0f, 4, t.lengths, t.tickets,
+                                                         t.capacity, gear::key_owner{});
   CHECK(verdict != gear::detail::priority_ok);
   CHECK(gear::detail::priority_verdict_code(verdict) == gear::errc::key_out_of_range);
 }
@@ -358,8 +391,9 @@ TEST_CASE("prioritized: failures reported by the GPU are raised once, the earlie
   std::tie(code, what) = raise();
   CHECK(code == gear::errc::key_out_of_range);
   CHECK_MESSAGE(
-      what.find("(call 4) changed nothing: key 2 (shard 1, incarnation 0, ticket 70) is not in this "
-                "shard (and 2 later updates from device memory failed") != std::string::npos,
+      what.find(
+          "(call 4) changed nothing: key 2 (shard 1, incarnation 0, ticket 70) is not in this "
+          "shard (and 2 later updates from device memory failed") != std::string::npos,
       what);
   CHECK(raise().first == gear::errc{});
   for (int i = 0; i < 70; ++i)  // more than the log holds before any is raised
@@ -557,8 +591,9 @@ TEST_CASE(
 // Review finding: uniform drew among occupied slots and redrew on holes, so 2^20 slots with 1000
 // live cost 28 ms per sample instead of 0.14 ms. It draws from the dense index of committed slots
 // now: one draw per row whatever the occupancy.
-TEST_CASE("uniform: 1000 live among 2^20 slots cost what a full buffer does; draws stay uniform "
-          "(chi-square, 0.001); power check") {
+TEST_CASE(
+    "uniform: 1000 live among 2^20 slots cost what a full buffer does; draws stay uniform "
+    "(chi-square, 0.001); power check") {
   using uniform_buffer = gear::replay_buffer<spec, gear::storage::host>;
   const std::int64_t n = std::int64_t{1} << 20, live = 1000;
   uniform_buffer sparse{gear::capacity{n}, gear::max_length{1}};
@@ -575,7 +610,8 @@ TEST_CASE("uniform: 1000 live among 2^20 slots cost what a full buffer does; dra
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
   const double t_full = seconds(full), t_sparse = seconds(sparse);
-  MESSAGE("200 samples of 256 rows: full " << t_full << " s, 1000 live of 2^20 " << t_sparse << " s");
+  MESSAGE("200 samples of 256 rows: full " << t_full << " s, 1000 live of 2^20 " << t_sparse
+                                           << " s");
   CHECK(t_sparse < 3 * t_full + 0.05);
 
   const std::uint64_t seed = 99;
@@ -635,8 +671,9 @@ TEST_CASE("recency: uniform over the newest K committed (chi-square, 0.001); pow
 // recomputed from their children now: after 2 * 10^5 random inserts, erases and writers, every
 // inner node equals the tree rebuilt from its leaves, the count of every window equals a scan,
 // and the weight of the newest window equals a fresh fp64 sum (to 1e-12).
-TEST_CASE("recency: counts and weights are recomputed trees, equal to a fresh sum after 2*10^5 "
-          "changes") {
+TEST_CASE(
+    "recency: counts and weights are recomputed trees, equal to a fresh sum after 2*10^5 "
+    "changes") {
   const std::int64_t cap = 1000;
   const double h = 37.5;
   recent_buffer buf{gear::capacity{cap}, gear::max_length{1}, gear::select::recency{300, h}};
@@ -658,18 +695,22 @@ TEST_CASE("recency: counts and weights are recomputed trees, equal to a fresh su
   CHECK(c.counts().nodes() == c.counts().rebuilt());
   CHECK(c.weights().nodes() == c.weights().rebuilt());
   const std::uint64_t next = buf.tickets_issued();
-  for (std::uint64_t k : {std::uint64_t{1}, std::uint64_t{17}, std::uint64_t{300}, std::uint64_t{1000}}) {
+  for (std::uint64_t k :
+       {std::uint64_t{1}, std::uint64_t{17}, std::uint64_t{300}, std::uint64_t{1000}}) {
     std::int64_t scan = 0;
     long double fresh = 0;
     for (std::uint64_t t = next - k; t < next; ++t) {
       const gear::key probe{t, 0, 0};
       if (!buf.contains(probe)) continue;
       ++scan;
-      fresh += std::exp2(static_cast<long double>(static_cast<double>(t) - static_cast<double>(c.base())) / h);
+      fresh += std::exp2(
+          static_cast<long double>(static_cast<double>(t) - static_cast<double>(c.base())) / h);
     }
     CHECK(c.count(next - k, next) == scan);
-    const double rel = std::abs(static_cast<double>((c.weight_sum(next - k, next) - fresh) / fresh));
-    INFO("window " << k << ": tree " << c.weight_sum(next - k, next) << " fresh " << static_cast<double>(fresh));
+    const double rel =
+        std::abs(static_cast<double>((c.weight_sum(next - k, next) - fresh) / fresh));
+    INFO("window " << k << ": tree " << c.weight_sum(next - k, next) << " fresh "
+                   << static_cast<double>(fresh));
     CHECK(rel < 1e-12);
   }
 }
@@ -741,12 +782,10 @@ TEST_CASE("prioritized: priorities whose p^alpha leaves the double range are ref
   const auto keys = insert_ids(buf, 0, 4);
   const std::vector<float> huge{1e38f}, tiny{1e-35f};
   const double total = buf.selection_state().total();
-  CHECK(gear_test::code_of([&] {
-          buf.update_priorities(std::vector<gear::key>{keys[0]}, huge);
-        }) == gear::errc::invalid_priority);
-  CHECK(gear_test::code_of([&] {
-          buf.update_priorities(std::vector<gear::key>{keys[1]}, tiny);
-        }) == gear::errc::invalid_priority);
+  CHECK(gear_test::code_of([&] { buf.update_priorities(std::vector<gear::key>{keys[0]}, huge); }) ==
+        gear::errc::invalid_priority);
+  CHECK(gear_test::code_of([&] { buf.update_priorities(std::vector<gear::key>{keys[1]}, tiny); }) ==
+        gear::errc::invalid_priority);
   CHECK(buf.selection_state().total() == total);
   CHECK(buf.selection_state().priority(0) == 1.0f);
   const auto r = buf.update_priorities(std::vector<gear::key>{keys[2]}, std::vector<float>{2.0f});
@@ -879,8 +918,10 @@ TEST_CASE("lifo: skip links agree with a scan under random inserts, erases, writ
         }
         break;
       case 3:
-        if (open.size() < 3) open.push_back(std::make_unique<writer_type>(buf.make_writer()));
-        else open.erase(open.begin());  // abandoned
+        if (open.size() < 3)
+          open.push_back(std::make_unique<writer_type>(buf.make_writer()));
+        else
+          open.erase(open.begin());  // abandoned
         break;
       case 4:
         if (!open.empty()) {
@@ -918,7 +959,8 @@ TEST_CASE("lifo: skip links agree with a scan under random inserts, erases, writ
 TEST_CASE("prioritized: set_exponents refuses an alpha that takes a stored priority out of range") {
   per_buffer buf{gear::capacity{8}, gear::max_length{1}, gear::select::prioritized{1.0, 0.4}};
   const auto keys = insert_ids(buf, 0, 4);
-  buf.update_priorities(std::vector<gear::key>{keys[0], keys[1]}, std::vector<float>{1e30f, 1e-30f});
+  buf.update_priorities(std::vector<gear::key>{keys[0], keys[1]},
+                        std::vector<float>{1e30f, 1e-30f});
   auto& st = buf.selection_state();
   const double total = st.total();
   const auto nodes = st.nodes();
@@ -930,8 +972,8 @@ TEST_CASE("prioritized: set_exponents refuses an alpha that takes a stored prior
     CHECK(st.total() == total);
     CHECK(st.nodes() == nodes);
   };
-  refused(20.0);  // (1e30)^20 = 1e600: infinite
-  refused(12.0);  // (1e-30)^12 = 1e-360: underflows to 0 for a positive priority
+  refused(20.0);               // (1e30)^20 = 1e600: infinite
+  refused(12.0);               // (1e-30)^12 = 1e-360: underflows to 0 for a positive priority
   st.set_exponents(2.0, 0.5);  // (1e30)^2 and (1e-30)^2 are in range: accepted
   CHECK(st.alpha() == 2.0);
   CHECK(st.total() == doctest::Approx(1e60 + 1e-60 + 2.0));  // two entered at priority 1 (1^2)
