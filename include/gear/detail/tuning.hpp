@@ -7,8 +7,8 @@ namespace gear::detail::tuning {
 
 /// Threads per block of the selection kernels (one thread per row; prioritized: 16 per row).
 inline constexpr int select_threads = 256;
-/// Most blocks of the prioritized selection (larger batches stride): its weights launch reduces
-/// one word per selection block in every block.
+/// Most blocks of the prioritized selection (larger batches stride): the block that writes the
+/// weights (its last, or each block of the weights launch) reduces one word per selection block.
 inline constexpr std::int64_t select_max_blocks = 1024;
 /// Levels below the root that each prioritized selection block reads once into shared memory
 /// (levels 1 and 2: at most 16 + 256 nodes, 2 KiB) instead of every row reading them from L2.
