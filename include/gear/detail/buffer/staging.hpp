@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <gear/detail/cuda.hpp>
 #include <gear/detail/memory.hpp>
+#include <gear/detail/tuning.hpp>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -224,7 +225,8 @@ class staging_pool {
   static void grow(entry& e, std::size_t pinned_bytes, std::size_t device_bytes) {
     allocation pinned, device;
     if (e.pinned.size() < pinned_bytes)
-      pinned = allocation(memory_kind::pinned_host, std::max(pinned_bytes, 2 * e.pinned.size()));
+      pinned = allocation(memory_kind::pinned_host, std::max(pinned_bytes, 2 * e.pinned.size()),
+                          tuning::staging_write_combined);
     if (e.device.size() < device_bytes)
       device = allocation(memory_kind::device, std::max(device_bytes, 2 * e.device.size()));
     if (pinned.size() != 0) e.pinned = std::move(pinned);
