@@ -217,7 +217,7 @@ TEST_CASE("prioritized (device): host and device select the same slots from the 
 
 TEST_CASE(
     "prioritized (device): the selection's last block writes the weights; batches over "
-    "8192 rows take a second launch; trees of 1 to 6 levels") {
+    "2048 rows take a second launch; trees of 1 to 6 levels") {
   // Slots, probabilities and weights are poisoned before each sample. Slots are compared with the
   // host tree's selection from the same draws (a wrong descent through the levels a block reads
   // into shared memory would pick other slots); probabilities and weights with their formulas;
@@ -226,7 +226,7 @@ TEST_CASE(
   stream_holder s;
   const double alpha = 0.6, beta = 0.7;
   for (const std::int64_t n : {1, 8, 200, 1000, 5000, 70000}) {  // 1, 2, 3, 4, 5, 6 levels
-    for (const std::int64_t rows : {1, 777, 8192, 9000}) {
+    for (const std::int64_t rows : {1, 777, 2048, 2049, 9000}) {
       INFO("capacity " << n << ", batch " << rows);
       per_buffer dev{gear::capacity{n}, gear::max_length{1},
                      gear::select::prioritized{alpha, beta}};

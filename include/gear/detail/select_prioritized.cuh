@@ -3,7 +3,7 @@
 //
 // Selection: a group of 16 lanes per row descends the tree (D - 1 coalesced line reads, D =
 // levels), and the last block to finish writes the weights (a second launch for batches over
-// 8192 rows, or without an arrivals word): O(B log N), stream-ordered, no synchronisation
+// 2048 rows, or without an arrivals word): O(B log N), stream-ordered, no synchronisation
 // (sum_tree_select.cuh).
 //
 // Update of B (slot, priority) pairs, O(B log N), two launches:

@@ -100,12 +100,26 @@ __device__ inline std::uint64_t double_as_word(double x) {
 }
 
 /// Weights from the rows' log leaves (r.scratch[batch, 2 * batch)) and the smallest one, for rows
-/// first, first + stride, ... (importance_weight, computed as the file's top says).
+/// first, first + stride, ... (importance_weight, computed as the file's top says). Each thread
+/// loads 8 rows' leaves before it computes any: the last block writes a whole batch, and one load
+/// at a time would wait out the L2's latency once per row.
 __device__ inline void write_weights(const selection_request& r, double log_min, double beta,
                                      std::int64_t first, std::int64_t stride) {
-  for (std::int64_t row = first; row < r.batch; row += stride)
-    r.weights[row] =
-        static_cast<float>(::exp(beta * (log_min - word_as_double(r.scratch + r.batch + row))));
+  constexpr int in_flight = 8;
+  for (std::int64_t base = first; base < r.batch; base += in_flight * stride) {
+    double log_leaf[in_flight];
+#pragma unroll
+    for (int k = 0; k < in_flight; ++k) {
+      const std::int64_t row = base + k * stride;
+      log_leaf[k] = row < r.batch ? word_as_double(r.scratch + r.batch + row) : 0.0;
+    }
+#pragma unroll
+    for (int k = 0; k < in_flight; ++k) {
+      const std::int64_t row = base + k * stride;
+      if (row < r.batch)
+        r.weights[row] = static_cast<float>(::exp(beta * (log_min - log_leaf[k])));
+    }
+  }
 }
 
 /// The smallest of the blocks' minima (r.scratch[0, minima)), given to every thread of the block.
