@@ -34,7 +34,8 @@ class uniform::state<exec::device> {
                r.scratch_size <= detail::tuning::select_fused_claims_max_words) {
       selection_request claiming = r;
       claiming.scratch = r.claims;
-      detail::select_claiming_on_device(detail::uniform_rows{t, claiming, false}, claiming, stream);
+      detail::select_rows_on_device</*ClearsClaims=*/true>(detail::uniform_rows{t, claiming, false},
+                                                           claiming, stream);
     } else {
       GEAR_CUDA_TRY(cudaMemsetAsync(
           r.scratch, 0, static_cast<std::size_t>(r.scratch_size) * sizeof(std::uint64_t),
