@@ -22,8 +22,7 @@
 // commit, erase, update_priorities) synchronise that stream before returning; _async names do not.
 //
 //   Host state is current when a call returns: size(), contains(), length(), tickets_issued()
-//   report every call that has returned (contains(k) is true once insert_async returns, before
-//   the bytes are on the GPU).
+//   report every call that returned (contains(k) once insert_async returns, bytes in flight).
 //
 //   Device work is stream-ordered: every _async call acts as if it ran at its place in its
 //   stream's order. Its metadata changes are slot records snapshotted during the call and applied
@@ -40,9 +39,10 @@
 //
 //   Waits: an _async call never waits for its stream, except (1) an insert of host data into a
 //   buffer with host-resident columns (pinned_host, mixed), which waits for the stream's earlier
-//   work before the CPU overwrites evicted slots; (2) a sample that removes what it returned
-//   (set_max_times_sampled, select::fifo / lifo), which reads its rows back; (3) a staging entry
-//   is reused only once the work that read it finished: a call waits only when 512 are in flight.
+//   work before the CPU overwrites evicted slots; (2) a sample under set_max_times_sampled whose
+//   rows were drawn on the GPU, which reads them back (fifo / lifo draw on the host); (3) staging
+//   is reused once the work that read it finished (512 entries; 4 areas for queue rows, 4 for
+//   host-span priorities), so a call waits only when that many are still in flight.
 //
 //   Threads and streams: any number of threads may call one buffer at once, each on its own
 //   stream (or sharing streams), with no lock or event of the caller's. The buffer serialises its
@@ -306,8 +306,8 @@ class replay_buffer {
   /// its own and the batch is small. Consumes one draw of g. Stream-ordered; does not
   /// synchronise (sample does) unless trajectories are removed after k returns
   /// (set_max_times_sampled) and the policy draws on the GPU: then it reads back the rows it drew
-  /// (select::fifo and select::lifo choose their rows on the host and need not). `g` is a gear::rng, or a gear::device_rng for CUDA graphs (see "CUDA graphs"
-  /// above).
+  /// (fifo and lifo choose theirs on the host: they need not). `g` is a gear::rng, or a
+  /// gear::device_rng for CUDA graphs (see "CUDA graphs" above).
   /// Throws (leaving the buffer and g unchanged): errc::empty_buffer, errc::empty_window,
   /// errc::window_out_of_range, errc::batch_mismatch, errc::not_enough_items (policy-specific),
   /// errc::out_of_memory, errc::cuda_error; with a device_rng also errc::invalid_argument (g on
