@@ -241,35 +241,27 @@ int main(int argc, char** argv) {
       [&] { learner_copy_wc = learn(buf, learner_stream.s, phase, steps); }, true);
 
   std::printf("%-58s %12s %14s %8s %8s\n", "operation", "figure", "reference", "ratio", "target");
-  std::printf("%-58s %9.0f /s %11.0f /s %7.1f%% %8s\n",
-              "sample_async 256 B steps B=256 w=64, after a 2nd stream", two_streams, one_stream,
-              100 * two_streams / one_stream, ">= 95%");
-  std::printf("%-58s %9.1f /s %11.1f /s %7.1f%% %8s\n", "learner B=256 w=64 28 KiB, with 8 actors",
-              learner_with, solo, 100 * learner_with / solo, ">= 90%");
-  std::printf("%-58s %6.1f GB/s %8.1f GB/s %7.1f%% %8s\n",
-              "8 actors inserting 28 KiB steps, with learner", actors_with, limit,
-              100 * actors_with / limit, ">= 80%");
-  std::printf("%-58s %6.1f GB/s %8.1f GB/s %7.1f%% %8s\n",
-              "8 threads: CPU copy to pinned, then H2D (no buffer)", copy_staged, limit,
-              100 * copy_staged / limit, "");
-  std::printf("%-58s %6.1f GB/s %8.1f GB/s %7.1f%% %8s\n",
-              "8 threads: H2D from pageable, driver-staged (no buffer)", copy_driver, limit,
-              100 * copy_driver / limit, "");
-  std::printf("%-58s %9.1f /s %11.1f /s %7.1f%% %8s\n",
-              "learner, 8 threads copying as above (no buffer)", learner_copy, solo,
-              100 * learner_copy / solo, "");
-  std::printf("%-58s %6.1f GB/s %8.1f GB/s %7.1f%% %8s\n",
-              "8 threads copying as above, with the learner", copy_with_learner, limit,
-              100 * copy_with_learner / limit, "");
-  std::printf("%-58s %6.1f GB/s %8.1f GB/s %7.1f%% %8s\n",
-              "8 threads: CPU copy to write-combined pinned, then H2D", copy_wc, limit,
-              100 * copy_wc / limit, "");
-  std::printf("%-58s %6.1f GB/s %8.1f GB/s %7.1f%% %8s\n",
-              "8 threads copying write-combined, with the learner", copy_wc_with_learner, limit,
-              100 * copy_wc_with_learner / limit, "");
-  std::printf("%-58s %9.1f /s %11.1f /s %7.1f%% %8s\n", "learner, 8 threads copying write-combined",
-              learner_copy_wc, solo, 100 * learner_copy_wc / solo, "");
-  std::printf("%-58s %6.1f GB/s %8.1f GB/s %7.1f%% %8s\n", "8 actors inserting 28 KiB steps, alone",
-              actors_alone, limit, 100 * actors_alone / limit, "");
+  // One line: a rate (per second) or a bandwidth (GB/s) against its reference.
+  auto row = [](const char* what, double figure, double reference, bool bandwidth,
+                const char* target = "") {
+    if (bandwidth)
+      std::printf("%-58s %6.1f GB/s %8.1f GB/s %7.1f%% %8s\n", what, figure, reference,
+                  100 * figure / reference, target);
+    else
+      std::printf("%-58s %9.1f /s %11.1f /s %7.1f%% %8s\n", what, figure, reference,
+                  100 * figure / reference, target);
+  };
+  row("sample_async 256 B steps B=256 w=64, after a 2nd stream", two_streams, one_stream, false,
+      ">= 95%");
+  row("learner B=256 w=64 28 KiB, with 8 actors", learner_with, solo, false, ">= 90%");
+  row("8 actors inserting 28 KiB steps, with learner", actors_with, limit, true, ">= 80%");
+  row("8 threads: CPU copy to pinned, then H2D (no buffer)", copy_staged, limit, true);
+  row("8 threads: H2D from pageable, driver-staged (no buffer)", copy_driver, limit, true);
+  row("learner, 8 threads copying as above (no buffer)", learner_copy, solo, false);
+  row("8 threads copying as above, with the learner", copy_with_learner, limit, true);
+  row("8 threads: CPU copy to write-combined pinned, then H2D", copy_wc, limit, true);
+  row("8 threads copying write-combined, with the learner", copy_wc_with_learner, limit, true);
+  row("learner, 8 threads copying write-combined", learner_copy_wc, solo, false);
+  row("8 actors inserting 28 KiB steps, alone", actors_alone, limit, true);
   return 0;
 }
