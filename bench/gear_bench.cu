@@ -1536,20 +1536,35 @@ double median_per_call(F&& f) {
   return median(t);
 }
 
+/// `count` trajectories of `len` steps of StepBytes in device memory (every byte 1, set on
+/// `stream`) as one insert's input, with room for its keys. Not movable: `in` points into it.
+template <std::int64_t StepBytes>
+struct device_input {
+  gear::detail::allocation src;
+  std::vector<std::int64_t> lengths;
+  std::vector<gear::key> keys;
+  gear::trajectories<step_spec<StepBytes>> in;
+  device_input(std::int64_t count, std::int64_t len, cudaStream_t stream)
+      : src(gear::memory_kind::device, static_cast<std::size_t>(count * len * StepBytes)),
+        lengths(static_cast<std::size_t>(count), len),
+        keys(static_cast<std::size_t>(count)),
+        in{lengths,
+           {gear::input(src.as<const std::uint8_t>(), {StepBytes})},
+           gear::memory_kind::device} {
+    GEAR_CUDA_TRY(cudaMemsetAsync(src.data(), 1, src.size(), stream));
+  }
+  device_input(const device_input&) = delete;
+  device_input& operator=(const device_input&) = delete;
+};
+
 /// Inserts `total` trajectories of `len` steps of 4 KiB into every buffer of `bufs`, from device
 /// memory, 64 per insert, on the bench stream.
 template <class... Buffers>
 void fill_4k(std::int64_t total, std::int64_t len, Buffers&... bufs) {
   constexpr std::int64_t chunk = 64;
   auto& c = clock_();
-  gear::detail::allocation src(gear::memory_kind::device,
-                               static_cast<std::size_t>(chunk * len * 4096));
-  GEAR_CUDA_TRY(cudaMemsetAsync(src.data(), 1, src.size(), c.stream));
-  const std::vector<std::int64_t> lengths(chunk, len);
-  std::vector<gear::key> keys(chunk);
-  const gear::trajectories<step_spec<4096>> in{
-      lengths, {gear::input(src.as<const std::uint8_t>(), {4096})}, gear::memory_kind::device};
-  for (std::int64_t at = 0; at < total; at += chunk) (bufs.insert(in, keys, c.stream), ...);
+  device_input<4096> d(chunk, len, c.stream);
+  for (std::int64_t at = 0; at < total; at += chunk) (bufs.insert(d.in, d.keys, c.stream), ...);
 }
 
 /// Sampling from a sharded_buffer of `Shards` shards on this GPU against one replay_buffer of the
@@ -1707,15 +1722,9 @@ void bm_enqueue(benchmark::State& state, Policy policy, const char* work) {
   auto& c = clock_();
   gear::replay_buffer<step_spec<256>, gear::storage::device, Policy> buf{
       gear::capacity{total}, gear::max_length{len}, policy};
-  gear::detail::allocation src(gear::memory_kind::device,
-                               static_cast<std::size_t>(chunk * len * 256));
-  GEAR_CUDA_TRY(cudaMemsetAsync(src.data(), 1, src.size(), c.stream));
-  const std::vector<std::int64_t> lengths(chunk, len);
-  std::vector<gear::key> keys(chunk);
-  const gear::trajectories<step_spec<256>> in{
-      lengths, {gear::input(src.as<const std::uint8_t>(), {256})}, gear::memory_kind::device};
+  device_input<256> d(chunk, len, c.stream);
   const auto fill_up = [&] {
-    while (buf.size() + chunk <= total) buf.insert(in, keys, c.stream);
+    while (buf.size() + chunk <= total) buf.insert(d.in, d.keys, c.stream);
     GEAR_CUDA_TRY(cudaStreamSynchronize(c.stream));
   };
   fill_up();
