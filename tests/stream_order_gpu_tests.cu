@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <optional>
 #include <set>
 #include <string>
@@ -579,6 +580,99 @@ TEST_CASE("landing: erase and host-span priority updates publish the keys they n
   CHECK_FALSE(buf.contains(kb));
   CHECK(buf.contains(ka));
   CHECK(buf.size() == 2);
+}
+
+// Host inserts into pinned_host / mixed storage write evicted slots with the CPU. They wait on
+// the host for the gathers that may read those slots and the writes in flight to them (events the
+// buffer records), not for the caller's whole stream: a training step queued there runs on.
+namespace {
+
+double seconds_of(const std::function<void()>& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("pinned_host: a host insert does not wait for a training step on its stream",
+                   Storage, gear::storage::pinned_host,
+                   gear::storage::mixed<gear::storage::pinned_host>) {
+  stream_holder s;
+  vbuffer<Storage> buf{gear::capacity{1}, gear::max_length{4}};
+  const gear::key kx = insert_values(buf, {10, 11, 12, 13}, s);
+  auto read = buf.make_batch(gear::batch_size{16}, gear::window_length{4});
+  gear::rng g{21};
+  buf.sample_async(read, gear::window{.length = 4}, g, s);  // reads slot 0, then the step
+  hold(s, 300);
+  gear::key kb{};
+  const double waited = seconds_of([&] { kb = insert_values(buf, {20, 21, 22, 23}, s); });
+  // Timing is meaningful only where kernels overlap the host (not under compute-sanitizer).
+  if (streams_overlap()) CHECK(waited < 0.15);
+  GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
+  for (const row& r : rows_of(read, s)) {
+    CHECK(r.k == kx);
+    CHECK(r.v == std::vector<std::int32_t>{10, 11, 12, 13});
+  }
+  CHECK_FALSE(buf.contains(kx));
+  auto later = buf.make_batch(gear::batch_size{16}, gear::window_length{4});
+  buf.sample(later, gear::window{.length = 4}, g, s);
+  for (const row& r : rows_of(later, s)) {
+    CHECK(r.k == kb);
+    CHECK(r.v == std::vector<std::int32_t>{20, 21, 22, 23});
+  }
+}
+
+TEST_CASE_TEMPLATE("pinned_host: a host insert waits for a gather queued behind a kernel",
+                   Storage, gear::storage::pinned_host,
+                   gear::storage::mixed<gear::storage::pinned_host>) {
+  stream_holder s, other;
+  vbuffer<Storage> buf{gear::capacity{1}, gear::max_length{4}};
+  const gear::key kx = insert_values(buf, {10, 11, 12, 13}, s);
+  auto read = buf.make_batch(gear::batch_size{16}, gear::window_length{4});
+  gear::rng g{22};
+  bool same = true;
+  SUBCASE("the gather on the insert's stream") { same = true; }
+  SUBCASE("the gather on another stream") { same = false; }
+  const cudaStream_t gs = same ? s.s : other.s;
+  // The gather's stream has used the buffer before (its first call would wait for the device).
+  buf.sample(read, gear::window{.length = 4}, g, cuda::stream_ref{gs});
+  hold(gs, 300);
+  buf.sample_async(read, gear::window{.length = 4}, g, cuda::stream_ref{gs});
+  const double waited = seconds_of([&] { (void)insert_values(buf, {20, 21, 22, 23}, s); });
+  CHECK(waited > 0.2);
+  GEAR_CUDA_TRY(cudaDeviceSynchronize());
+  for (const row& r : rows_of(read, s)) {  // the gather read X whole, never a torn row
+    CHECK(r.k == kx);
+    CHECK(r.v == std::vector<std::int32_t>{10, 11, 12, 13});
+  }
+}
+
+TEST_CASE_TEMPLATE("pinned_host: a host insert over an open reservation waits for its kernel",
+                   Storage, gear::storage::pinned_host,
+                   gear::storage::mixed<gear::storage::pinned_host>) {
+  stream_holder s, other;
+  vbuffer<Storage> buf{gear::capacity{1}, gear::max_length{4}};
+  bool same = true;
+  SUBCASE("the kernel on the insert's stream") { same = true; }
+  SUBCASE("the kernel on another stream") { same = false; }
+  const cudaStream_t ks = same ? s.s : other.s;
+  const gear::reservation r = buf.reserve(1, s);
+  GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
+  hold(ks, 300);  // a buffer_ref kernel fills the reservation late, from any stream
+  write_steps<<<1, 1, 0, ks>>>(buf.ref(gear::op::write_steps{}), r.slot(0), 30, 4);
+  GEAR_CHECK_LAUNCH("write_steps");
+  gear::key kb{};
+  const double waited = seconds_of([&] { kb = insert_values(buf, {20, 21, 22, 23}, s); });
+  CHECK(waited > 0.2);
+  GEAR_CUDA_TRY(cudaDeviceSynchronize());
+  auto batch = buf.make_batch(gear::batch_size{16}, gear::window_length{4});
+  gear::rng g{23};
+  buf.sample(batch, gear::window{.length = 4}, g, s);
+  for (const row& got : rows_of(batch, s)) {  // the CPU's bytes, not the late kernel's
+    CHECK(got.k == kb);
+    CHECK(got.v == std::vector<std::int32_t>{20, 21, 22, 23});
+  }
 }
 
 // Review finding E4: a launch check reads the thread's last error, so a failed launch of the

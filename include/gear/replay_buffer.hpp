@@ -37,12 +37,12 @@
 //   priorities) is copied during the call and may be reused when it returns. Device memory (an
 //   insert from memory_kind::device, priorities from memory_kind::device) is read in stream order.
 //
-//   Waits: an _async call never waits for its stream, except (1) an insert of host data into a
-//   buffer with host-resident columns (pinned_host, mixed), which waits for the stream's earlier
-//   work before the CPU overwrites evicted slots; (2) a sample under set_max_times_sampled whose
-//   rows were drawn on the GPU, which reads them back (fifo / lifo draw on the host); (3) staging
-//   is reused once the work that read it finished (512 entries; 4 areas for queue rows, 4 for
-//   host-span priorities), so a call waits only when that many are still in flight.
+//   Waits: an _async call never waits for its stream, except (1) an insert of host data into
+//   pinned_host or mixed storage waits on the host for the gathers that may read the slots it
+//   evicts and the writes in flight to them (bound, below: for the stream); (2) a sample under
+//   set_max_times_sampled whose rows were drawn on the GPU reads them back (fifo / lifo draw on
+//   the host); (3) staging is reused once the work that read it finished (512 entries; 4 areas for
+//   queue rows, 4 for host-span priorities): a call waits only when that many are in flight.
 //
 //   Threads and streams: any number of threads may call one buffer at once, each on its own
 //   stream (or sharing streams), with no lock or event of the caller's. The buffer serialises its
@@ -230,8 +230,8 @@ class replay_buffer {
 
   /// Inserts whole trajectories, evicting the oldest when full, and writes one key per trajectory
   /// to keys_out. Host data is copied during the call; device data is read in stream order. Does
-  /// not synchronise (insert does); waits for the stream only to write host-resident columns of a
-  /// GPU buffer from host data (see the contract above).
+  /// not synchronise (insert does); to write host-resident columns of a GPU buffer from host data
+  /// it waits for the earlier gathers and writes of the evicted slots (see the contract above).
   /// Throws (leaving the buffer unchanged): errc::invalid_argument (no trajectories, more than
   /// capacity, keys_out too small), errc::empty_trajectory, errc::trajectory_too_long,
   /// errc::null_pointer, errc::wrong_type, errc::wrong_shape, errc::misaligned_pointer,

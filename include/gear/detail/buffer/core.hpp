@@ -112,6 +112,7 @@ class buffer_core {
         ring_(capacity, next_buffer_id()) {
     if constexpr (on_device) {
       mirror_ = allocation(memory_kind::device, slot_mirror::bytes(capacity));
+      if (!all_in_device_memory) order_.track_for_host();  // the CPU writes host-resident slots
       zero_now(mirror_.data(), mirror_.size(), memory_kind::device);
     }
     selection_.emplace(selection, capacity);
@@ -207,15 +208,39 @@ class buffer_core {
   [[nodiscard]] std::unique_lock<std::mutex> lock() const { return std::unique_lock(mutex_); }
 
   /// Orders an access of this call's stream after other streams' (stream_order.hpp). Refuses,
-  /// first, a stream capturing a CUDA graph unless the call may be captured (`capturable`).
-  void order_before(cuda::stream_ref stream, stream_order::access a, bool capturable = false) {
+  /// first, a stream capturing a CUDA graph unless the call may be captured (`capturable`). A call
+  /// that binds the buffer once enqueued says so (`binding`): it makes and records no event.
+  void order_before(cuda::stream_ref stream, stream_order::access a, bool capturable = false,
+                    bool binding = false) {
     if constexpr (on_device) {
       if (!capturable) detail::refuse_capture(stream);
-      order_.before(stream.get(), a);
+      order_.before(stream.get(), a, binding);
     }
   }
-  void order_after(cuda::stream_ref stream, stream_order::access a, bool bytes = true) {
-    if constexpr (on_device) order_.after(stream.get(), a, bytes);
+  void order_after(cuda::stream_ref stream, stream_order::access a, bool bytes = true,
+                   bool binding = false) {
+    if constexpr (on_device) order_.after(stream.get(), a, bytes, binding);
+  }
+
+  /// Waits, on the host, until the CPU may overwrite the host-resident bytes of the `count` slots
+  /// the next reservation takes: for every gather that may read them and every write of slot
+  /// bytes in flight (stream_order::wait_on_host), not for the rest of the caller's stream. A
+  /// bound buffer records no event: it waits for its stream. A slot that holds an open
+  /// reservation may be filled by a buffer_ref kernel on any stream: it waits for the device.
+  void wait_before_cpu_write(cuda::stream_ref stream, std::int64_t count) const {
+    if constexpr (on_device) {
+      if (order_.bound()) return synchronize(stream);
+      const std::uint64_t first = ring_.next_ticket();
+      for (std::int64_t i = 0; i < count; ++i)
+        if (ring_.state(ring_.slot_of(first + static_cast<std::uint64_t>(i))) ==
+            slot_state::pending) {
+          GEAR_CUDA_TRY(cudaDeviceSynchronize());
+          return;
+        }
+      order_.wait_on_host();
+    } else {
+      (void)stream, (void)count;
+    }
   }
   static constexpr auto read = stream_order::access::read;
   static constexpr auto write = stream_order::access::write;

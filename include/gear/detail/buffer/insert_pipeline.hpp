@@ -4,8 +4,9 @@
 //   check    sizes, lengths, every column's type, shape, alignment and memory
 //   acquire  one staging lease: the scatter's table (and, for host data bound for GPU columns,
 //            the data itself, copied by the CPU during the call); for host data bound for
-//            host-resident columns of a GPU buffer, a wait for the stream (earlier gathers may
-//            still read the slots' evicted occupants)
+//            host-resident columns of a GPU buffer, a wait on the host for the gathers that may
+//            still read the slots' evicted occupants and the writes in flight to them (events of
+//            the buffer's, stream_order::wait_on_host; the caller's stream runs on)
 //   change   host-resident columns written by the CPU; the selection policy's eviction hook; one
 //            scatter launch that writes the GPU columns; the ring, whose commit records one
 //            journal apply, enqueued after the scatter, brings to the device mirror; the commit
@@ -152,14 +153,14 @@ void insert_trajectories(Core& b, const trajectories<Spec>& in, std::span<key> k
       first = b.ring_.next_ticket();
     }
     // The waits: the stream's work follows other streams' reads and writes (stream_order.hpp);
-    // before the CPU overwrites evicted slots, the host waits for all of that, so no read that
-    // may have selected them and no write in flight to them is left.
+    // before the CPU overwrites evicted slots, the host waits for the reads that may have
+    // selected them and the writes in flight to them (not for the rest of the caller's stream).
     try {
       b.check_usable();
       settle_landing(b, landing_force{}, stream);
       b.order_before(stream, Core::write);
       b.wait_for_landing_copies(stream);
-      if (cpu_bytes > 0) b.synchronize(stream);
+      if (cpu_bytes > 0) b.wait_before_cpu_write(stream, count);
     } catch (...) {
       b.staging_.give_back(lease);
       throw;

@@ -113,7 +113,7 @@ void update_from_device(Core& b, std::span<const key> keys, std::span<const floa
     if (captured) b.order_.check_bind(stream.get());
     // Landing inserts whose bytes are still on their way stay so: their keys count as stale here.
     settle_landing(b, landing_force{}, stream);
-    b.order_before(stream, Core::write, /*capturable=*/true);
+    b.order_before(stream, Core::write, /*capturable=*/true, /*binding=*/captured);
     b.enqueue([&] {
       // A sharded_buffer's shard skips its siblings' keys (a state that may take them says so
       // with a last parameter).
@@ -126,7 +126,7 @@ void update_from_device(Core& b, std::span<const key> keys, std::span<const floa
         state.update_from_device(b.table(), b.owner_, keys, priorities, stream, siblings);
       else
         state.update_from_device(b.table(), b.owner_, keys, priorities, stream);
-      b.order_after(stream, Core::write, /*bytes=*/false);
+      b.order_after(stream, Core::write, /*bytes=*/false, /*binding=*/captured);
     });
     if (captured) b.order_.bind(stream.get());
   } else {

@@ -200,9 +200,9 @@ void sample_into(Core& b, Batch& out, const window& w, Draws& g, cuda::stream_re
         drawn_from.live_at = b.mirror().live;
         args.counter = g.counter();
       }
-      b.order_before(stream, Core::read, /*capturable=*/device_draws);
+      b.order_before(stream, Core::read, /*capturable=*/device_draws, /*binding=*/device_draws);
       select_and_gather_on_device(*b.selection_, drawn_from, request, args, stream);
-      b.order_after(stream, Core::read);
+      b.order_after(stream, Core::read, /*bytes=*/true, /*binding=*/device_draws);
       if constexpr (rows_on_host) slots = b.selection_->host_rows().data();
       if constexpr (device_draws) {  // once nothing can be refused (checked: neither throws)
         b.order_.bind(stream.get());

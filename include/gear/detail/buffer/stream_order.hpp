@@ -24,6 +24,13 @@
 // Each stream keeps the events of its last 64 reads, so a write that evicted slots earlier (a
 // landing insert's reservation, landing.hpp) can wait for just the reads enqueued before that
 // eviction (read_marks, wait_reads) rather than for every read enqueued since.
+//
+// A buffer whose CPU writes slot bytes (host data into host-resident columns: pinned_host, mixed)
+// is tracked for the host (track_for_host): its accesses are recorded from the first stream on, so
+// an insert waits on the host for the last read of each stream and the last write of slot bytes
+// (wait_on_host) rather than for everything queued on its stream, a training step included. Calls
+// that bind the buffer (they may be captured) make and record no event; a bound buffer records
+// nothing (records() is false) and its host writes wait for its stream.
 
 #include <cstdint>
 #include <gear/detail/cuda.hpp>
@@ -39,8 +46,11 @@ class stream_order {
 
   /// Makes `s` wait for what an access of kind `a` must follow. Throws errc::cuda_error (then
   /// nothing was enqueued on `s` that a retry would repeat wrongly: waits are idempotent).
-  void before(cudaStream_t s, access a) {
+  /// `binding`: the call binds the buffer once it is enqueued (it may be captured): no event is
+  /// made for it.
+  void before(cudaStream_t s, access a, bool binding = false) {
     lane& self = lane_of(s);
+    if (tracked_ && !bound_ && !binding) self.make_events();
     if (last_writer_ != nullptr && last_writer_ != &self)
       GEAR_CUDA_TRY(cudaStreamWaitEvent(s, last_writer_->write.get(), 0));
     if (a == access::write)
@@ -108,6 +118,23 @@ class stream_order {
   /// no access on its stream): the buffer may no longer bind.
   void note_unlaned_stream() noexcept { unlaned_ = true; }
 
+  /// Records every access from the first stream on (see the top of this file).
+  void track_for_host() noexcept { tracked_ = true; }
+  /// True when accesses are recorded: tracked or used from several streams, and not bound.
+  [[nodiscard]] bool records() const noexcept {
+    return (tracked_ || lanes_.size() > 1) && !bound_;
+  }
+  /// Waits on the host until every gather that may read a slot and every write of slot bytes
+  /// enqueued so far have finished: each stream's last read and the last write of slot bytes
+  /// (every access follows the one before it on its stream, and every write the write before it).
+  /// Complete only while the buffer is tracked and not bound. Throws errc::cuda_error.
+  void wait_on_host() const {
+    for (const auto& l : lanes_)
+      if (l->reads > 0) GEAR_CUDA_TRY(cudaEventSynchronize(l->read_event(l->reads - 1)));
+    if (last_bytes_writer_ != nullptr && last_bytes_writer_->write.get() != nullptr)
+      GEAR_CUDA_TRY(cudaEventSynchronize(last_bytes_writer_->write.get()));
+  }
+
   /// True when some stream has a read no write has followed yet.
   [[nodiscard]] bool reads_pending() const noexcept {
     for (const auto& l : lanes_)
@@ -123,18 +150,20 @@ class stream_order {
   /// Records the position of an access just enqueued on `s` (it must follow before(s, a)). A
   /// write with `bytes` false changed metadata only (the mirror, the selection state), no slot
   /// bytes: wait_last_bytes_write need not wait for it.
-  void after(cudaStream_t s, access a, bool bytes = true) {
+  /// `binding` as for before(): nothing is recorded.
+  void after(cudaStream_t s, access a, bool bytes = true, bool binding = false) {
     lane& self = lane_of(s);
+    const bool record = records() && !binding;
     if (a == access::write) {
       // This write followed every pending read: later writes follow them through it.
       for (auto& l : lanes_) l->read_pending = false;
       last_writer_ = &self;
       // The lane's write event moves on with its later writes: still after its bytes.
       if (bytes) last_bytes_writer_ = &self;
-      if (lanes_.size() > 1) GEAR_CUDA_TRY(cudaEventRecord(self.write.get(), s));
+      if (record) GEAR_CUDA_TRY(cudaEventRecord(self.write.get(), s));
     } else {
       self.read_pending = true;
-      if (lanes_.size() > 1) {
+      if (record) {
         GEAR_CUDA_TRY(cudaEventRecord(self.read_event(self.reads), s));
         ++self.reads;
       }
@@ -191,6 +220,7 @@ class stream_order {
   lane* last_bytes_writer_ = nullptr;  // the last write of slot bytes was on it (or later)
   bool bound_ = false;                 // bind(): lanes_ holds one lane, the only one allowed
   bool unlaned_ = false;               // a stream without a lane used the buffer: never bind
+  bool tracked_ = false;               // track_for_host(): record from the first stream on
 };
 
 }  // namespace gear::detail
