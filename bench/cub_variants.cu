@@ -1,8 +1,8 @@
 // gear_cub_variants: each hand-written step of prioritized selection and priority updates against
 // a version of the same step built from CUB, on the same tree, draws and pairs, in one run:
 //
-//   descent    a group of 16 lanes per row folds a node's 16 children in index order (gear's
-//              sum_tree_find_group) | cub::WarpScan<double, 16>::InclusiveSum, then a ballot
+//   descent    a group of 16 lanes per row folds a node's 16 children in index order |
+//              cub::WarpScan<double, 16>::InclusiveSum, then ballots (gear's sum_tree_find_group)
 //   rebuild    one launch per level, each node the sum of its 16 children in index order (gear's
 //              sum_tree_level_kernel) | cub::DeviceSegmentedReduce::Sum per level
 //   duplicates the last pair of each slot wins by atomicMax bids, read back by the pairs (what the
@@ -40,37 +40,41 @@ constexpr int group = gd::sum_tree_group;
 
 // ---- descent -----------------------------------------------------------------------------------
 
+/// The descent gear used before cub::WarpScan: the 16 children reach every lane of the group by
+/// shuffles and are folded in index order.
 __global__ void descend_hand(const double* tree, gd::sum_tree_shape s, const double* u,
                              std::int64_t rows, std::int64_t* out) {
   const std::int64_t row = (blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x) / group;
   const int lane = static_cast<int>(threadIdx.x % group);
-  double leaf = 0;
-  const std::int64_t slot =
-      gd::sum_tree_find_group(tree, nullptr, 0, s, u[row < rows ? row : 0], lane, leaf);
-  if (row < rows && lane == 0) out[row] = slot;
-}
-
-__global__ void descend_cub(const double* tree, gd::sum_tree_shape s, const double* u,
-                            std::int64_t rows, std::int64_t* out) {
-  using scan = cub::WarpScan<double, group>;
-  __shared__ typename scan::TempStorage temp[threads / group];
-  const std::int64_t row = (blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x) / group;
-  const int lane = static_cast<int>(threadIdx.x % group);
-  const unsigned shift = threadIdx.x % 32 / group * group;  // the group's lanes in the warp
   double target = u[row < rows ? row : 0];
   std::int64_t j = 0;
   for (int d = 0; d + 1 < s.levels; ++d) {
     const double mine = tree[s.offset[d + 1] + j * gd::sum_tree_fanout + lane];
-    double prefix = 0;
-    scan(temp[threadIdx.x / group]).InclusiveSum(mine, prefix);
-    const unsigned hits = __ballot_sync(0xFFFFFFFFu, mine > 0 && target < prefix) >> shift;
-    const unsigned positive = __ballot_sync(0xFFFFFFFFu, mine > 0) >> shift;
-    const unsigned h = hits & 0xFFFFu, p = positive & 0xFFFFu;
-    const int pick = h != 0 ? __ffs(static_cast<int>(h)) - 1 : p != 0 ? 31 - __clz(p) : 0;
-    target -= __shfl_sync(0xFFFFFFFFu, prefix - mine, pick, group);
-    j = j * gd::sum_tree_fanout + pick;
+    int pick = -1, last = 0;
+    for (int c = 0; c < gd::sum_tree_fanout; ++c) {
+      const double v = __shfl_sync(0xFFFFFFFFu, mine, c, group);
+      const bool positive = v > 0;
+      const bool open = positive && pick < 0;
+      const bool here = open && target < v;
+      last = positive ? c : last;
+      pick = here ? c : pick;
+      target = open && !here ? target - v : target;
+    }
+    j = j * gd::sum_tree_fanout + (pick >= 0 ? pick : last);
   }
   if (row < rows && lane == 0) out[row] = j;
+}
+
+/// gear's descent (sum_tree_find_group: cub::WarpScan, then ballots).
+__global__ void descend_cub(const double* tree, gd::sum_tree_shape s, const double* u,
+                            std::int64_t rows, std::int64_t* out) {
+  __shared__ gd::sum_tree_scan::TempStorage storage[threads / group];
+  const std::int64_t row = (blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x) / group;
+  const int lane = static_cast<int>(threadIdx.x % group);
+  double leaf = 0;
+  const std::int64_t slot = gd::sum_tree_find_group(storage[threadIdx.x / group], tree, nullptr, 0,
+                                                    s, u[row < rows ? row : 0], lane, leaf);
+  if (row < rows && lane == 0) out[row] = slot;
 }
 
 // ---- duplicates
@@ -210,11 +214,11 @@ int main(int argc, char** argv) {
   std::int64_t same_rows = 0, host_rows = 0;
   for (std::size_t r = 0; r < rh.size(); ++r) {
     same_rows += rh[r] == rc[r];
-    host_rows += rh[r] == gd::sum_tree_find(tree.data(), shape, u[r]);
+    host_rows += rc[r] == gd::sum_tree_find(tree.data(), shape, u[r]);
   }
   line("descent", descent,
        std::to_string(same_rows) + " of " + std::to_string(batch) +
-           " rows (hand = host tree: " + std::to_string(host_rows) + ")");
+           " rows (CUB = host tree: " + std::to_string(host_rows) + ")");
 
   // Rebuild of the internal levels from the leaves.
   gd::priority_tree t{};

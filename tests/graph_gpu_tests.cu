@@ -124,8 +124,12 @@ class captured {
     GEAR_CUDA_TRY(cudaGraphLaunch(exec_, s));
     GEAR_CUDA_TRY(cudaStreamSynchronize(s));
   }
+  /// Launches the graph on `s`, without waiting.
+  void launch(cudaStream_t s) const { GEAR_CUDA_TRY(cudaGraphLaunch(exec_, s)); }
   /// Kernel nodes of the graph.
-  [[nodiscard]] std::size_t kernels() const {
+  [[nodiscard]] std::size_t kernels() const { return nodes(cudaGraphNodeTypeKernel); }
+  /// Nodes of the graph of one type.
+  [[nodiscard]] std::size_t nodes(cudaGraphNodeType of) const {
     std::size_t n = 0;
     GEAR_CUDA_TRY(cudaGraphGetNodes(graph_, nullptr, &n));
     std::vector<cudaGraphNode_t> nodes(n);
@@ -134,7 +138,7 @@ class captured {
     for (const cudaGraphNode_t node : nodes) {
       cudaGraphNodeType type{};
       GEAR_CUDA_TRY(cudaGraphNodeGetType(node, &type));
-      k += type == cudaGraphNodeTypeKernel;
+      k += type == of;
     }
     return k;
   }
@@ -329,6 +333,51 @@ TEST_CASE("a captured PER step (sample, TD errors, update from device memory) re
   CHECK(graph_buf.selection_state().nodes(s) == eager_buf.selection_state().nodes(s));
   eager_buf.check_priority_updates(s);
   graph_buf.check_priority_updates(s);
+  GEAR_CUDA_TRY(cudaFree(td));
+}
+
+// pinned_host records events for the host's writes (stream_order.hpp); a captured call binds the
+// buffer and records none, and a host insert into a bound buffer waits for its stream.
+TEST_CASE("pinned_host: a captured PER step has no event node; a host insert waits for replays") {
+  stream_holder s;
+  using buffer = gear::replay_buffer<vspec, gear::storage::pinned_host, gear::select::prioritized>;
+  constexpr std::int64_t rows = 256, len = 4, capacity = 64;
+  buffer buf{gear::capacity{capacity}, gear::max_length{max_len}, gear::select::prioritized{}};
+  (void)insert_numbered(buf, 0, capacity, s);  // eager calls: these record events
+  auto batch = buf.make_batch(gear::batch_size{rows}, gear::window_length{len});
+  float* td = nullptr;
+  GEAR_CUDA_TRY(cudaMalloc(&td, rows * sizeof(float)));
+  const gear::window w{len, 0, gear::anchor::random, gear::pad::tail};
+  gear::device_rng dg(11);
+  const captured graph(s.s, [&] {
+    buf.sample_async(batch, w, dg, s);
+    td_errors<<<(rows + 255) / 256, 256, 0, s.s>>>(
+        reinterpret_cast<const std::int32_t*>(batch.column_data(0)), rows, len, td);
+    GEAR_CHECK_LAUNCH("td_errors");
+    buf.update_priorities_async(std::span<const gear::key>(batch.keys_data(), rows),
+                                std::span<const float>(td, rows), gear::memory_kind::device, s);
+  });
+  CHECK(graph.kernels() == 5);
+  CHECK(graph.nodes(cudaGraphNodeTypeEventRecord) == 0);
+  CHECK(graph.nodes(cudaGraphNodeTypeWaitEvent) == 0);
+  // Twenty replays queued behind a kernel; an insert then overwrites every slot with the CPU. It
+  // must wait for the replays: each row of the last one holds one old trajectory, whole.
+  gear_test::hold(s, 200);
+  for (int k = 0; k < 20; ++k) graph.launch(s.s);
+  (void)insert_numbered(buf, 1000, capacity, s);
+  GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
+  const drawn d = drawn::of(batch);
+  int whole = 0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int32_t n = d.v[std::size_t(r * len)] / 1000;
+    bool ok = n < capacity && d.mask[std::size_t(r * len)] == 1;
+    for (std::int64_t t = 1; t < len; ++t)
+      if (d.mask[std::size_t(r * len + t)] == 1)
+        ok = ok && d.v[std::size_t(r * len + t)] == d.v[std::size_t(r * len + t - 1)] + 1;
+    whole += ok;
+  }
+  CHECK(whole == rows);
+  CHECK(dg.calls(s) == 20);
   GEAR_CUDA_TRY(cudaFree(td));
 }
 

@@ -12,6 +12,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -188,6 +189,107 @@ TEST_CASE("prioritized (device): 10^6 draws follow p^alpha / sum p^alpha; weight
     const double w = std::pow(double(n) * want[std::size_t(slots[r])], -beta) / max_w;
     REQUIRE(std::abs(ws[r] - w) <= 1e-5 * w);
   }
+}
+
+namespace {
+
+namespace gd = gear::detail;
+
+/// The device descent (sum_tree_find_group) for each u: its slot and its leaf's value.
+__global__ void descend_rows(const double* tree, gd::sum_tree_shape s, const double* u,
+                             std::int64_t rows, std::int64_t* slots, double* leaves) {
+  constexpr int threads = 256, group = gd::sum_tree_group;
+  __shared__ gd::sum_tree_scan::TempStorage storage[threads / group];
+  const std::int64_t row = (blockIdx.x * std::int64_t{threads} + threadIdx.x) / group;
+  const int lane = static_cast<int>(threadIdx.x % group);
+  double leaf = 0;
+  const std::int64_t slot = gd::sum_tree_find_group(storage[threadIdx.x / group], tree, nullptr,
+                                                    0, s, u[row < rows ? row : 0], lane, leaf);
+  if (row < rows && lane == 0) slots[row] = slot, leaves[row] = leaf;
+}
+
+/// sum_tree_find with each node's children taken off u one by one in index order: a descent the
+/// device must not match, to show the test below tells the orders apart.
+std::int64_t find_in_index_order(const std::vector<double>& tree, const gd::sum_tree_shape& s,
+                                 double u) {
+  std::int64_t j = 0;
+  for (int d = 0; d + 1 < s.levels; ++d) {
+    const double* child = tree.data() + s.offset[d + 1] + j * gd::sum_tree_fanout;
+    int pick = -1, last = 0;
+    for (int c = 0; c < gd::sum_tree_fanout && pick < 0; ++c) {
+      if (!(child[c] > 0)) continue;
+      last = c;
+      if (u < child[c]) pick = c;
+      else u -= child[c];
+    }
+    for (int c = last + 1; c < gd::sum_tree_fanout; ++c) last = child[c] > 0 ? c : last;
+    j = j * gd::sum_tree_fanout + (pick >= 0 ? pick : last);
+  }
+  return j;
+}
+
+}  // namespace
+
+TEST_CASE("prioritized (device): the descent picks the host tree's leaf, draws at boundaries too") {
+  const std::uint64_t seed = 2026120501;
+  INFO("seed " << seed);
+  std::mt19937_64 gen(seed);
+  const std::int64_t n = 5000;
+  const gd::sum_tree_shape shape = gd::make_sum_tree_shape(n);
+  std::vector<double> tree(static_cast<std::size_t>(shape.total), 0.0);
+  std::normal_distribution<double> log_p(0.0, 1.5);
+  for (std::int64_t i = 0; i < n; ++i)
+    tree[std::size_t(shape.leaf(i))] = i % 7 == 3 ? 0.0 : std::pow(std::exp(log_p(gen)), 0.6);
+  gd::sum_tree_rebuild(tree.data(), shape);
+  // Random draws, and draws at the boundaries the descent's prefixes make (and one ulp either
+  // side), where the order of the additions decides the leaf.
+  std::vector<double> u;
+  for (int k = 0; k < 1024; ++k) u.push_back(gd::unit_interval(gen()) * tree[0]);
+  for (int k = 0; k < 1024; ++k) {
+    const std::int64_t leaf = static_cast<std::int64_t>(gen() % static_cast<std::uint64_t>(n));
+    double boundary = 0;
+    for (int d = 0; d + 1 < shape.levels; ++d) {
+      std::int64_t below = leaf;  // the node of level d + 1 on the leaf's path
+      for (int up = d + 2; up < shape.levels; ++up) below /= gd::sum_tree_fanout;
+      const std::int64_t first = below / gd::sum_tree_fanout * gd::sum_tree_fanout;
+      double prefix[gd::sum_tree_fanout];
+      gd::sum_tree_scan_children(tree.data() + shape.offset[d + 1] + first, prefix);
+      if (below > first) boundary += prefix[below - first - 1];
+    }
+    for (const double x : {boundary, std::nextafter(boundary, INFINITY),
+                           std::nextafter(boundary, -INFINITY)})
+      if (x >= 0 && x < tree[0]) u.push_back(x);
+  }
+  const auto rows = static_cast<std::int64_t>(u.size());
+  double *dtree = nullptr, *du = nullptr, *dleaves = nullptr;
+  std::int64_t* dslots = nullptr;
+  GEAR_CUDA_TRY(cudaMalloc(&dtree, tree.size() * sizeof(double)));
+  GEAR_CUDA_TRY(cudaMalloc(&du, u.size() * sizeof(double)));
+  GEAR_CUDA_TRY(cudaMalloc(&dleaves, u.size() * sizeof(double)));
+  GEAR_CUDA_TRY(cudaMalloc(&dslots, u.size() * sizeof(std::int64_t)));
+  GEAR_CUDA_TRY(cudaMemcpy(dtree, tree.data(), tree.size() * sizeof(double), cudaMemcpyDefault));
+  GEAR_CUDA_TRY(cudaMemcpy(du, u.data(), u.size() * sizeof(double), cudaMemcpyDefault));
+  descend_rows<<<static_cast<unsigned>((rows * gd::sum_tree_group + 255) / 256), 256>>>(
+      dtree, shape, du, rows, dslots, dleaves);
+  GEAR_CHECK_LAUNCH("descend_rows");
+  const auto slots = to_host(dslots, rows);
+  const auto leaves = to_host(dleaves, rows);
+  std::int64_t same = 0, index_order_differs = 0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const double x = u[std::size_t(r)];
+    const std::int64_t want = gd::sum_tree_find(tree.data(), shape, x);
+    same += slots[std::size_t(r)] == want;
+    index_order_differs += find_in_index_order(tree, shape, x) != want;
+    CHECK(leaves[std::size_t(r)] == tree[std::size_t(shape.leaf(slots[std::size_t(r)]))]);
+    CHECK(leaves[std::size_t(r)] > 0);
+  }
+  MESSAGE("descent: " << same << " of " << rows << " draws pick the host tree's leaf; a descent "
+                      << "in index order picks another for " << index_order_differs);
+  CHECK(same == rows);
+  CHECK(index_order_differs > 0);  // power: the draws tell the two orders apart
+  for (void* p : {static_cast<void*>(dtree), static_cast<void*>(du), static_cast<void*>(dleaves),
+                  static_cast<void*>(dslots)})
+    GEAR_CUDA_TRY(cudaFree(p));
 }
 
 TEST_CASE("prioritized (device): host and device select the same slots from the same tree") {

@@ -131,6 +131,36 @@ TEST_CASE("sum_tree_find returns the leaf whose prefix interval holds u, never a
   }
 }
 
+TEST_CASE("sum_tree_scan_children adds in a warp scan's order; sum_tree_pick follows it") {
+  // 2^53 and fifteen 1s: one at a time, each 1 is lost to rounding (2^53 + 1 rounds to 2^53); a
+  // Kogge-Stone scan adds the 1s among themselves first, so its prefixes climb in steps of 2.
+  double v[16], prefix[16];
+  v[0] = 0x1p53;
+  for (int c = 1; c < 16; ++c) v[c] = 1.0;
+  gear::detail::sum_tree_scan_children(v, prefix);
+  CHECK(prefix[0] == 0x1p53);
+  CHECK(prefix[1] == 0x1p53);  // 2^53 + 1, rounded to even: a prefix that does not rise
+  CHECK(prefix[2] == 0x1p53 + 2);
+  CHECK(prefix[3] == 0x1p53 + 2);  // (2^53 + 1) + (1 + 1) after two steps
+  CHECK(prefix[15] == 0x1p53 + 14);
+  // A positive child whose prefix does not rise is never picked: u = 2^53 passes child 1 and
+  // lands on child 2, less the prefix before it.
+  double u = 0x1p53;
+  CHECK(gear::detail::sum_tree_pick(v, prefix, u) == 2);
+  CHECK(u == 0.0);
+  // Past every prefix (rounding): the last positive child, zeros after it skipped.
+  v[15] = 0.0;
+  gear::detail::sum_tree_scan_children(v, prefix);
+  u = 0x1p54;
+  CHECK(gear::detail::sum_tree_pick(v, prefix, u) == 14);
+  // Below the first prefix: the first positive child, u unchanged.
+  v[0] = 0.0;
+  gear::detail::sum_tree_scan_children(v, prefix);
+  u = 0.5;
+  CHECK(gear::detail::sum_tree_pick(v, prefix, u) == 1);
+  CHECK(u == 0.5);
+}
+
 // ---- prioritized ------------------------------------------------------------------------------
 
 TEST_CASE("prioritized: 10^6 draws follow p^alpha / sum p^alpha (chi-square, 0.001); power check") {

@@ -77,28 +77,46 @@ GEAR_HD inline double sum_tree_children(const double* tree, const sum_tree_shape
   return sum;
 }
 
+/// The inclusive prefix sums of a node's 16 children in the order a 16-lane warp scan adds them
+/// (Kogge-Stone: at step k every entry adds the one 2^k before it), so that the host and the
+/// device descent (sum_tree_select.cuh, cub::WarpScan) compute the same bits. Not the index-order
+/// fold of sum_tree_children: prefixes only pick a child, and never become a node's sum.
+GEAR_HD inline void sum_tree_scan_children(const double* v, double* prefix) noexcept {
+  for (int c = 0; c < sum_tree_fanout; ++c) prefix[c] = v[c];
+  for (int offset = 1; offset < sum_tree_fanout; offset *= 2)
+    for (int c = sum_tree_fanout - 1; c >= offset; --c)  // downwards: reads the last step's
+      prefix[c] = prefix[c - offset] + prefix[c];
+}
+
+/// The child a descent takes at a node with children `v` and their prefixes (as above): the first
+/// positive child whose prefix exceeds u, or, when rounding carries u past them all, the last
+/// positive one. u becomes u less the prefix before that child.
+GEAR_HD inline int sum_tree_pick(const double* v, const double* prefix, double& u) noexcept {
+  int pick = -1, last = 0;
+  for (int c = 0; c < sum_tree_fanout; ++c) {
+    if (!(v[c] > 0)) continue;
+    last = c;
+    if (pick < 0 && u < prefix[c]) pick = c;
+  }
+  if (pick < 0) pick = last;
+  if (pick > 0) u -= prefix[pick - 1];
+  return pick;
+}
+
 /// The leaf (slot) whose prefix interval of the leaf values holds u, 0 <= u < root. Only leaves
 /// with a positive value are ever returned: rounding that carries u past the last positive child
-/// of a node picks that child. Requires the root to be positive.
+/// of a node picks that child. Requires the root to be positive. Bit for bit the device's
+/// descent (sum_tree_find_group) for the same tree and u.
 GEAR_HD inline std::int64_t sum_tree_find(const double* tree, const sum_tree_shape& s,
                                           double u) noexcept {
   std::int64_t j = 0;
   for (int d = 0; d + 1 < s.levels; ++d) {
     const double* child = tree + s.offset[d + 1] + j * sum_tree_fanout;
-    double v[sum_tree_fanout];
+    double v[sum_tree_fanout], prefix[sum_tree_fanout];
     for (int c = 0; c < sum_tree_fanout; ++c)
       v[c] = child[c];  // one line, loads in flight together
-    int pick = -1, last = 0;
-    for (int c = 0; c < sum_tree_fanout; ++c) {
-      if (!(v[c] > 0)) continue;
-      last = c;
-      if (pick >= 0) continue;
-      if (u < v[c])
-        pick = c;
-      else
-        u -= v[c];
-    }
-    j = j * sum_tree_fanout + (pick >= 0 ? pick : last);
+    sum_tree_scan_children(v, prefix);
+    j = j * sum_tree_fanout + sum_tree_pick(v, prefix, u);
   }
   return j;
 }

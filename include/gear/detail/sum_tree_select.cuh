@@ -6,11 +6,11 @@
 // of the current node, so the node's children are one coalesced 128-byte load per row (one lane
 // per row issued 16 loads touching 32 different lines per warp instruction, and the L1's
 // wavefronts bounded the descent). The levels just below the root, which every row reads, are
-// read once per block into shared memory (tuning::select_shared_levels). The pick is then folded
-// in index order, exactly as sum_tree_find does on the host (the 16 values reach every lane by
-// shuffles), so the device selects bit for bit the rows the host selects from the same tree and
-// draws. The fold is hand-written: cub::WarpScan would add the children in a tree order of its
-// own, which the host tree does not reproduce and CUB does not promise to keep.
+// read once per block into shared memory (tuning::select_shared_levels). The group then takes the
+// children's prefix sums with cub::WarpScan (a 16-lane logical warp) and picks its child with two
+// ballots. The host descent (sum_tree_find) adds the prefixes in the same order (Kogge-Stone,
+// sum_tree_scan_children), so the device selects bit for bit the rows the host selects from the
+// same tree and draws; select_gpu_tests checks it at the draws where the order matters.
 //
 // Weights: each row's log leaf goes to scratch, and each block's smallest (cub::BlockReduce) to
 // scratch word b of block b. With an arrivals word (selection_request::arrivals, 0 between
@@ -26,6 +26,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cub/block/block_reduce.cuh>
+#include <cub/warp/warp_scan.cuh>
 #include <gear/detail/last_block.cuh>
 #include <gear/detail/sum_tree.hpp>
 #include <gear/detail/tuning.hpp>
@@ -35,33 +36,36 @@
 
 namespace gear::detail {
 
+/// The prefix sums of one node's children, a lane each.
+using sum_tree_scan = cub::WarpScan<double, sum_tree_group>;
+
 /// sum_tree_find by the group of sum_tree_group lanes the calling lane (lane = its index in the
-/// group) belongs to; every lane of the warp calls it with its group's u (the shuffles span the
-/// whole warp). Levels 1 .. top_levels are read from `top` (their entries, level 1 first, as in
-/// the tree); the rest from `tree`. Returns the slot, and its leaf's value in `leaf`. Requires
-/// levels >= 2.
-__device__ inline std::int64_t sum_tree_find_group(const double* tree, const double* top,
+/// group) belongs to, with the group's scan storage; every lane of the warp calls it with its
+/// group's u (ballots and shuffles span the whole warp). Levels 1 .. top_levels are read from
+/// `top` (their entries, level 1 first, as in the tree); the rest from `tree`. Returns the slot,
+/// and its leaf's value in `leaf`. Requires levels >= 2 and a one-dimensional block.
+__device__ inline std::int64_t sum_tree_find_group(sum_tree_scan::TempStorage& storage,
+                                                   const double* tree, const double* top,
                                                    int top_levels, const sum_tree_shape& s,
                                                    double u, int lane, double& leaf) {
+  constexpr unsigned all = 0xFFFFFFFFu, group_bits = (1u << sum_tree_group) - 1;
+  const unsigned shift = threadIdx.x % 32 / sum_tree_group * sum_tree_group;  // group's lanes
   std::int64_t j = 0;
   for (int d = 0; d + 1 < s.levels; ++d) {
     const std::int64_t at = s.offset[d + 1] + j * sum_tree_fanout + lane;
     const double mine = d < top_levels ? top[at - s.offset[1]] : tree[at];
-    int pick = -1, last = 0;
-    double picked = 0, last_value = 0;
-    for (int c = 0; c < sum_tree_fanout; ++c) {  // sum_tree_find's fold, branch-free
-      const double v = __shfl_sync(0xFFFFFFFFu, mine, c, sum_tree_group);
-      const bool positive = v > 0;
-      const bool open = positive && pick < 0;
-      const bool here = open && u < v;
-      last = positive ? c : last;
-      last_value = positive ? v : last_value;
-      pick = here ? c : pick;
-      picked = here ? v : picked;
-      u = open && !here ? u - v : u;
-    }
-    j = j * sum_tree_fanout + (pick >= 0 ? pick : last);
-    leaf = pick >= 0 ? picked : last_value;
+    double prefix = 0;
+    sum_tree_scan(storage).InclusiveSum(mine, prefix);
+    // sum_tree_pick: the first positive child whose prefix exceeds u, else the last positive.
+    const unsigned hits = __ballot_sync(all, mine > 0 && u < prefix) >> shift & group_bits;
+    const unsigned positive = __ballot_sync(all, mine > 0) >> shift & group_bits;
+    const int pick = hits != 0       ? __ffs(static_cast<int>(hits)) - 1
+                     : positive != 0 ? 31 - __clz(static_cast<int>(positive))
+                                     : 0;
+    const double below = __shfl_sync(all, prefix, pick > 0 ? pick - 1 : 0, sum_tree_group);
+    leaf = __shfl_sync(all, mine, pick, sum_tree_group);
+    if (pick > 0) u -= below;
+    j = j * sum_tree_fanout + pick;
   }
   return j;
 }
@@ -146,6 +150,7 @@ __global__ void __launch_bounds__(Threads)
   static_assert(Threads % 32 == 0, "whole warps");
   constexpr int rows_per_block = Threads / sum_tree_group;
   __shared__ double top[sum_tree_shared_entries()];
+  __shared__ sum_tree_scan::TempStorage scan_storage[rows_per_block];
   const int lane = static_cast<int>(threadIdx.x % sum_tree_group);
   read_device_counts(table, r);
   const int top_levels = shape.levels - 1 < tuning::select_shared_levels
@@ -177,7 +182,9 @@ __global__ void __launch_bounds__(Threads)
     const double u = priority_target(r.draw, row < r.batch ? row : 0, r.batch, stratified, root);
     double leaf = root;  // a tree of one leaf is its root
     const std::int64_t slot =
-        shape.levels > 1 ? sum_tree_find_group(nodes, top, top_levels, shape, u, lane, leaf) : 0;
+        shape.levels > 1 ? sum_tree_find_group(scan_storage[threadIdx.x / sum_tree_group], nodes,
+                                               top, top_levels, shape, u, lane, leaf)
+                         : 0;
     if (writes) {
       r.slots[row] = slot;
       r.probabilities[row] = static_cast<float>(leaf / root);
