@@ -592,6 +592,41 @@ TEST_CASE_TEMPLATE("removal on GPU storage: erase, max_times_sampled, fifo and l
     CHECK(stack.size() == 2);
     CHECK(code_of([&] { queue.sample(out, w, g, s); }) == gear::errc::not_enough_items);
   }
+  // 64 rows: the gather reads the rows from staging itself; 4096 rows (a gather over two waves of
+  // blocks): a select launch writes them first. Two samples each, in order, probability 1.
+  SUBCASE("fifo and lifo: rows read by the gather, and by a select launch first") {
+    for (const std::int64_t rows : {64, 4096}) {
+      CAPTURE(rows);
+      constexpr std::int64_t n = 8192;
+      gear::replay_buffer<spec, Storage, gear::select::fifo> queue{gear::capacity{n},
+                                                                   gear::max_length{1}};
+      gear::replay_buffer<spec, Storage, gear::select::lifo> stack{gear::capacity{n},
+                                                                   gear::max_length{1}};
+      model mq, ms;
+      insert(queue, mq, std::vector<std::int64_t>(n, 1), s, false);
+      insert(stack, ms, std::vector<std::int64_t>(n, 1), s, false);
+      auto out = queue.make_batch(gear::batch_size{rows}, gear::window_length{1});
+      gear::rng g{4};
+      int wrong = 0;
+      for (std::int64_t call = 0; call < 2; ++call) {
+        queue.sample(out, gear::window{}, g, s);
+        host_batch h = copy_device_batch(out);
+        CHECK(mq.check(h, gear::window{}).empty());
+        for (std::int64_t r = 0; r < rows; ++r)
+          wrong += mq.id(h.keys[std::size_t(r)]) != 1 + call * rows + r ||
+                   h.probabilities[std::size_t(r)] != 1.0f || h.weights[std::size_t(r)] != 1.0f;
+        stack.sample(out, gear::window{}, g, s);
+        h = copy_device_batch(out);
+        CHECK(ms.check(h, gear::window{}).empty());
+        for (std::int64_t r = 0; r < rows; ++r)
+          wrong += ms.id(h.keys[std::size_t(r)]) != n - call * rows - r ||
+                   h.probabilities[std::size_t(r)] != 1.0f || h.weights[std::size_t(r)] != 1.0f;
+      }
+      CHECK(wrong == 0);
+      CHECK(queue.size() == n - 2 * rows);
+      CHECK(stack.size() == n - 2 * rows);
+    }
+  }
 }
 
 int main(int argc, char** argv) {

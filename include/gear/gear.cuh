@@ -16,6 +16,7 @@
 #include <gear/detail/gather.cuh>
 #include <gear/detail/scatter.cuh>
 #include <gear/detail/select_prioritized.cuh>
+#include <gear/detail/select_queue.cuh>
 #include <gear/detail/select_recency.cuh>
 #include <gear/detail/select_uniform.cuh>
 #include <gear/detail/shard_globalize.cuh>

@@ -140,26 +140,43 @@ void gather_on_device(const gather_args& a, const column_blocks& g, const Rows& 
   GEAR_CHECK_LAUNCH("gather_kernel");
 }
 
-/// Selects with `state` and gathers. Where the policy draws rows on its own (row_selector) and
-/// the gather is small enough that one launch saves more than redrawing every row in each of its
-/// blocks costs (tuning::fused_gather_max_waves), the gather kernel draws the rows itself;
-/// otherwise the policy's select() launch runs first. `request` and `a` describe the same batch.
+/// Selects with `state` and gathers. Where the gather is small enough that one launch saves more
+/// than reading every row in each of its blocks costs (tuning::fused_gather_max_waves), the gather
+/// kernel reads the rows itself: drawn by the policy's row_selector, or chosen on the host
+/// (choose_rows); otherwise the policy's select() launch runs first. `request` and `a` describe
+/// the same batch.
 template <class State>
 void select_and_gather_on_device(State& state, const slot_table& table,
                                  const selection_request& request, const gather_args& a,
                                  cuda::stream_ref stream) {
   const column_blocks g = gather_blocks(a);
+  const std::int64_t blocks = g.first_block[a.num_columns];
+  const std::int64_t one_wave = std::int64_t{multiprocessors()} * tuning::copy_blocks_per_sm;
+  const bool fused = blocks > 0 && blocks <= tuning::fused_gather_max_waves * one_wave;
+  auto gather_drawn = [&](const auto& draw) {
+    using F = std::remove_cvref_t<decltype(draw)>;
+    gather_on_device(
+        a, g, drawn_rows<F>{draw, request.slots, request.probabilities, request.weights}, stream);
+  };
   if constexpr (row_selecting<State>) {
-    const std::int64_t blocks = g.first_block[a.num_columns];
-    const std::int64_t one_wave = std::int64_t{multiprocessors()} * tuning::copy_blocks_per_sm;
-    if (blocks > 0 && blocks <= tuning::fused_gather_max_waves * one_wave) {
+    if (fused) {
       if (auto draw = state.row_selector(table, request)) {
-        using F = typename decltype(draw)::value_type;
-        gather_on_device(
-            a, g, drawn_rows<F>{*draw, request.slots, request.probabilities, request.weights},
-            stream);
+        gather_drawn(*draw);
         return;
       }
+    }
+  }
+  if constexpr (host_row_choosing<State>) {
+    if (fused) {
+      const auto rows = state.choose_rows(table, request);
+      try {
+        gather_drawn(rows);
+      } catch (...) {
+        state.rows_enqueued(stream);  // the launch may have been enqueued
+        throw;
+      }
+      state.rows_enqueued(stream);
+      return;
     }
   }
   state.select(table, request, stream);

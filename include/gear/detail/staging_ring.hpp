@@ -1,6 +1,7 @@
 #pragma once
-// A ring of pinned staging areas for host data that stream-ordered copies take to the GPU: the
-// caller fills the next area at once, and the copies read it when the stream gets to them. An
+// A ring of pinned staging areas for host data that stream-ordered copies (or kernels, through
+// the mapping) take to the GPU: the caller fills the next area at once, and the copies read it
+// when the stream gets to them. An
 // area is refilled only after its last copies have run, so a caller waits on the host only when
 // its stream is `Areas` fills behind (with one area it waited for the previous fill's copies on
 // every call, behind whatever the stream was doing then).
@@ -32,6 +33,12 @@ class staging_ring {
     if (a.host.size() < bytes)
       a.host = allocation(memory_kind::pinned_host, std::max(bytes, 2 * a.host.size()));
     return a.host.data();
+  }
+
+  /// The GPU's address of the area acquire() gave (mapped pinned memory), for kernels that read
+  /// it in place of a copy.
+  [[nodiscard]] std::byte* device_address() const noexcept {
+    return areas_[next_].host.device_data();
   }
 
   /// Ends a fill: the copies from the area acquire() gave are enqueued on `stream`. The next

@@ -59,9 +59,14 @@
 // A device state whose rows are chosen on the host (fifo, lifo) may provide
 //
 //   std::span<const std::int64_t> host_rows() const;
-//       the slots the last select() wrote to request.slots, in host memory, valid until the next
-//       select(). A sample that removes what it returns counts them from here, without reading
+//       the slots the last selection wrote to request.slots, in host memory, valid until the
+//       next one. A sample that removes what it returns counts them from here, without reading
 //       the slots back from the GPU (which synchronises the stream).
+//   F choose_rows(const slot_table& table, const selection_request& request);
+//   void rows_enqueued(cuda::stream_ref stream);
+//       choose_rows chooses the rows as select() would, into memory the GPU reads, and returns
+//       them as a row function (as row_selector's F); the gather kernel then reads them itself.
+//       rows_enqueued is called once every launch that reads them is enqueued, or has failed.
 //
 // A device state may declare `static constexpr bool reads_device_counts = true;`: its kernels (and
 // its row_selector's F, through a member `void read_device_counts()` called in the kernel) call
@@ -75,7 +80,7 @@
 //
 // Each optional part has a concept of its own at the bottom of this file (commit_hook,
 // evict_hook, host_priority_update, device_priority_update, row_selecting, host_chosen_rows,
-// consuming_policy, device_counted); the buffer asks for them by name.
+// host_row_choosing, consuming_policy, device_counted); the buffer asks for them by name.
 //
 // slot_table points at metadata in the memory of Space (and at the host's copy of the lengths).
 // Ticket t (an insertion sequence number) lives in slot t % capacity. A user-written policy follows
@@ -210,6 +215,13 @@ concept row_selecting = requires(const State& s, const slot_table& t, const sele
 template <class State>
 concept host_chosen_rows = requires(const State& s) {
   { s.host_rows() } -> std::convertible_to<std::span<const std::int64_t>>;
+};
+/// choose_rows and rows_enqueued: rows chosen on the host, read by the gather kernel itself.
+template <class State>
+concept host_row_choosing = requires(State& s, const slot_table& t, const selection_request& r,
+                                     cuda::stream_ref stream) {
+  s.choose_rows(t, r);
+  s.rows_enqueued(stream);
 };
 /// `static constexpr bool reads_device_counts = true`: samples with a gear::device_rng.
 template <class State>

@@ -5,8 +5,8 @@
 // deterministic (probability 1, weight 1); a batch needs at least as many committed trajectories
 // as rows (errc::not_enough_items otherwise).
 //
-// The order is computed on the host from its copy of the metadata; the device state copies the B
-// slots to the GPU with one stream-ordered copy. fifo keeps a cursor on the oldest ticket that may
+// The order is computed on the host from its copy of the metadata; the device state
+// (detail/select_queue.cuh) hands the B slots to the GPU through mapped pinned memory. fifo keeps a cursor on the oldest ticket that may
 // still be returned, moved past evicted and removed tickets once, so draining a queue of N costs
 // O(N) in all (pending slots, e.g. open writers, hold the cursor: they may still commit). lifo
 // scans down from the newest ticket and crosses runs of removed tickets by skip links it
@@ -15,12 +15,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cuda/stream_ref>
-#include <gear/detail/cuda.hpp>
-#include <gear/detail/memory.hpp>
-#include <gear/detail/staging_ring.hpp>
 #include <gear/error.hpp>
 #include <gear/select/concept.hpp>
-#include <span>
 #include <string>
 #include <vector>
 
@@ -102,7 +98,8 @@ inline void validate_queue(const slot_table& t, std::int64_t batch) {
                    " rows asked, " + std::to_string(t.live) + " trajectories stored");
 }
 
-/// The host and device states of fifo and lifo (OldestFirst: fifo).
+/// The host and device states of fifo and lifo (OldestFirst: fifo; the device one is in
+/// detail/select_queue.cuh).
 template <bool OldestFirst, class Space>
 class queue_state;
 
@@ -119,51 +116,6 @@ class queue_state<OldestFirst, exec::host> {
   }
 
  private:
-  std::uint64_t cursor_ = 0;
-  std::vector<lifo_link> links_;
-};
-
-template <bool OldestFirst>
-class queue_state<OldestFirst, exec::device> {
- public:
-  explicit queue_state(std::int64_t capacity)
-      : links_(OldestFirst ? 0 : static_cast<std::size_t>(capacity)) {}
-  void validate(const slot_table& t, std::int64_t batch) const { validate_queue(t, batch); }
-
-  /// Computes the rows on the host, then one stream-ordered copy each of slots, probabilities and
-  /// weights from pinned staging: a ring of four areas, so a caller waits on the host only when
-  /// its stream is four samples behind. The rows stay on the host too (host_rows), so a
-  /// consuming sample counts them without reading them back: it never synchronises.
-  void select(const slot_table& t, const selection_request& r, cuda::stream_ref stream) {
-    const auto rows = static_cast<std::size_t>(r.batch);
-    auto* slots = reinterpret_cast<std::int64_t*>(
-        staging_.acquire(rows * (sizeof(std::int64_t) + 2 * sizeof(float))));
-    auto* ones = reinterpret_cast<float*>(slots + rows);
-    // Before the cursor moves (a failure here leaves the state as it was); -1 counts as no row.
-    chosen_.assign(rows, -1);
-    queue_rows(t, OldestFirst, r.batch, chosen_.data(), cursor_, links_.data());
-    std::copy(chosen_.begin(), chosen_.end(), slots);
-    std::fill_n(ones, 2 * rows, 1.0f);
-    try {
-      GEAR_CUDA_TRY(cudaMemcpyAsync(r.slots, slots, rows * sizeof(std::int64_t),
-                                    cudaMemcpyHostToDevice, stream.get()));
-      GEAR_CUDA_TRY(cudaMemcpyAsync(r.probabilities, ones, rows * sizeof(float),
-                                    cudaMemcpyHostToDevice, stream.get()));
-      GEAR_CUDA_TRY(cudaMemcpyAsync(r.weights, ones + rows, rows * sizeof(float),
-                                    cudaMemcpyHostToDevice, stream.get()));
-    } catch (...) {  // the copies enqueued before the failure still read the area
-      staging_.copied(stream);
-      throw;
-    }
-    staging_.copied(stream);
-  }
-
-  /// The slots the last select() chose (host memory), until the next select().
-  [[nodiscard]] std::span<const std::int64_t> host_rows() const noexcept { return chosen_; }
-
- private:
-  staging_ring<4> staging_;
-  std::vector<std::int64_t> chosen_;
   std::uint64_t cursor_ = 0;
   std::vector<lifo_link> links_;
 };
