@@ -178,8 +178,8 @@ namespace {
 
 /// Rows of 20000-byte frames span several copy blocks, so with a row_selector every one of those
 /// blocks draws the row itself; the id column is one block per row.
-using wide_spec = gear::spec<gear::column<"frame", std::uint8_t, 20000>,
-                             gear::column<"id", std::uint64_t>>;
+using wide_spec =
+    gear::spec<gear::column<"frame", std::uint8_t, 20000>, gear::column<"id", std::uint64_t>>;
 
 std::uint8_t frame_byte(std::uint64_t id, std::int64_t step, std::int64_t b) {
   return static_cast<std::uint8_t>(id * 131 + static_cast<std::uint64_t>(step * 7 + b * 3 + 1));
@@ -199,8 +199,8 @@ void insert_wide(Dev& dev, Host& host, std::uint64_t first_id, std::int64_t n, s
             frame_byte(first_id + static_cast<std::uint64_t>(i), t, b);
     }
   const std::vector<std::int64_t> lengths(static_cast<std::size_t>(n), steps);
-  gear::trajectories<wide_spec> in{lengths, {gear::input(frames.data(), {20000}),
-                                             gear::input(ids.data())}};
+  gear::trajectories<wide_spec> in{lengths,
+                                   {gear::input(frames.data(), {20000}), gear::input(ids.data())}};
   std::vector<gear::key> kd(static_cast<std::size_t>(n)), kh(static_cast<std::size_t>(n));
   dev.insert(in, kd, s);
   host.insert(in, kh);

@@ -203,8 +203,8 @@ __global__ void descend_rows(const double* tree, gd::sum_tree_shape s, const dou
   const std::int64_t row = (blockIdx.x * std::int64_t{threads} + threadIdx.x) / group;
   const int lane = static_cast<int>(threadIdx.x % group);
   double leaf = 0;
-  const std::int64_t slot = gd::sum_tree_find_group(storage[threadIdx.x / group], tree, nullptr,
-                                                    0, s, u[row < rows ? row : 0], lane, leaf);
+  const std::int64_t slot = gd::sum_tree_find_group(storage[threadIdx.x / group], tree, nullptr, 0,
+                                                    s, u[row < rows ? row : 0], lane, leaf);
   if (row < rows && lane == 0) slots[row] = slot, leaves[row] = leaf;
 }
 
@@ -219,8 +219,10 @@ std::int64_t find_in_index_order(const std::vector<double>& tree, const gd::sum_
     for (int c = 0; c < gd::sum_tree_fanout && pick < 0; ++c) {
       if (!(child[c] > 0)) continue;
       last = c;
-      if (u < child[c]) pick = c;
-      else u -= child[c];
+      if (u < child[c])
+        pick = c;
+      else
+        u -= child[c];
     }
     for (int c = last + 1; c < gd::sum_tree_fanout; ++c) last = child[c] > 0 ? c : last;
     j = j * gd::sum_tree_fanout + (pick >= 0 ? pick : last);
@@ -256,8 +258,8 @@ TEST_CASE("prioritized (device): the descent picks the host tree's leaf, draws a
       gd::sum_tree_scan_children(tree.data() + shape.offset[d + 1] + first, prefix);
       if (below > first) boundary += prefix[below - first - 1];
     }
-    for (const double x : {boundary, std::nextafter(boundary, INFINITY),
-                           std::nextafter(boundary, -INFINITY)})
+    for (const double x :
+         {boundary, std::nextafter(boundary, INFINITY), std::nextafter(boundary, -INFINITY)})
       if (x >= 0 && x < tree[0]) u.push_back(x);
   }
   const auto rows = static_cast<std::int64_t>(u.size());

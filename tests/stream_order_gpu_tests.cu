@@ -387,7 +387,8 @@ TEST_CASE_TEMPLATE("fifo and lifo samples queued on a busy stream each return th
                    Selection, gear::select::fifo, gear::select::lifo) {
   // Eight samples enqueued behind a 200 ms kernel: each returns its own rows, in order, and none
   // waits on the host (the rows are chosen and counted on the host, and four staging areas take
-  // four samples' copies; the next four wait for the first ones' copies, behind the kernel).
+  // four samples' rows; the next four wait for the launches that read the first ones, behind the
+  // kernel).
   constexpr bool oldest_first = std::is_same_v<Selection, gear::select::fifo>;
   stream_holder s;
   vbuffer<gear::storage::device, Selection> buf{gear::capacity{64}, gear::max_length{1}};
@@ -411,8 +412,12 @@ TEST_CASE_TEMPLATE("fifo and lifo samples queued on a busy stream each return th
   MESSAGE("enqueue times of the first four samples (ms): "
           << seconds[0] * 1e3 << " " << seconds[1] * 1e3 << " " << seconds[2] * 1e3 << " "
           << seconds[3] * 1e3 << "; the fifth " << seconds[4] * 1e3);
-  CHECK(seconds[0] + seconds[1] + seconds[2] + seconds[3] < 0.1);
-  CHECK(seconds[4] > 0.05);  // its area's copies ran after the kernel
+  // Timing is meaningful only where kernels overlap the host: under compute-sanitizer a first
+  // launch of a kernel may wait for the device.
+  if (streams_overlap()) {
+    CHECK(seconds[0] + seconds[1] + seconds[2] + seconds[3] < 0.1);
+    CHECK(seconds[4] > 0.05);  // its area is read by launches that ran after the kernel
+  }
   int wrong = 0;
   for (int b = 0; b < 8; ++b) {
     const std::vector<row> got = rows_of(batches[static_cast<std::size_t>(b)], s);
@@ -623,9 +628,8 @@ TEST_CASE_TEMPLATE("pinned_host: a host insert does not wait for a training step
   }
 }
 
-TEST_CASE_TEMPLATE("pinned_host: a host insert waits for a gather queued behind a kernel",
-                   Storage, gear::storage::pinned_host,
-                   gear::storage::mixed<gear::storage::pinned_host>) {
+TEST_CASE_TEMPLATE("pinned_host: a host insert waits for a gather queued behind a kernel", Storage,
+                   gear::storage::pinned_host, gear::storage::mixed<gear::storage::pinned_host>) {
   stream_holder s, other;
   vbuffer<Storage> buf{gear::capacity{1}, gear::max_length{4}};
   const gear::key kx = insert_values(buf, {10, 11, 12, 13}, s);
@@ -645,6 +649,43 @@ TEST_CASE_TEMPLATE("pinned_host: a host insert waits for a gather queued behind 
   for (const row& r : rows_of(read, s)) {  // the gather read X whole, never a torn row
     CHECK(r.k == kx);
     CHECK(r.v == std::vector<std::int32_t>{10, 11, 12, 13});
+  }
+}
+
+TEST_CASE_TEMPLATE("pinned_host: a host insert waits for a committed write still running", Storage,
+                   gear::storage::pinned_host, gear::storage::mixed<gear::storage::pinned_host>) {
+  stream_holder s, other;
+  vbuffer<Storage> buf{gear::capacity{1}, gear::max_length{4}};
+  bool same = true;
+  SUBCASE("the insert on the writer's stream") { same = true; }
+  SUBCASE("the insert on another stream") { same = false; }
+  const cudaStream_t is = same ? s.s : other.s;
+  auto batch = buf.make_batch(gear::batch_size{16}, gear::window_length{4});
+  gear::rng g{24};
+  if (!same) {  // the insert's stream has used the buffer before (its first call would wait)
+    (void)insert_values(buf, {1, 2, 3, 4}, cuda::stream_ref{is});
+    buf.sample(batch, gear::window{.length = 4}, g, cuda::stream_ref{is});
+  }
+  const gear::reservation r = buf.reserve(1, s);
+  GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
+  hold(s, 300);  // the slot's bytes are written late, then committed; no sample reads them
+  write_steps<<<1, 1, 0, s.s>>>(buf.ref(gear::op::write_steps{}), r.slot(0), 30, 4);
+  GEAR_CHECK_LAUNCH("write_steps");
+  const std::int64_t four[] = {4};
+  gear::key kx{};
+  buf.commit_async(r, four, std::span<gear::key>(&kx, 1), s);
+  gear::key kb{};
+  const double waited = seconds_of([&] {
+    kb = insert_values(buf, {20, 21, 22, 23}, cuda::stream_ref{is});
+  });
+  CHECK(waited > 0.2);  // the last write of slot bytes: the kernel, committed
+  GEAR_CUDA_TRY(cudaDeviceSynchronize());
+  CHECK_FALSE(buf.contains(kx));
+  buf.sample(batch, gear::window{.length = 4}, g, cuda::stream_ref{is});
+  for (const row& got :
+       rows_of(batch, cuda::stream_ref{is})) {  // the CPU's bytes, not the kernel's
+    CHECK(got.k == kb);
+    CHECK(got.v == std::vector<std::int32_t>{20, 21, 22, 23});
   }
 }
 

@@ -50,8 +50,8 @@
 //   a sample waits for the writes (commits, removals, priority updates, inserts) that other
 //   streams enqueued before it, and a write waits for the samples and writes other streams
 //   enqueued before it. So a trajectory is never visible before its bytes are stored, and no
-//   slot is overwritten while a gather that may read it runs. A buffer used from one stream
-//   records and waits for nothing; a second stream's first call synchronises the device once.
+//   slot is overwritten while a gather that may read it runs. One stream waits for nothing
+//   (pinned_host / mixed record events, for (1)); a second stream's first call syncs the device.
 //
 //   Host inserts that land: once a buffer whose columns are all in device memory has been used
 //   from a second stream, an insert of host data only copies it into pinned staging (with the

@@ -120,8 +120,7 @@ __device__ inline void write_weights(const selection_request& r, double log_min,
 #pragma unroll
     for (int k = 0; k < in_flight; ++k) {
       const std::int64_t row = base + k * stride;
-      if (row < r.batch)
-        r.weights[row] = static_cast<float>(::exp(beta * (log_min - log_leaf[k])));
+      if (row < r.batch) r.weights[row] = static_cast<float>(::exp(beta * (log_min - log_leaf[k])));
     }
   }
 }

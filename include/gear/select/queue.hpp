@@ -6,11 +6,12 @@
 // as rows (errc::not_enough_items otherwise).
 //
 // The order is computed on the host from its copy of the metadata; the device state
-// (detail/select_queue.cuh) hands the B slots to the GPU through mapped pinned memory. fifo keeps a cursor on the oldest ticket that may
-// still be returned, moved past evicted and removed tickets once, so draining a queue of N costs
-// O(N) in all (pending slots, e.g. open writers, hold the cursor: they may still commit). lifo
-// scans down from the newest ticket and crosses runs of removed tickets by skip links it
-// compresses as it goes, so draining a stack of N costs O(N) in all too.
+// (detail/select_queue.cuh) hands the B slots to the GPU through mapped pinned memory. fifo keeps a
+// cursor on the oldest ticket that may still be returned, moved past evicted and removed tickets
+// once, so draining a queue of N costs O(N) in all (pending slots, e.g. open writers, hold the
+// cursor: they may still commit). lifo scans down from the newest ticket and crosses runs of
+// removed tickets by skip links it compresses as it goes, so draining a stack of N costs O(N) in
+// all too.
 
 #include <algorithm>
 #include <cstdint>

@@ -226,8 +226,9 @@ class buffer_core {
   /// the next reservation takes: for every gather that may read them and every write of slot
   /// bytes in flight (stream_order::wait_on_host), not for the rest of the caller's stream. A
   /// bound buffer records no event: it waits for its stream. A slot that holds an open
-  /// reservation may be filled by a buffer_ref kernel on any stream: it waits for the device.
-  void wait_before_cpu_write(cuda::stream_ref stream, std::int64_t count) const {
+  /// reservation may be filled by a buffer_ref kernel on any stream: it waits for the device (a
+  /// kernel that never ends, holding a reservation, would hold this insert and the buffer too).
+  void wait_before_cpu_write(cuda::stream_ref stream, std::int64_t count) {
     if constexpr (on_device) {
       if (order_.bound()) return synchronize(stream);
       const std::uint64_t first = ring_.next_ticket();

@@ -10,10 +10,11 @@
 // So each sample sees exactly the writes whose calls returned before it started, whatever their
 // stream, and no slot is overwritten while a gather that may read it has not finished. Calls are
 // serialised by the buffer's mutex; positions are events recorded after each access. While one
-// stream is all a buffer has seen, nothing is recorded or waited for: the first call on a second
-// stream waits once, on the host, for the whole device (the first stream may be gone by then).
-// A stream may be destroyed while the buffer lives: its events stay valid. Events are made only
-// once a second stream comes: a buffer used from one stream has none.
+// stream is all a buffer has seen, nothing is recorded or waited for (unless the buffer is
+// tracked for the host, below): the first call on a second stream waits once, on the host, for
+// the whole device (the first stream may be gone by then). A stream may be destroyed while the
+// buffer lives: its events stay valid. Events are made only once a second stream comes (or, when
+// tracked, on the first): an untracked buffer used from one stream has none.
 //
 // A buffer sampled with a gear::device_rng, or updated inside a CUDA graph capture, is bound to
 // that call's stream (bind): CUDA graphs replay such calls, and a replay records and waits for no
@@ -121,14 +122,17 @@ class stream_order {
   /// Records every access from the first stream on (see the top of this file).
   void track_for_host() noexcept { tracked_ = true; }
   /// True when accesses are recorded: tracked or used from several streams, and not bound.
-  [[nodiscard]] bool records() const noexcept {
-    return (tracked_ || lanes_.size() > 1) && !bound_;
-  }
+  [[nodiscard]] bool records() const noexcept { return (tracked_ || lanes_.size() > 1) && !bound_; }
   /// Waits on the host until every gather that may read a slot and every write of slot bytes
   /// enqueued so far have finished: each stream's last read and the last write of slot bytes
   /// (every access follows the one before it on its stream, and every write the write before it).
   /// Complete only while the buffer is tracked and not bound. Throws errc::cuda_error.
-  void wait_on_host() const {
+  void wait_on_host() {
+    if (unrecorded_) {  // an access went unrecorded: nothing short of the device covers it
+      GEAR_CUDA_TRY(cudaDeviceSynchronize());
+      unrecorded_ = false;
+      return;
+    }
     for (const auto& l : lanes_)
       if (l->reads > 0) GEAR_CUDA_TRY(cudaEventSynchronize(l->read_event(l->reads - 1)));
     if (last_bytes_writer_ != nullptr && last_bytes_writer_->write.get() != nullptr)
@@ -160,11 +164,11 @@ class stream_order {
       last_writer_ = &self;
       // The lane's write event moves on with its later writes: still after its bytes.
       if (bytes) last_bytes_writer_ = &self;
-      if (record) GEAR_CUDA_TRY(cudaEventRecord(self.write.get(), s));
+      if (record) record_event(self.write.get(), s);
     } else {
       self.read_pending = true;
       if (record) {
-        GEAR_CUDA_TRY(cudaEventRecord(self.read_event(self.reads), s));
+        record_event(self.read_event(self.reads), s);
         ++self.reads;
       }
     }
@@ -194,6 +198,14 @@ class stream_order {
     }
   };
 
+  /// Records `e` on `s`; a failure (the access was enqueued, its event not) is remembered, so
+  /// that wait_on_host waits for the device instead.
+  void record_event(cudaEvent_t e, cudaStream_t s) {
+    const cudaError_t status = cudaEventRecord(e, s);
+    if (status != cudaSuccess) unrecorded_ = true;
+    GEAR_CUDA_TRY(status);
+  }
+
   lane& lane_of(cudaStream_t s) {
     for (auto& l : lanes_)
       if (l->stream == s) return *l;
@@ -221,6 +233,7 @@ class stream_order {
   bool bound_ = false;                 // bind(): lanes_ holds one lane, the only one allowed
   bool unlaned_ = false;               // a stream without a lane used the buffer: never bind
   bool tracked_ = false;               // track_for_host(): record from the first stream on
+  bool unrecorded_ = false;            // an event record failed since the last wait_on_host
 };
 
 }  // namespace gear::detail
