@@ -1806,7 +1806,7 @@ void register_gpu_benchmarks() {
   });
   add_once("enqueue/device/fifo/batch:256", [](benchmark::State& s) {
     bm_enqueue(s, gear::select::fifo{},
-               "3 copies and the gather; the removal's record copy and journal apply");
+               "2 launches: the gather reading host-chosen rows, the removal's journal apply");
   });
   register_select_axis<gear::select::uniform>();
   register_select_axis<gear::select::prioritized>();
