@@ -3,7 +3,8 @@
 //
 // Column c's rows are split into chunks of tuning::copy_chunk_bytes; block b finds its column
 // from the per-column block counts, then its row and chunk. Each block learns its row's slot
-// (Rows: read from an earlier select() launch, or drawn right here by the policy's row_selector),
+// (Rows: read from an earlier select() launch, drawn right here by the policy's row_selector, or
+// read from the staging where the host chose them: fifo, lifo),
 // resolves the row's window (plan_window, the same function as the host loop), copies the
 // chunk's part of the valid steps and zero-fills the chunk's padding. The first block of each row
 // in column 0 also writes the row's mask and key, and, when it drew the row, its slot,
