@@ -1001,12 +1001,22 @@ void bm_prioritized(benchmark::State& state) {
   // weight (P_min / P_i)^beta over the batch.
   double total = 0;
   for (float p : raw) total += std::pow(double(p), policy.alpha);
-  for (const gear::selection_request* q : {&r, &two_launches}) {
+  // The buffer's way (with an arrivals word), two launches, and every block after a grid-wide
+  // barrier (tuning::select_weights_grid_sync's experiment).
+  using ways = gear::detail::select_weights;
+  const auto select_as = [&](const gear::selection_request& q, int way) {
+    if (way == 2) return dev.select(t, q, c.stream, ways::grid_sync) == ways::grid_sync;
+    dev.select(t, q, c.stream);
+    return true;
+  };
+  for (int way = 0; way < 3; ++way) {
+    const gear::selection_request* q = way == 1 ? &two_launches : &r;
     gear::selection_request once = *q;
     once.draw = g.next();
     GEAR_CUDA_TRY(
         cudaMemsetAsync(once.weights, 0xFF, static_cast<std::size_t>(batch) * 4, c.stream));
-    dev.select(t, once, c.stream);
+    if (!select_as(once, way))
+      return fail(state, "the grid-wide barrier's selection did not fit on the GPU at once");
     GEAR_CUDA_TRY(cudaStreamSynchronize(c.stream));
     std::vector<std::int64_t> slots(static_cast<std::size_t>(batch));
     std::vector<float> probabilities(slots.size()), weights(slots.size());
@@ -1031,21 +1041,25 @@ void bm_prioritized(benchmark::State& state) {
       const double w = std::pow(smallest / want[i], policy.beta);
       if (!(std::abs(weights[i] - w) <= 1e-4 * w))
         return fail(state, "prioritized row " + std::to_string(i) + " (" +
-                               (q == &r ? "one launch" : "two launches") + "): weight " +
-                               std::to_string(weights[i]) + ", expected " + std::to_string(w));
+                               (way == 0   ? "the buffer's way"
+                                : way == 1 ? "two launches"
+                                           : "grid sync") +
+                               "): weight " + std::to_string(weights[i]) + ", expected " +
+                               std::to_string(w));
     }
   }
-  // The two ways alternately, 5 rounds of 40 calls each, medians of each way's calls.
-  std::vector<double> one_way, two_ways;
+  // The three ways alternately, 5 rounds of 40 calls each, medians of each way's calls.
+  std::vector<double> times[3];
   for (int round = 0; round < 5; ++round)
-    for (auto [q, times] : {std::pair{&r, &one_way}, std::pair{&two_launches, &two_ways}})
-      times->push_back(median_call_us(40, [&] {
+    for (int way = 0; way < 3; ++way) {
+      gear::selection_request* q = way == 1 ? &two_launches : &r;
+      times[way].push_back(median_call_us(40, [&] {
         q->draw = g.next();
-        dev.select(t, *q, c.stream);
+        (void)select_as(*q, way);
       }));
-  std::sort(one_way.begin(), one_way.end());
-  std::sort(two_ways.begin(), two_ways.end());
-  const double select_us = one_way[2], select_two_us = two_ways[2];
+    }
+  for (auto& v : times) std::sort(v.begin(), v.end());
+  const double select_us = times[0][2], select_two_us = times[1][2], select_sync_us = times[2][2];
   // Baseline: inclusive_scan + upper_bound over all N (the weights p^alpha already computed).
   double scan_us = 0;
   {
@@ -1115,6 +1129,7 @@ void bm_prioritized(benchmark::State& state) {
 
   state.counters["select_us"] = select_us;
   state.counters["select_two_launches_us"] = select_two_us;
+  state.counters["select_grid_sync_us"] = select_sync_us;
   state.counters["scan_baseline_us"] = scan_us;
   state.counters["cpu_tree_select_us"] = cpu_select_us;
   state.counters["update_host_spans_us"] = update_host_us;
@@ -1142,6 +1157,10 @@ void bm_prioritized(benchmark::State& state) {
       row("select/two_launches", select_two_us, "select with an arrivals word", select_us);
   two.note = "the weights in a second launch (no arrivals word; batches over 2048 rows)";
   record(state, two);
+  table_row sync =
+      row("select/grid_sync", select_sync_us, "select with an arrivals word", select_us);
+  sync.note = "one cooperative launch: every block writes its rows' weights after a grid barrier";
+  record(state, sync);
   record(state, row("baseline/cpu_sum_tree_select", cpu_select_us, "", 0));
   for (auto [what, us, target] : {std::tuple{"update/host_spans", update_host_us, 15.0},
                                   std::tuple{"update/device_memory", update_device_us, 10.0}}) {

@@ -294,6 +294,69 @@ TEST_CASE("prioritized (device): the descent picks the host tree's leaf, draws a
     GEAR_CUDA_TRY(cudaFree(p));
 }
 
+TEST_CASE("prioritized (device): each way of writing the weights gives the same batch, bit for bit") {
+  // The state alone over a full table (slot i holds ticket i), as the bench's P3 row runs it.
+  stream_holder s;
+  const std::uint64_t seed = 2026120502;
+  INFO("seed " << seed);
+  const std::int64_t n = 1 << 16;
+  per_state st(gear::select::prioritized{0.6, 0.4}, n);
+  gd::allocation lengths(gear::memory_kind::device, static_cast<std::size_t>(n) * 8);
+  gd::allocation tickets(gear::memory_kind::device, static_cast<std::size_t>(n) * 8);
+  {
+    const std::vector<std::int64_t> ones(static_cast<std::size_t>(n), 1);
+    std::vector<std::uint64_t> first(static_cast<std::size_t>(n));
+    std::iota(first.begin(), first.end(), std::uint64_t{0});
+    GEAR_CUDA_TRY(cudaMemcpy(lengths.data(), ones.data(), lengths.size(), cudaMemcpyDefault));
+    GEAR_CUDA_TRY(cudaMemcpy(tickets.data(), first.data(), tickets.size(), cudaMemcpyDefault));
+  }
+  gear::slot_table t;
+  t.lengths = lengths.as<std::int64_t>();
+  t.tickets = tickets.as<std::uint64_t>();
+  t.capacity = t.occupied = t.live = n;
+  t.next_ticket = static_cast<std::uint64_t>(n);
+  st.on_commit(t, 0, n, s);
+  std::vector<gear::key> keys(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) keys[std::size_t(i)].ticket = static_cast<std::uint64_t>(i);
+  st.update(t, keys, random_priorities(seed, keys.size()), s);
+  using w = gd::select_weights;
+  for (const std::int64_t rows : {600, 4096}) {
+    CAPTURE(rows);
+    gear::batch<spec> out(gear::memory_kind::device, gear::batch_size{rows},
+                          gear::window_length{1});
+    gear::selection_request r;
+    r.batch = rows;
+    r.slots = out.slots_data();
+    r.probabilities = out.probabilities_data();
+    r.weights = out.weights_data();
+    out.workspace().lend_to(r);
+    r.draw = gear::rng{seed}.next();
+    struct result {
+      std::vector<std::int64_t> slots;
+      std::vector<float> probabilities, weights;
+    };
+    auto run = [&](w how) {
+      GEAR_CUDA_TRY(cudaMemsetAsync(r.weights, 0xFF, static_cast<std::size_t>(rows) * 4, s.s));
+      const w taken = st.select(t, r, s, how);
+      GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
+      CHECK(taken == how);  // each way can run here: an arrivals word, a grid that fits
+      return result{to_host(r.slots, rows), to_host(r.probabilities, rows),
+                    to_host(r.weights, rows)};
+    };
+    const result second = run(w::second_launch), last = run(w::last_block),
+                 grid = run(w::grid_sync);
+    for (const result* other : {&last, &grid}) {
+      CHECK(other->slots == second.slots);
+      CHECK(std::memcmp(other->probabilities.data(), second.probabilities.data(), rows * 4) == 0);
+      CHECK(std::memcmp(other->weights.data(), second.weights.data(), rows * 4) == 0);
+    }
+    // The weights are (P_min / P_i)^beta of the batch: 1 at the least likely row, none above.
+    float largest = 0;
+    for (const float x : second.weights) largest = std::max(largest, x);
+    CHECK(largest == doctest::Approx(1.0f));
+  }
+}
+
 TEST_CASE("prioritized (device): host and device select the same slots from the same tree") {
   stream_holder s;
   const std::uint64_t seed = 77;

@@ -212,6 +212,18 @@ class prioritized::state<exec::device> {
   void validate(const slot_table&, std::int64_t) const {}
 
   void select(const slot_table& t, const selection_request& r, cuda::stream_ref stream) {
+    using w = detail::select_weights;
+    (void)select(t, r, stream,
+                 r.arrivals != nullptr && r.batch <= detail::tuning::select_fused_weights_max_rows
+                     ? w::last_block
+                 : detail::tuning::select_weights_grid_sync ? w::grid_sync
+                                                            : w::second_launch);
+  }
+  /// select(), with the weights written as `how` asks where it can be: last_block needs an
+  /// arrivals word, grid_sync a grid resident on the GPU at once and a stream not capturing (a
+  /// cooperative launch); otherwise second_launch. Returns the way taken (for tests and the bench).
+  detail::select_weights select(const slot_table& t, const selection_request& r,
+                                cuda::stream_ref stream, detail::select_weights how) {
     constexpr int threads = detail::tuning::select_threads;
     GEAR_REQUIRE(r.scratch_size >= 2 * r.batch, errc::invalid_argument,
                  "prioritized selection needs 2 scratch words per row: " +
@@ -221,16 +233,41 @@ class prioritized::state<exec::device> {
         std::min<std::int64_t>({detail::blocks_for(r.batch * detail::sum_tree_group, threads),
                                 detail::tuning::select_max_blocks}));
     const auto* nodes = nodes_.as<const double>();
-    const bool fused =
-        r.arrivals != nullptr && r.batch <= detail::tuning::select_fused_weights_max_rows;
+    const auto kernel = detail::prioritized_select_kernel<threads, selection_request>;
+    if (how == detail::select_weights::last_block && r.arrivals == nullptr)
+      how = detail::select_weights::second_launch;
+    if (how == detail::select_weights::grid_sync) {
+      if (resident_blocks_ == 0) {  // asked once: how many of its blocks the GPU holds at once
+        int per_sm = 0;
+        GEAR_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+        resident_blocks_ =
+            std::max<std::int64_t>(1, std::int64_t{per_sm} * detail::multiprocessors());
+      }
+      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+      GEAR_CUDA_TRY(cudaStreamIsCapturing(stream.get(), &capture));
+      if (blocks <= resident_blocks_ && capture == cudaStreamCaptureStatusNone) {
+        slot_table table = t;
+        selection_request request = r;
+        detail::sum_tree_shape shape = shape_;
+        bool stratified = policy_.stratified;
+        double beta = policy_.beta;
+        void* args[] = {&table, &request, &nodes, &shape, &stratified, &beta, &how};
+        GEAR_CUDA_TRY(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel),
+                                                  dim3(blocks), dim3(threads), args, 0,
+                                                  stream.get()));
+        return how;
+      }
+      how = detail::select_weights::second_launch;
+    }
     detail::prioritized_select_kernel<threads><<<blocks, threads, 0, stream.get()>>>(
-        t, r, nodes, shape_, policy_.stratified, policy_.beta, fused);
+        t, r, nodes, shape_, policy_.stratified, policy_.beta, how);
     GEAR_CHECK_LAUNCH("prioritized_select_kernel");
-    if (fused) return;
+    if (how == detail::select_weights::last_block) return how;
     detail::prioritized_weights_kernel<threads>
         <<<detail::blocks_for(r.batch, threads), threads, 0, stream.get()>>>(r, nodes, policy_.beta,
                                                                              blocks);
     GEAR_CHECK_LAUNCH("prioritized_weights_kernel");
+    return how;
   }
 
   // ---- hooks the buffer calls --------------------------------------------------------------
@@ -389,6 +426,7 @@ class prioritized::state<exec::device> {
   prioritized policy_;
   std::int64_t capacity_;
   detail::sum_tree_shape shape_;
+  std::int64_t resident_blocks_ = 0;  // selection blocks the GPU holds at once (0: not asked yet)
   detail::allocation nodes_, raw_, winner_, flags_;
   detail::allocation status_;  // device: detail::priority_status
   detail::allocation report_;  // mapped pinned: detail::priority_report, written by the GPU

@@ -16,12 +16,16 @@
 // scratch word b of block b. With an arrivals word (selection_request::arrivals, 0 between
 // samples) and a batch of at most tuning::select_fused_weights_max_rows, each block then counts
 // itself in that word, and the last block to arrive (last_block.cuh) reduces the blocks' minima
-// and writes every weight: one launch per selection. Otherwise a second launch
-// reduces the minima in every block and writes the weights spread over the GPU.
+// and writes every weight: one launch per selection. Otherwise a second launch reduces the minima
+// in every block and writes the weights spread over the GPU; or, launched cooperatively while the
+// whole grid is resident (tuning::select_weights_grid_sync, an experiment), every block waits at a
+// grid-wide barrier, then reduces the minima and writes its own rows' weights: one launch.
 //
 // A weight is (leaf_min / leaf)^beta, computed as exp(beta * (log leaf_min - log leaf)): the logs
 // are taken in the selection's parallel part, so the last block spends one exp per row, and no
 // intermediate can overflow.
+
+#include <cooperative_groups.h>
 
 #include <cmath>
 #include <cstdint>
@@ -69,6 +73,13 @@ __device__ inline std::int64_t sum_tree_find_group(sum_tree_scan::TempStorage& s
   }
   return j;
 }
+
+/// Who writes a prioritized selection's importance weights (prioritized_select_kernel).
+enum class select_weights : int {
+  second_launch,  ///< prioritized_weights_kernel, launched after the selection
+  last_block,     ///< the selection's last block to arrive (r.arrivals), for small batches
+  grid_sync,      ///< every block, for its own rows, after a grid-wide barrier (cooperative launch)
+};
 
 struct double_min {
   __device__ double operator()(double a, double b) const { return b < a ? b : a; }
@@ -139,13 +150,14 @@ __device__ double smallest_of_blocks(const selection_request& r, unsigned minima
 /// Selects r.batch rows by priority (a group of lanes per row, groups striding over the rows
 /// when the batch is larger than the grid) and writes their slots and probabilities; row i's log
 /// leaf goes into r.scratch[batch + i] and block b's smallest into r.scratch[b] (scratch holds
-/// 2 * batch words, and there are at most batch / 16 blocks). With `fused`, the last block to
-/// arrive (r.arrivals) writes every weight; otherwise prioritized_weights_kernel follows. With a
+/// 2 * batch words, and there are at most batch / 16 blocks). `weights` says who then writes the
+/// weights (select_weights; grid_sync only in a cooperative launch). With a
 /// root of 0 (every priority 0) rows are uniform with weight 1.
 template <int Threads, class Request>  // Request is always selection_request
 __global__ void __launch_bounds__(Threads)
     prioritized_select_kernel(slot_table table, Request r, const double* nodes,
-                              sum_tree_shape shape, bool stratified, double beta, bool fused) {
+                              sum_tree_shape shape, bool stratified, double beta,
+                              select_weights weights) {
   static_assert(Threads % 32 == 0, "whole warps");
   constexpr int rows_per_block = Threads / sum_tree_group;
   __shared__ double top[sum_tree_shared_entries()];
@@ -196,14 +208,25 @@ __global__ void __launch_bounds__(Threads)
   __shared__ typename reduce::TempStorage storage;
   smallest = reduce(storage).Reduce(smallest, double_min{});
   if (threadIdx.x == 0) r.scratch[blockIdx.x] = double_as_word(smallest);
-  // `fused` is the same for the whole grid; the last block sees every block's words.
-  if (!fused || !last_block_to_arrive(r.arrivals)) return;
+  // `weights` is the same for the whole grid.
+  if (weights == select_weights::second_launch) return;
+  if (weights == select_weights::grid_sync) {  // launched cooperatively: every block resident
+    cooperative_groups::this_grid().sync();    // every block's words written and visible
+    const double log_min = smallest_of_blocks<Threads>(r, gridDim.x);
+    if (root > 0)
+      write_weights(r, log_min, beta, blockIdx.x * std::int64_t{Threads} + threadIdx.x,
+                    std::int64_t{gridDim.x} * Threads);
+    return;
+  }
+  // The last block sees every block's words.
+  if (!last_block_to_arrive(r.arrivals)) return;
   const double log_min = smallest_of_blocks<Threads>(r, gridDim.x);
   if (root > 0) write_weights(r, log_min, beta, threadIdx.x, Threads);
 }
 
-/// The weights of the rows prioritized_select_kernel selected with `minima` blocks, without
-/// `fused`: every block reduces the blocks' minima, then writes its rows' weights.
+/// The weights of the rows prioritized_select_kernel selected with `minima` blocks, with
+/// select_weights::second_launch: every block reduces the blocks' minima, then writes its rows'
+/// weights.
 template <int Threads, class Request>  // Request is always selection_request
 __global__ void __launch_bounds__(Threads)
     prioritized_weights_kernel(Request r, const double* nodes, double beta, unsigned minima) {

@@ -19,6 +19,11 @@ inline constexpr int select_shared_levels = 2;
 /// the one launch took 17.3 us against 16.5 us for two (gear_bench prioritized/, same run): up to
 /// 2048 rows each thread of the last block loads its rows at once.
 inline constexpr std::int64_t select_fused_weights_max_rows = 2048;
+/// Larger batches have their weights written by every selection block after a grid-wide barrier
+/// (a cooperative launch, while the grid fits on the GPU at once and the stream is not capturing)
+/// instead of by a second launch. An experiment, off until the bench shows it faster
+/// (prioritized/.../select/grid_sync).
+inline constexpr bool select_weights_grid_sync = false;
 /// Largest claim table (words) that uniform selection without replacement clears in its own last
 /// block (one block's stores); larger tables are cleared by a memset before the selection, spread
 /// over the GPU. The table of a batch of B rows is the power of two >= 2B: this is B = 8192.
