@@ -294,7 +294,8 @@ TEST_CASE("prioritized (device): the descent picks the host tree's leaf, draws a
     GEAR_CUDA_TRY(cudaFree(p));
 }
 
-TEST_CASE("prioritized (device): each way of writing the weights gives the same batch, bit for bit") {
+TEST_CASE(
+    "prioritized (device): each way of writing the weights gives the same batch, bit for bit") {
   // The state alone over a full table (slot i holds ticket i), as the bench's P3 row runs it.
   stream_holder s;
   const std::uint64_t seed = 2026120502;
@@ -335,17 +336,22 @@ TEST_CASE("prioritized (device): each way of writing the weights gives the same 
       std::vector<std::int64_t> slots;
       std::vector<float> probabilities, weights;
     };
+    // Before each way its outputs and its scratch are poisoned (a scratch word of 0xC0 bytes reads
+    // as -8577.5): a block that read another's words before they were written (a barrier that
+    // does not hold) gives weights of 0 or infinity.
     auto run = [&](w how) {
       GEAR_CUDA_TRY(cudaMemsetAsync(r.weights, 0xFF, static_cast<std::size_t>(rows) * 4, s.s));
+      GEAR_CUDA_TRY(
+          cudaMemsetAsync(r.scratch, 0xC0, static_cast<std::size_t>(r.scratch_size) * 8, s.s));
       const w taken = st.select(t, r, s, how);
       GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
-      CHECK(taken == how);  // each way can run here: an arrivals word, a grid that fits
+      CHECK(taken == how);  // each way can run here: an arrivals word; a grid that fits an H100
       return result{to_host(r.slots, rows), to_host(r.probabilities, rows),
                     to_host(r.weights, rows)};
     };
-    const result second = run(w::second_launch), last = run(w::last_block),
-                 grid = run(w::grid_sync);
-    for (const result* other : {&last, &grid}) {
+    const result grid = run(w::grid_sync), second = run(w::second_launch),
+                 last = run(w::last_block);
+    for (const result* other : {&last, &grid}) {  // each against the two-launch way
       CHECK(other->slots == second.slots);
       CHECK(std::memcmp(other->probabilities.data(), second.probabilities.data(), rows * 4) == 0);
       CHECK(std::memcmp(other->weights.data(), second.weights.data(), rows * 4) == 0);

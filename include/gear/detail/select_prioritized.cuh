@@ -3,8 +3,8 @@
 //
 // Selection: a group of 16 lanes per row descends the tree (D - 1 coalesced line reads, D =
 // levels), and the last block to finish writes the weights (a second launch for batches over
-// 2048 rows, or without an arrivals word): O(B log N), stream-ordered, no synchronisation
-// (sum_tree_select.cuh).
+// 2048 rows, or without an arrivals word; or, as an experiment, every block after a grid-wide
+// barrier): O(B log N), stream-ordered, no synchronisation (sum_tree_select.cuh).
 //
 // Update of B (slot, priority) pairs, O(B log N), two launches:
 //   mark:  (pairs from device memory only) checks its key against the slot metadata and its
@@ -233,15 +233,16 @@ class prioritized::state<exec::device> {
         std::min<std::int64_t>({detail::blocks_for(r.batch * detail::sum_tree_group, threads),
                                 detail::tuning::select_max_blocks}));
     const auto* nodes = nodes_.as<const double>();
-    const auto kernel = detail::prioritized_select_kernel<threads, selection_request>;
+    const auto kernel = detail::prioritized_select_kernel<threads, selection_request, true>;
     if (how == detail::select_weights::last_block && r.arrivals == nullptr)
       how = detail::select_weights::second_launch;
     if (how == detail::select_weights::grid_sync) {
-      if (resident_blocks_ == 0) {  // asked once: how many of its blocks the GPU holds at once
-        int per_sm = 0;
+      if (resident_blocks_ < 0) {  // asked once: how many of its blocks the GPU holds at once
+        int device = 0, cooperative = 0, per_sm = 0;
+        GEAR_CUDA_TRY(cudaGetDevice(&device));
+        GEAR_CUDA_TRY(cudaDeviceGetAttribute(&cooperative, cudaDevAttrCooperativeLaunch, device));
         GEAR_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
-        resident_blocks_ =
-            std::max<std::int64_t>(1, std::int64_t{per_sm} * detail::multiprocessors());
+        resident_blocks_ = cooperative != 0 ? std::int64_t{per_sm} * detail::multiprocessors() : 0;
       }
       cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
       GEAR_CUDA_TRY(cudaStreamIsCapturing(stream.get(), &capture));
@@ -252,10 +253,15 @@ class prioritized::state<exec::device> {
         bool stratified = policy_.stratified;
         double beta = policy_.beta;
         void* args[] = {&table, &request, &nodes, &shape, &stratified, &beta, &how};
-        GEAR_CUDA_TRY(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel),
-                                                  dim3(blocks), dim3(threads), args, 0,
-                                                  stream.get()));
-        return how;
+        const cudaError_t launched =
+            cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), dim3(blocks),
+                                        dim3(threads), args, 0, stream.get());
+        if (launched != cudaErrorCooperativeLaunchTooLarge) {
+          GEAR_CUDA_TRY(launched);
+          return how;
+        }
+        (void)cudaGetLastError();  // the GPU is shared (MPS, green contexts): never again
+        resident_blocks_ = 0;
       }
       how = detail::select_weights::second_launch;
     }
@@ -426,7 +432,8 @@ class prioritized::state<exec::device> {
   prioritized policy_;
   std::int64_t capacity_;
   detail::sum_tree_shape shape_;
-  std::int64_t resident_blocks_ = 0;  // selection blocks the GPU holds at once (0: not asked yet)
+  std::int64_t resident_blocks_ = -1;  // blocks a cooperative selection may have (-1: not asked
+                                       // yet; 0: none)
   detail::allocation nodes_, raw_, winner_, flags_;
   detail::allocation status_;  // device: detail::priority_status
   detail::allocation report_;  // mapped pinned: detail::priority_report, written by the GPU

@@ -153,7 +153,9 @@ __device__ double smallest_of_blocks(const selection_request& r, unsigned minima
 /// 2 * batch words, and there are at most batch / 16 blocks). `weights` says who then writes the
 /// weights (select_weights; grid_sync only in a cooperative launch). With a
 /// root of 0 (every priority 0) rows are uniform with weight 1.
-template <int Threads, class Request>  // Request is always selection_request
+/// GridSync: the instance launched cooperatively (select_weights::grid_sync); the others never
+/// carry the barrier's code (it costs registers).
+template <int Threads, class Request, bool GridSync = false>  // Request: selection_request
 __global__ void __launch_bounds__(Threads)
     prioritized_select_kernel(slot_table table, Request r, const double* nodes,
                               sum_tree_shape shape, bool stratified, double beta,
@@ -210,8 +212,8 @@ __global__ void __launch_bounds__(Threads)
   if (threadIdx.x == 0) r.scratch[blockIdx.x] = double_as_word(smallest);
   // `weights` is the same for the whole grid.
   if (weights == select_weights::second_launch) return;
-  if (weights == select_weights::grid_sync) {  // launched cooperatively: every block resident
-    cooperative_groups::this_grid().sync();    // every block's words written and visible
+  if constexpr (GridSync) {                  // launched cooperatively: every block resident
+    cooperative_groups::this_grid().sync();  // every block's words written and visible
     const double log_min = smallest_of_blocks<Threads>(r, gridDim.x);
     if (root > 0)
       write_weights(r, log_min, beta, blockIdx.x * std::int64_t{Threads} + threadIdx.x,
