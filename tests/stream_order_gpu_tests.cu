@@ -689,6 +689,58 @@ TEST_CASE_TEMPLATE("pinned_host: a host insert waits for a committed write still
   }
 }
 
+// mixed with a device column: the insert copies that column into staging with the buffer's mutex
+// let go, then waits for the gathers of its slots and writes the pinned column with the CPU.
+TEST_CASE("mixed: a host insert with a device column waits for the gathers of its slots only") {
+  using spec2 = gear::spec<gear::column<"v", std::int32_t>, gear::column<"w", std::int32_t>>;
+  using storage2 = gear::storage::mixed<gear::storage::pinned_host, gear::storage::device>;
+  stream_holder s, other;
+  gear::replay_buffer<spec2, storage2> buf{gear::capacity{1}, gear::max_length{4}};
+  const auto insert2 = [&](std::int32_t first, cuda::stream_ref on) {
+    std::vector<std::int32_t> v(4), w(4);
+    for (int t = 0; t < 4; ++t) v[t] = first + t, w[t] = first + 100 + t;
+    const std::int64_t len[] = {4};
+    gear::key k{};
+    buf.insert_async(gear::trajectories<spec2>{len, {gear::input(v.data()), gear::input(w.data())}},
+                     std::span<gear::key>(&k, 1), on);
+    return k;
+  };
+  const auto check_rows = [&](const auto& batch, const gear::key& want, std::int32_t first) {
+    const std::int64_t n = batch.batch_size();
+    const auto keys = to_host(batch.keys_data(), n, s);
+    const auto v = to_host(reinterpret_cast<const std::int32_t*>(batch.column_data(0)), n * 4, s);
+    const auto w = to_host(reinterpret_cast<const std::int32_t*>(batch.column_data(1)), n * 4, s);
+    int wrong = 0;
+    for (std::int64_t r = 0; r < n; ++r) {
+      wrong += !(keys[std::size_t(r)] == want);
+      for (int t = 0; t < 4; ++t)
+        wrong +=
+            v[std::size_t(r * 4 + t)] != first + t || w[std::size_t(r * 4 + t)] != first + 100 + t;
+    }
+    CHECK(wrong == 0);
+  };
+  const gear::key kx = insert2(10, s);
+  auto read = buf.make_batch(gear::batch_size{16}, gear::window_length{4});
+  gear::rng g{25};
+  bool same = true;
+  SUBCASE("the gather before a training step on the insert's stream") { same = true; }
+  SUBCASE("the gather queued behind a kernel on another stream") { same = false; }
+  if (!same) buf.sample(read, gear::window{.length = 4}, g, other);  // other's first call
+  const cudaStream_t gs = same ? s.s : other.s;
+  if (!same) hold(gs, 300);
+  buf.sample_async(read, gear::window{.length = 4}, g, cuda::stream_ref{gs});
+  if (same) hold(s, 300);  // the training step, after the gather
+  gear::key kb{};
+  const double waited = seconds_of([&] { kb = insert2(20, s); });
+  if (same && streams_overlap()) CHECK(waited < 0.15);
+  if (!same) CHECK(waited > 0.2);
+  GEAR_CUDA_TRY(cudaDeviceSynchronize());
+  check_rows(read, kx, 10);  // the gather read X whole
+  auto later = buf.make_batch(gear::batch_size{16}, gear::window_length{4});
+  buf.sample(later, gear::window{.length = 4}, g, s);
+  check_rows(later, kb, 20);
+}
+
 TEST_CASE_TEMPLATE("pinned_host: a host insert over an open reservation waits for its kernel",
                    Storage, gear::storage::pinned_host,
                    gear::storage::mixed<gear::storage::pinned_host>) {
