@@ -287,6 +287,21 @@ __global__ void td_errors(const std::int32_t* v, std::int64_t rows, std::int64_t
   if (r < rows) td[r] = 0.05f + static_cast<float>((v[r * length] / 1000 * 7919) % 97) / 10.0f;
 }
 
+/// One PER step on `s`: a sample of batch.batch_size() windows `w`, TD errors from its bytes into
+/// `td`, and the update of the rows' priorities from them (device memory). Eager with a gear::rng,
+/// or captured with a gear::device_rng.
+template <class Buffer, class Batch, class Draws>
+void per_step(Buffer& buf, Batch& batch, Draws& draws, const gear::window& w, float* td,
+              cuda::stream_ref s) {
+  const std::int64_t rows = batch.batch_size();
+  buf.sample_async(batch, w, draws, s);
+  td_errors<<<static_cast<unsigned>((rows + 255) / 256), 256, 0, s.get()>>>(
+      reinterpret_cast<const std::int32_t*>(batch.column_data(0)), rows, w.length, td);
+  GEAR_CHECK_LAUNCH("td_errors");
+  buf.update_priorities_async(std::span<const gear::key>(batch.keys_data(), rows),
+                              std::span<const float>(td, rows), gear::memory_kind::device, s);
+}
+
 }  // namespace
 
 TEST_CASE("a captured PER step (sample, TD errors, update from device memory) replays as eager") {
@@ -301,12 +316,7 @@ TEST_CASE("a captured PER step (sample, TD errors, update from device memory) re
   GEAR_CUDA_TRY(cudaMalloc(&td, rows * sizeof(float)));
   // The same step, eager with gear::rng, or captured once with gear::device_rng.
   const auto step = [&](buffer& buf, auto& batch, auto& draws) {
-    buf.sample_async(batch, w, draws, s);
-    td_errors<<<(rows + 255) / 256, 256, 0, s.s>>>(
-        reinterpret_cast<const std::int32_t*>(batch.column_data(0)), rows, len, td);
-    GEAR_CHECK_LAUNCH("td_errors");
-    buf.update_priorities_async(std::span<const gear::key>(batch.keys_data(), rows),
-                                std::span<const float>(td, rows), gear::memory_kind::device, s);
+    per_step(buf, batch, draws, w, td, s);
   };
   buffer eager_buf{gear::capacity{300}, gear::max_length{max_len}, policy};
   buffer graph_buf{gear::capacity{300}, gear::max_length{max_len}, policy};
@@ -349,14 +359,7 @@ TEST_CASE("pinned_host: a captured PER step binds the buffer; a host insert wait
   GEAR_CUDA_TRY(cudaMalloc(&td, rows * sizeof(float)));
   const gear::window w{len, 0, gear::anchor::random, gear::pad::tail};
   gear::device_rng dg(11);
-  const captured graph(s.s, [&] {
-    buf.sample_async(batch, w, dg, s);
-    td_errors<<<(rows + 255) / 256, 256, 0, s.s>>>(
-        reinterpret_cast<const std::int32_t*>(batch.column_data(0)), rows, len, td);
-    GEAR_CHECK_LAUNCH("td_errors");
-    buf.update_priorities_async(std::span<const gear::key>(batch.keys_data(), rows),
-                                std::span<const float>(td, rows), gear::memory_kind::device, s);
-  });
+  const captured graph(s.s, [&] { per_step(buf, batch, dg, w, td, s); });
   CHECK(graph.kernels() == 5);
   // Twenty replays queued behind a kernel; an insert then overwrites every slot with the CPU. It
   // must wait for the replays: each row of the last one holds one old trajectory, whole.

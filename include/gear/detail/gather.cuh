@@ -144,8 +144,8 @@ void gather_on_device(const gather_args& a, const column_blocks& g, const Rows& 
 /// Selects with `state` and gathers. Where the gather is small enough that one launch saves more
 /// than reading every row in each of its blocks costs (tuning::fused_gather_max_waves), the gather
 /// kernel reads the rows itself: drawn by the policy's row_selector, or chosen on the host
-/// (choose_rows); otherwise the policy's select() launch runs first. `request` and `a` describe
-/// the same batch.
+/// (with_chosen_rows); otherwise the policy's select() launch runs first. `request` and `a`
+/// describe the same batch.
 template <class State>
 void select_and_gather_on_device(State& state, const slot_table& table,
                                  const selection_request& request, const gather_args& a,
@@ -169,14 +169,7 @@ void select_and_gather_on_device(State& state, const slot_table& table,
   }
   if constexpr (host_row_choosing<State>) {
     if (fused) {
-      const auto rows = state.choose_rows(table, request);
-      try {
-        gather_drawn(rows);
-      } catch (...) {
-        state.rows_enqueued(stream);  // the launch may have been enqueued
-        throw;
-      }
-      state.rows_enqueued(stream);
+      state.with_chosen_rows(table, request, stream, gather_drawn);
       return;
     }
   }

@@ -233,36 +233,10 @@ class prioritized::state<exec::device> {
         std::min<std::int64_t>({detail::blocks_for(r.batch * detail::sum_tree_group, threads),
                                 detail::tuning::select_max_blocks}));
     const auto* nodes = nodes_.as<const double>();
-    const auto kernel = detail::prioritized_select_kernel<threads, selection_request, true>;
     if (how == detail::select_weights::last_block && r.arrivals == nullptr)
       how = detail::select_weights::second_launch;
     if (how == detail::select_weights::grid_sync) {
-      if (resident_blocks_ < 0) {  // asked once: how many of its blocks the GPU holds at once
-        int device = 0, cooperative = 0, per_sm = 0;
-        GEAR_CUDA_TRY(cudaGetDevice(&device));
-        GEAR_CUDA_TRY(cudaDeviceGetAttribute(&cooperative, cudaDevAttrCooperativeLaunch, device));
-        GEAR_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
-        resident_blocks_ = cooperative != 0 ? std::int64_t{per_sm} * detail::multiprocessors() : 0;
-      }
-      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-      GEAR_CUDA_TRY(cudaStreamIsCapturing(stream.get(), &capture));
-      if (blocks <= resident_blocks_ && capture == cudaStreamCaptureStatusNone) {
-        slot_table table = t;
-        selection_request request = r;
-        detail::sum_tree_shape shape = shape_;
-        bool stratified = policy_.stratified;
-        double beta = policy_.beta;
-        void* args[] = {&table, &request, &nodes, &shape, &stratified, &beta, &how};
-        const cudaError_t launched =
-            cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), dim3(blocks),
-                                        dim3(threads), args, 0, stream.get());
-        if (launched != cudaErrorCooperativeLaunchTooLarge) {
-          GEAR_CUDA_TRY(launched);
-          return how;
-        }
-        (void)cudaGetLastError();  // the GPU is shared (MPS, green contexts): never again
-        resident_blocks_ = 0;
-      }
+      if (select_with_grid_barrier(t, r, blocks, stream)) return how;
       how = detail::select_weights::second_launch;
     }
     detail::prioritized_select_kernel<threads><<<blocks, threads, 0, stream.get()>>>(
@@ -391,6 +365,42 @@ class prioritized::state<exec::device> {
   }
 
  private:
+  /// The selection as one cooperative launch whose blocks write their own rows' weights after a
+  /// grid-wide barrier. Returns false, launching nothing, where that cannot run: a GPU without
+  /// cooperative launches, a grid larger than the GPU holds at once, a capturing stream.
+  bool select_with_grid_barrier(const slot_table& t, const selection_request& r, unsigned blocks,
+                                cuda::stream_ref stream) {
+    constexpr int threads = detail::tuning::select_threads;
+    const auto kernel = detail::prioritized_select_kernel<threads, selection_request, true>;
+    if (resident_blocks_ < 0) {  // asked once: how many of its blocks the GPU holds at once
+      int device = 0, cooperative = 0, per_sm = 0;
+      GEAR_CUDA_TRY(cudaGetDevice(&device));
+      GEAR_CUDA_TRY(cudaDeviceGetAttribute(&cooperative, cudaDevAttrCooperativeLaunch, device));
+      GEAR_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+      resident_blocks_ = cooperative != 0 ? std::int64_t{per_sm} * detail::multiprocessors() : 0;
+    }
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    GEAR_CUDA_TRY(cudaStreamIsCapturing(stream.get(), &capture));
+    if (blocks > resident_blocks_ || capture != cudaStreamCaptureStatusNone) return false;
+    slot_table table = t;
+    selection_request request = r;
+    const double* nodes = nodes_.as<const double>();
+    detail::sum_tree_shape shape = shape_;
+    bool stratified = policy_.stratified;
+    double beta = policy_.beta;
+    auto how = detail::select_weights::grid_sync;
+    void* args[] = {&table, &request, &nodes, &shape, &stratified, &beta, &how};
+    const cudaError_t launched = cudaLaunchCooperativeKernel(
+        reinterpret_cast<const void*>(kernel), dim3(blocks), dim3(threads), args, 0, stream.get());
+    if (launched != cudaErrorCooperativeLaunchTooLarge) {
+      GEAR_CUDA_TRY(launched);
+      return true;
+    }
+    (void)cudaGetLastError();  // the GPU is shared (MPS, green contexts): never again
+    resident_blocks_ = 0;
+    return false;
+  }
+
   static detail::priority_source ring(const slot_table& t, std::uint64_t first, std::int64_t count,
                                       float fill) noexcept {
     detail::priority_source src;

@@ -1,8 +1,8 @@
 #pragma once
 // Device side of gear::select::fifo and lifo. The rows are chosen on the host (queue_rows, in
 // select/queue.hpp) into pinned staging, which the GPU reads through its mapping: a small gather
-// reads them there itself (choose_rows, then the gather: one launch per sample); otherwise one
-// select launch writes them to the request first. No copy is enqueued and nothing is read back:
+// reads them there itself (with_chosen_rows around the gather: one launch per sample); otherwise
+// one select launch writes them to the request first. No copy is enqueued and nothing is read back:
 // the rows stay on the host too (host_rows), so a sample that removes what it returns counts them
 // there, without synchronising.
 
@@ -26,38 +26,36 @@ struct chosen_rows {
 };
 
 template <bool OldestFirst>
-class queue_state<OldestFirst, exec::device> {
+class queue_state<OldestFirst, exec::device> : public queue_order<OldestFirst> {
  public:
-  explicit queue_state(std::int64_t capacity)
-      : links_(OldestFirst ? 0 : static_cast<std::size_t>(capacity)) {}
-  void validate(const slot_table& t, std::int64_t batch) const { validate_queue(t, batch); }
+  using queue_order<OldestFirst>::queue_order;
 
-  /// Chooses the rows on the host into the next staging area and returns the row function that
-  /// reads them there (host_rows() holds them too). The areas are a ring of four, so a caller
-  /// waits on the host only when its stream is four samples behind. Call rows_enqueued() once
-  /// every launch that reads them is enqueued, or has failed. Throws errc::out_of_memory,
-  /// errc::cuda_error, with the state as it was.
-  [[nodiscard]] chosen_rows choose_rows(const slot_table& t, const selection_request& r) {
+  /// Chooses the rows on the host into the next staging area, then calls launch(rows), the row
+  /// function that reads them there, to enqueue the kernels that do; the area is refilled only
+  /// after they have run (a ring of four areas, so a caller waits on the host only when its
+  /// stream is four samples behind). host_rows() holds the rows too. Throws errc::out_of_memory
+  /// or errc::cuda_error before launch runs, with the state as it was, and what launch throws.
+  template <class Launch>
+  void with_chosen_rows(const slot_table& t, const selection_request& r, cuda::stream_ref stream,
+                        Launch&& launch) {
     const auto rows = static_cast<std::size_t>(r.batch);
     auto* slots = reinterpret_cast<std::int64_t*>(staging_.acquire(rows * sizeof(std::int64_t)));
     chosen_.assign(rows, -1);  // before the cursor moves; -1 counts as no row
-    queue_rows(t, OldestFirst, r.batch, chosen_.data(), cursor_, links_.data());
+    this->choose(t, r.batch, chosen_.data());
     std::copy(chosen_.begin(), chosen_.end(), slots);
-    return {reinterpret_cast<const std::int64_t*>(staging_.device_address())};
+    try {
+      launch(chosen_rows{reinterpret_cast<const std::int64_t*>(staging_.device_address())});
+    } catch (...) {
+      staging_.copied(stream);  // a launch may have been enqueued
+      throw;
+    }
+    staging_.copied(stream);
   }
-  /// Ends the use of the area choose_rows() filled: the launches that read it are on `stream`.
-  void rows_enqueued(cuda::stream_ref stream) { staging_.copied(stream); }
 
   /// Chooses the rows, then one launch writes them to the request's outputs.
   void select(const slot_table& t, const selection_request& r, cuda::stream_ref stream) {
-    const chosen_rows rows = choose_rows(t, r);
-    try {
-      select_rows_on_device(rows, r, stream);
-    } catch (...) {
-      rows_enqueued(stream);  // the launch may have been enqueued
-      throw;
-    }
-    rows_enqueued(stream);
+    with_chosen_rows(t, r, stream,
+                     [&](const chosen_rows& rows) { select_rows_on_device(rows, r, stream); });
   }
 
   /// The slots the last selection chose (host memory), until the next one.
@@ -66,8 +64,6 @@ class queue_state<OldestFirst, exec::device> {
  private:
   staging_ring<4> staging_;
   std::vector<std::int64_t> chosen_;
-  std::uint64_t cursor_ = 0;
-  std::vector<lifo_link> links_;
 };
 
 }  // namespace gear::detail

@@ -62,11 +62,12 @@
 //       the slots the last selection wrote to request.slots, in host memory, valid until the
 //       next one. A sample that removes what it returns counts them from here, without reading
 //       the slots back from the GPU (which synchronises the stream).
-//   F choose_rows(const slot_table& table, const selection_request& request);
-//   void rows_enqueued(cuda::stream_ref stream);
-//       choose_rows chooses the rows as select() would, into memory the GPU reads, and returns
-//       them as a row function (as row_selector's F); the gather kernel then reads them itself.
-//       rows_enqueued is called once every launch that reads them is enqueued, or has failed.
+//   template <class Launch>
+//   void with_chosen_rows(const slot_table& table, const selection_request& request,
+//                         cuda::stream_ref stream, Launch&& launch);
+//       chooses the rows as select() would, into memory the GPU reads, and calls launch(F) with
+//       them as a row function (as row_selector's F) to enqueue the kernels that read them (the
+//       gather reads them itself); that memory is reused only after those kernels.
 //
 // A device state may declare `static constexpr bool reads_device_counts = true;`: its kernels (and
 // its row_selector's F, through a member `void read_device_counts()` called in the kernel) call
@@ -216,12 +217,18 @@ template <class State>
 concept host_chosen_rows = requires(const State& s) {
   { s.host_rows() } -> std::convertible_to<std::span<const std::int64_t>>;
 };
-/// choose_rows and rows_enqueued: rows chosen on the host, read by the gather kernel itself.
+namespace detail {
+/// A launch that takes any row function and enqueues nothing (host_row_choosing's probe).
+struct no_launch {
+  template <class F>
+  void operator()(const F&) const noexcept {}
+};
+}  // namespace detail
+/// with_chosen_rows: rows chosen on the host, read by the gather kernel itself.
 template <class State>
 concept host_row_choosing = requires(State& s, const slot_table& t, const selection_request& r,
                                      cuda::stream_ref stream) {
-  s.choose_rows(t, r);
-  s.rows_enqueued(stream);
+  s.with_chosen_rows(t, r, stream, detail::no_launch{});
 };
 /// `static constexpr bool reads_device_counts = true`: samples with a gear::device_rng.
 template <class State>

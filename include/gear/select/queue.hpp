@@ -99,26 +99,39 @@ inline void validate_queue(const slot_table& t, std::int64_t batch) {
                    " rows asked, " + std::to_string(t.live) + " trajectories stored");
 }
 
-/// The host and device states of fifo and lifo (OldestFirst: fifo; the device one is in
-/// detail/select_queue.cuh).
-template <bool OldestFirst, class Space>
-class queue_state;
-
+/// What the host and device states of fifo and lifo share (OldestFirst: fifo): fifo's cursor,
+/// lifo's skip links, and the rows they give.
 template <bool OldestFirst>
-class queue_state<OldestFirst, exec::host> {
+class queue_order {
  public:
-  explicit queue_state(std::int64_t capacity)
+  explicit queue_order(std::int64_t capacity)
       : links_(OldestFirst ? 0 : static_cast<std::size_t>(capacity)) {}
   void validate(const slot_table& t, std::int64_t batch) const { validate_queue(t, batch); }
-  void select(const slot_table& t, const selection_request& r, cuda::stream_ref) {
-    queue_rows(t, OldestFirst, r.batch, r.slots, cursor_, links_.data());
-    std::fill_n(r.probabilities, r.batch, 1.0f);
-    std::fill_n(r.weights, r.batch, 1.0f);
+
+ protected:
+  /// Writes the slots of the next `batch` rows to `slots` (host memory) and moves past them.
+  void choose(const slot_table& t, std::int64_t batch, std::int64_t* slots) {
+    queue_rows(t, OldestFirst, batch, slots, cursor_, links_.data());
   }
 
  private:
   std::uint64_t cursor_ = 0;
   std::vector<lifo_link> links_;
+};
+
+/// The host and device states of fifo and lifo (the device one is in detail/select_queue.cuh).
+template <bool OldestFirst, class Space>
+class queue_state;
+
+template <bool OldestFirst>
+class queue_state<OldestFirst, exec::host> : public queue_order<OldestFirst> {
+ public:
+  using queue_order<OldestFirst>::queue_order;
+  void select(const slot_table& t, const selection_request& r, cuda::stream_ref) {
+    this->choose(t, r.batch, r.slots);
+    std::fill_n(r.probabilities, r.batch, 1.0f);
+    std::fill_n(r.weights, r.batch, 1.0f);
+  }
 };
 
 }  // namespace gear::detail

@@ -230,15 +230,12 @@ class buffer_core {
   /// kernel that never ends, holding a reservation, would hold this insert and the buffer too).
   void wait_before_cpu_write(cuda::stream_ref stream, std::int64_t count) {
     if constexpr (on_device) {
-      if (order_.bound()) return synchronize(stream);
-      const std::uint64_t first = ring_.next_ticket();
-      for (std::int64_t i = 0; i < count; ++i)
-        if (ring_.state(ring_.slot_of(first + static_cast<std::uint64_t>(i))) ==
-            slot_state::pending) {
-          GEAR_CUDA_TRY(cudaDeviceSynchronize());
-          return;
-        }
-      order_.wait_on_host();
+      if (order_.bound())
+        synchronize(stream);
+      else if (ring_.takeovers(count) > 0)
+        GEAR_CUDA_TRY(cudaDeviceSynchronize());
+      else
+        order_.wait_on_host();
     } else {
       (void)stream, (void)count;
     }

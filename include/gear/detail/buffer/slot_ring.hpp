@@ -108,11 +108,11 @@ class slot_ring {
 
   /// Committed trajectories the next reservation of `count` slots evicts.
   [[nodiscard]] std::int64_t evictions(std::int64_t count) const noexcept {
-    std::int64_t n = 0;
-    for (std::int64_t i = 0; i < count; ++i)
-      n += states_[at(slot_of(next_ticket_ + static_cast<std::uint64_t>(i)))] ==
-           slot_state::committed;
-    return n;
+    return next_slots_in(count, slot_state::committed);
+  }
+  /// Open reservations the next reservation of `count` slots takes over.
+  [[nodiscard]] std::int64_t takeovers(std::int64_t count) const noexcept {
+    return next_slots_in(count, slot_state::pending);
   }
 
   // ---- checks (throw, change nothing) --------------------------------------------------------
@@ -187,6 +187,13 @@ class slot_ring {
   }
 
  private:
+  /// Slots of the next reservation of `count` that are now in `state`.
+  [[nodiscard]] std::int64_t next_slots_in(std::int64_t count, slot_state state) const noexcept {
+    std::int64_t n = 0;
+    for (std::int64_t i = 0; i < count; ++i)
+      n += states_[at(slot_of(next_ticket_ + static_cast<std::uint64_t>(i)))] == state;
+    return n;
+  }
   static std::size_t at(std::int64_t slot) noexcept { return static_cast<std::size_t>(slot); }
 
   // The dense index: a committed slot joins at position live_; a leaving one's position takes

@@ -51,7 +51,7 @@ class stream_order {
   /// made for it.
   void before(cudaStream_t s, access a, bool binding = false) {
     lane& self = lane_of(s);
-    if (tracked_ && !bound_ && !binding) self.make_events();
+    if (records() && !binding) self.make_events();  // tracked: the first lane has none yet
     if (last_writer_ != nullptr && last_writer_ != &self)
       GEAR_CUDA_TRY(cudaStreamWaitEvent(s, last_writer_->write.get(), 0));
     if (a == access::write)
