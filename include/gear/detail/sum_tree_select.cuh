@@ -114,6 +114,11 @@ __device__ inline std::uint64_t double_as_word(double x) {
   return static_cast<std::uint64_t>(__double_as_longlong(x));
 }
 
+/// (P_min / P_i)^beta from the logs of the smallest leaf and row i's.
+__device__ inline float importance_weight_of_logs(double beta, double log_min, double log_leaf) {
+  return static_cast<float>(::exp(beta * (log_min - log_leaf)));
+}
+
 /// Weights from the rows' log leaves (r.scratch[batch, 2 * batch)) and the smallest one, for rows
 /// first, first + stride, ... (importance_weight, computed as the file's top says). Each thread
 /// loads 8 rows' leaves before it computes any: the last block writes a whole batch, and one load
@@ -131,7 +136,7 @@ __device__ inline void write_weights(const selection_request& r, double log_min,
 #pragma unroll
     for (int k = 0; k < in_flight; ++k) {
       const std::int64_t row = base + k * stride;
-      if (row < r.batch) r.weights[row] = static_cast<float>(::exp(beta * (log_min - log_leaf[k])));
+      if (row < r.batch) r.weights[row] = importance_weight_of_logs(beta, log_min, log_leaf[k]);
     }
   }
 }
@@ -173,10 +178,10 @@ __global__ void __launch_bounds__(Threads)
       top_levels < 1 ? 0
                      : static_cast<int>(shape.offset[top_levels] - shape.offset[1] +
                                         sum_tree_padded(shape.count[top_levels]));
+  const double root = nodes[0];  // loaded beside the top levels, not after them
   for (int i = static_cast<int>(threadIdx.x); i < top_entries; i += Threads)
     top[i] = nodes[shape.offset[1] + i];
   __syncthreads();
-  const double root = nodes[0];
   double smallest = INFINITY;
   // Whole warps take the same number of turns: the shuffles need every lane of the warp. Lanes
   // past the batch descend for row 0 and write nothing.
@@ -232,10 +237,14 @@ __global__ void __launch_bounds__(Threads)
 template <int Threads, class Request>  // Request is always selection_request
 __global__ void __launch_bounds__(Threads)
     prioritized_weights_kernel(Request r, const double* nodes, double beta, unsigned minima) {
-  if (!(nodes[0] > 0)) return;  // uniform rows have their weights
+  // One row per thread (the grid covers the batch). The root, the row's log leaf and the blocks'
+  // minima are loaded at once: one wait for memory, not three in a row.
+  const std::int64_t row = blockIdx.x * std::int64_t{Threads} + threadIdx.x;
+  const double root = nodes[0];
+  const double log_leaf = row < r.batch ? word_as_double(r.scratch + r.batch + row) : 0.0;
   const double log_min = smallest_of_blocks<Threads>(r, minima);
-  write_weights(r, log_min, beta, blockIdx.x * std::int64_t{Threads} + threadIdx.x,
-                std::int64_t{gridDim.x} * Threads);
+  if (root > 0 && row < r.batch)  // with a root of 0, uniform rows have their weights
+    r.weights[row] = importance_weight_of_logs(beta, log_min, log_leaf);
 }
 
 }  // namespace gear::detail
