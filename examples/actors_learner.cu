@@ -56,6 +56,12 @@ int run(const char* where) {
              gear::select::prioritized{.alpha = 0.6, .beta = 0.4}};
   std::printf("actors_learner on the %s: %d actors x %lld episodes, 1 learner\n", where, actors,
               static_cast<long long>(episodes_per_actor));
+  // The most one call asks for: the staging of such calls is allocated now, not during the run
+  // (each actor and the learner keep about two calls queued).
+  buf.reserve_staging({.insert_trajectories = 1,
+                       .insert_steps = length,
+                       .batch = batch,
+                       .in_flight = 2 * (actors + 1)});
 
   // Which trajectory each key names, as the actors got them back (the learner checks rows
   // against it). The example's own bookkeeping, not something gear needs.
@@ -100,8 +106,8 @@ int run(const char* where) {
       buf.sample(b, w, rng, stream.ref());
       const auto keys = to_host(b.keys_data(), batch, gpu, stream.ref());
       const auto mask = to_host(b.mask_data(), batch * window, gpu, stream.ref());
-      const auto steps = to_host(
-          reinterpret_cast<const std::int32_t*>(b.column_data(0)), batch * window, gpu, stream.ref());
+      const auto steps = to_host(reinterpret_cast<const std::int32_t*>(b.column_data(0)),
+                                 batch * window, gpu, stream.ref());
       std::vector<float> priorities(batch);
       for (std::int64_t r = 0; r < batch; ++r) {
         std::int32_t tag = -1;

@@ -1017,6 +1017,120 @@ TEST_CASE_TEMPLATE(
          }));
 }
 
+namespace {
+
+/// Runs `rounds` rounds of a steady run on `buf`: insert 8 trajectories from host memory, sample
+/// 8 rows, erase one sampled key, and (prioritized) set the sampled rows' priorities from host
+/// spans; the stream is synchronised each round (about one round in flight). Returns the pinned
+/// and device allocations the rounds made.
+template <class Buffer>
+std::uint64_t allocations_of_steady_run(Buffer& buf, int rounds, cuda::stream_ref s) {
+  auto batch = buf.make_batch(gear::batch_size{8}, gear::window_length{2});
+  gear::rng g{21};
+  const std::uint64_t before = gear::detail::gpu_allocations.load();
+  for (int round = 0; round < rounds; ++round) {
+    std::vector<std::int32_t> values(16);
+    const std::int64_t lengths[] = {2, 2, 2, 2, 2, 2, 2, 2};
+    for (std::size_t i = 0; i < values.size(); ++i) values[i] = round * 100 + static_cast<int>(i);
+    gear::trajectories<vspec> in{lengths, {gear::input(values.data())}};
+    std::vector<gear::key> keys(8);
+    buf.insert_async(in, keys, s);
+    buf.sample_async(batch, gear::window{.length = 2}, g, s);
+    const auto sampled = to_host(batch.keys_data(), 8, s);  // synchronises
+    if constexpr (gear::host_priority_update<typename Buffer::state_type>) {
+      std::vector<gear::key> live;
+      for (const gear::key& k : sampled)
+        if (buf.contains(k)) live.push_back(k);
+      const std::vector<float> p(live.size(), 2.0f);
+      (void)buf.update_priorities_async(live, p, s);
+    }
+    for (const gear::key& k : keys)
+      if (buf.contains(k)) {
+        buf.erase_async(std::span<const gear::key>(&k, 1), s);
+        break;
+      }
+    GEAR_CUDA_TRY(cudaStreamSynchronize(s.get()));
+  }
+  return gear::detail::gpu_allocations.load() - before;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("reserve_staging: calls within the declared limits allocate nothing", B,
+                   vbuffer<gear::storage::device>, vbuffer<gear::storage::pinned_host>,
+                   vbuffer<gear::storage::device, gear::select::fifo>,
+                   vbuffer<gear::storage::pinned_host, gear::select::prioritized>) {
+  const gear::call_limits limits{
+      .insert_trajectories = 8, .insert_steps = 16, .batch = 16, .in_flight = 4};
+  for (const bool counted : {false, true}) {
+    stream_holder s;
+    B reserved{gear::capacity{64}, gear::max_length{2}};
+    B grown{gear::capacity{64}, gear::max_length{2}};
+    reserved.reserve_staging(limits);
+    if (counted) {  // the consuming path: a removal's records and the rows read back
+      reserved.set_max_times_sampled(2);
+      grown.set_max_times_sampled(2);
+    }
+    const std::uint64_t without = allocations_of_steady_run(grown, 40, s);
+    const std::uint64_t with = allocations_of_steady_run(reserved, 40, s);
+    INFO("max_times_sampled " << counted << ": " << without << " allocations without, " << with
+                              << " with reserve_staging");
+    CHECK(without > 0);  // the counter sees the staging a buffer grows on demand
+    CHECK(with == 0);
+    // A second reserve with the same limits has every entry already: it allocates nothing.
+    const std::uint64_t before = gear::detail::gpu_allocations.load();
+    reserved.reserve_staging(limits);
+    CHECK(gear::detail::gpu_allocations.load() == before);
+  }
+}
+
+TEST_CASE("reserve_staging: a limit out of range is refused by name, changing nothing") {
+  using B = vbuffer<gear::storage::device>;
+  stream_holder s;
+  B buf{gear::capacity{4}, gear::max_length{2}};
+  for (int i = 0; i < 3; ++i) (void)insert_values(buf, {i * 10, i * 10 + 1}, s);
+  GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
+  const observed<B> before(buf, s);
+  const std::uint64_t allocations = gear::detail::gpu_allocations.load();
+  const std::pair<gear::call_limits, const char*> bad[] = {
+      {{.insert_trajectories = 0}, "insert_trajectories"},
+      {{.insert_trajectories = 5}, "insert_trajectories"},  // capacity 4
+      {{.insert_trajectories = 2, .insert_steps = 1}, "insert_steps"},
+      {{.insert_trajectories = 2, .insert_steps = 5}, "insert_steps"},  // max_length 2
+      {{.batch = 0}, "batch"},
+      {{.batch = (std::int64_t{1} << 32) + 1}, "batch"},
+      {{.in_flight = 0}, "in_flight"},
+      {{.in_flight = 65}, "in_flight"},
+  };
+  for (const auto& [limits, field] : bad) {
+    std::string message;
+    try {
+      buf.reserve_staging(limits);
+    } catch (const gear::error& e) {
+      CHECK(e.code() == gear::errc::invalid_argument);
+      message = e.what();
+    }
+    INFO(message);
+    CHECK(message.find(std::string("call_limits.") + field) != std::string::npos);
+  }
+  CHECK(gear::detail::gpu_allocations.load() == allocations);
+  CHECK(observed<B>(buf, s) == before);
+}
+
+TEST_CASE_TEMPLATE("reserve_staging: a failing allocation or CUDA call leaves the buffer as it was",
+                   Storage, gear::storage::device, gear::storage::pinned_host) {
+  using B = vbuffer<Storage>;
+  const auto [failures, unchanged] =
+      inject_every_fault<Storage>([](B& b, cuda::stream_ref, auto arm) {
+        arm();
+        b.reserve_staging({.insert_trajectories = 4, .insert_steps = 8, .batch = 64});
+      });
+  MESSAGE("reserve_staging: " << failures << " injected failures, " << unchanged
+                              << " left the buffer unchanged");
+  CHECK(failures > 0);
+  CHECK(unchanged == failures);  // it changes no contents: never unusable
+}
+
 int main(int argc, char** argv) {
   if (!gear::detail::gpu_available()) {
     std::printf("stream_order_gpu_tests: no GPU; skipping\n");

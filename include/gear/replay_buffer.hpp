@@ -98,7 +98,9 @@
 #include <utility>
 #define GEAR_REPLAY_BUFFER_INCLUDED 1
 #include <gear/batch.hpp>
+#include <gear/call_limits.hpp>
 #include <gear/detail/batch_slice.hpp>
+#include <gear/detail/buffer/call_limits.hpp>
 #include <gear/detail/buffer/core.hpp>
 #include <gear/detail/buffer/insert_pipeline.hpp>
 #include <gear/detail/buffer/priorities.hpp>
@@ -175,6 +177,14 @@ class replay_buffer {
   replay_buffer(const replay_buffer&) = delete;
   replay_buffer& operator=(const replay_buffer&) = delete;
 
+  /// Allocates now the staging that calls up to `limits` lease (gear/call_limits.hpp): they then
+  /// allocate nothing during the run. May wait for work that reads staging it replaces. Throws
+  /// errc::invalid_argument (naming the limit), errc::out_of_memory, errc::cuda_error.
+  void reserve_staging(const call_limits& limits) {
+    const detail::device_scope scope(core().device_);
+    detail::reserve_call_staging(core(), limits);
+  }
+
   // ---- queries (host state as of the last call that returned; never synchronise) -------------
 
   [[nodiscard]] std::int64_t capacity() const noexcept { return core().capacity_; }
@@ -205,13 +215,13 @@ class replay_buffer {
 
   /// Committed length of `slot` (0 if empty or pending). Throws errc::key_out_of_range.
   [[nodiscard]] std::int64_t length(std::int64_t slot) const {
-    check_slot(slot);
+    core().check_slot(slot);
     const auto held = core().lock();
     return core().ring_.length(slot);
   }
   /// Ticket of the latest reservation of `slot`. Throws errc::key_out_of_range.
   [[nodiscard]] std::uint64_t ticket(std::int64_t slot) const {
-    check_slot(slot);
+    core().check_slot(slot);
     const auto held = core().lock();
     return core().ring_.ticket(slot);
   }
@@ -314,15 +324,18 @@ class replay_buffer {
   /// another GPU or stream, the buffer used from another stream, max_times_sampled set).
   template <class Out, class Draws>  // Out: batch_type; or rows of one (sharded_buffer)
   requires(std::same_as<Out, batch_type> || std::same_as<Out, detail::batch_slice<Spec>>) &&
-      (std::same_as<Draws, rng> || (on_device && std::same_as<Draws, device_rng>))
-  void sample_async(Out& out, const window& w, Draws& g, cuda::stream_ref stream) {
+      (std::same_as<Draws, rng> ||
+       (on_device && std::same_as<Draws, device_rng>)) void sample_async(Out& out, const window& w,
+                                                                         Draws& g,
+                                                                         cuda::stream_ref stream) {
     const detail::device_scope scope(core().device_);
     detail::sample_into(core(), out, w, g, stream);
   }
   /// sample_async, then synchronises the stream.
   template <class Draws>
-  requires std::same_as<Draws, rng> || (on_device && std::same_as<Draws, device_rng>)
-  void sample(batch_type& out, const window& w, Draws& g, cuda::stream_ref stream) {
+  requires std::same_as<Draws, rng> ||
+      (on_device&& std::same_as<Draws, device_rng>)void sample(batch_type& out, const window& w,
+                                                               Draws& g, cuda::stream_ref stream) {
     // A device_rng sample may be captured; this call would then synchronise inside the capture.
     // (A gear::rng sample refuses a capture itself.)
     if constexpr (std::same_as<Draws, device_rng>) detail::refuse_capture(stream);
@@ -355,9 +368,9 @@ class replay_buffer {
   /// Works with every selection policy. A row counts as one return, so with replacement one batch
   /// may return a trajectory more often than it had returns left; it is removed after that batch.
   /// With a limit set, sample_async synchronises the stream (it reads back the rows it drew),
-  /// unless the policy chooses rows on the host (fifo, lifo).
-  /// Counts start with the next sample. Throws errc::invalid_argument for k < 0, or k > 0 on a
-  /// buffer sampled with a gear::device_rng (its replays remove nothing).
+  /// unless the policy chooses rows on the host (fifo, lifo). Counts start with the next sample.
+  /// Throws errc::invalid_argument for k < 0, or k > 0 on a buffer sampled with a
+  /// gear::device_rng (its replays remove nothing).
   void set_max_times_sampled(std::int64_t k) { detail::set_return_limit(core(), k); }
   [[nodiscard]] std::int64_t max_times_sampled() const noexcept {
     const auto held = core().lock();
@@ -366,7 +379,7 @@ class replay_buffer {
   /// How often the trajectory in `slot` has been returned since it was committed (counted while
   /// a limit is set, or for a consuming policy). Throws errc::key_out_of_range.
   [[nodiscard]] std::int64_t times_sampled(std::int64_t slot) const {
-    check_slot(slot);
+    core().check_slot(slot);
     const auto held = core().lock();
     return core().times_sampled_.empty() ? 0
                                          : core().times_sampled_[static_cast<std::size_t>(slot)];
@@ -482,17 +495,7 @@ class replay_buffer {
   friend class sharded_buffer;  // a sharded update from device memory: every shard, or none
   [[nodiscard]] core_type& core() noexcept { return *core_; }
   [[nodiscard]] const core_type& core() const noexcept { return *core_; }
-
-  void check_slot(std::int64_t slot) const {
-    GEAR_REQUIRE(slot >= 0 && slot < capacity(), errc::key_out_of_range,
-                 "slot " + std::to_string(slot) + " is outside [0, " + std::to_string(capacity()) +
-                     ")");
-  }
-  void synchronize(cuda::stream_ref stream) const {
-    const detail::device_scope scope(core().device_);
-    if constexpr (on_device) detail::refuse_capture(stream);
-    core().synchronize(stream);
-  }
+  void synchronize(cuda::stream_ref stream) const { detail::synchronize_call(core(), stream); }
 
   std::unique_ptr<core_type> core_;
 };

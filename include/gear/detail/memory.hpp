@@ -1,6 +1,7 @@
 #pragma once
 // Owning allocations in the three kinds of memory gear places data in.
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -46,6 +47,10 @@ inline pointer_memory memory_of(const void* p) {
 
 inline constexpr std::size_t allocation_alignment = 256;
 
+/// Pinned and device allocations made so far in this process (cudaHostAlloc, cudaMalloc through
+/// detail::allocation): what tests count to show that a run of calls allocates nothing.
+inline std::atomic<std::uint64_t> gpu_allocations{0};
+
 /// A move-only allocation of `bytes` bytes of one memory kind, 256-byte aligned. Pinned memory
 /// may be write-combined (`write_combined`): the CPU's writes bypass its caches and the GPU's
 /// reads are not snooped, which may speed up copies to the GPU; the CPU reads it slowly.
@@ -68,10 +73,18 @@ class allocation {
             &ptr_, bytes,
             cudaHostAllocMapped | cudaHostAllocPortable |
                 (write_combined ? cudaHostAllocWriteCombined : cudaHostAllocDefault)));
-        GEAR_CUDA_TRY(cudaHostGetDevicePointer(&device_ptr_, ptr_, 0));
+        try {
+          GEAR_CUDA_TRY(cudaHostGetDevicePointer(&device_ptr_, ptr_, 0));
+        } catch (...) {  // a constructor that throws runs no destructor
+          (void)cudaFreeHost(ptr_);
+          ptr_ = nullptr;
+          throw;
+        }
+        gpu_allocations.fetch_add(1, std::memory_order_relaxed);
         return;
       case memory_kind::device:
         GEAR_CUDA_TRY(cudaMalloc(&ptr_, bytes));
+        gpu_allocations.fetch_add(1, std::memory_order_relaxed);
         break;
     }
     device_ptr_ = ptr_;

@@ -298,6 +298,18 @@ class prioritized::state<exec::device> {
     return staging_.acquire(bytes);
   }
 
+  /// What host-span updates of up to `batch` pairs need (every staging area, the device twin),
+  /// allocated now (replay_buffer::reserve_staging); replacing either waits for the work that
+  /// reads it. Throws errc::out_of_memory or errc::cuda_error with the state as it was.
+  void reserve_staging(std::int64_t batch) {
+    const auto n = static_cast<std::size_t>(batch);
+    const std::size_t bytes = staged_offset(n) + n * sizeof(float);
+    detail::allocation twin;
+    if (staged_.size() < bytes) twin = detail::allocation(memory_kind::device, bytes);
+    staging_.reserve(bytes);
+    if (twin.size() != 0) staged_ = std::move(twin);
+  }
+
   /// Pairs skipped so far because their key was stale when the update ran (synchronises).
   [[nodiscard]] std::uint64_t stale_pairs(cuda::stream_ref stream) const {
     unsigned long long stale = 0;

@@ -30,6 +30,13 @@ class queue_state<OldestFirst, exec::device> : public queue_order<OldestFirst> {
  public:
   using queue_order<OldestFirst>::queue_order;
 
+  /// Staging for batches of up to `batch` rows, allocated now (replay_buffer::reserve_staging).
+  /// Throws errc::out_of_memory or errc::cuda_error with the state as it was.
+  void reserve_staging(std::int64_t batch) {
+    chosen_.reserve(static_cast<std::size_t>(batch));
+    staging_.reserve(static_cast<std::size_t>(batch) * sizeof(std::int64_t));
+  }
+
   /// Chooses the rows on the host into the next staging area, then calls launch(rows), the row
   /// function that reads them there, to enqueue the kernels that do; the area is refilled only
   /// after they have run (a ring of four areas, so a caller waits on the host only when its

@@ -26,13 +26,27 @@ class staging_ring {
   /// with the ring as it was.
   [[nodiscard]] std::byte* acquire(std::size_t bytes) {
     area& a = areas_[next_];
-    if (a.copied.get() != nullptr)
-      GEAR_CUDA_TRY(cudaEventSynchronize(a.copied.get()));
-    else
+    if (a.copied.get() == nullptr)
       a.copied = event::make();
+    else if (!event_reached(a.copied.get()))  // a query costs less than a wait on a done event
+      GEAR_CUDA_TRY(cudaEventSynchronize(a.copied.get()));
     if (a.host.size() < bytes)
       a.host = allocation(memory_kind::pinned_host, std::max(bytes, 2 * a.host.size()));
     return a.host.data();
+  }
+
+  /// Gives every area at least `bytes` now (replay_buffer::reserve_staging), waiting on the host
+  /// for the last copies from an area it replaces. All or nothing: throws errc::out_of_memory or
+  /// errc::cuda_error with the ring as it was.
+  void reserve(std::size_t bytes) {
+    std::array<allocation, Areas> larger;
+    for (std::size_t i = 0; i < Areas; ++i)
+      if (areas_[i].host.size() < bytes) larger[i] = allocation(memory_kind::pinned_host, bytes);
+    for (std::size_t i = 0; i < Areas; ++i)
+      if (larger[i].size() != 0 && areas_[i].copied.get() != nullptr)
+        GEAR_CUDA_TRY(cudaEventSynchronize(areas_[i].copied.get()));
+    for (std::size_t i = 0; i < Areas; ++i)
+      if (larger[i].size() != 0) areas_[i].host = std::move(larger[i]);
   }
 
   /// The GPU's address of the area acquire() gave (mapped pinned memory), for kernels that read

@@ -69,6 +69,12 @@
 //       them as a row function (as row_selector's F) to enqueue the kernels that read them (the
 //       gather reads them itself); that memory is reused only after those kernels.
 //
+// A device state that stages host data of its own may provide
+//
+//   void reserve_staging(std::int64_t batch);
+//       allocates now what calls of up to `batch` rows or pairs will lease (see gear::call_limits);
+//       throws with the state as it was.
+//
 // A device state may declare `static constexpr bool reads_device_counts = true;`: its kernels (and
 // its row_selector's F, through a member `void read_device_counts()` called in the kernel) call
 // detail::read_device_counts on their copies of the table and request before using table.live or
@@ -81,7 +87,8 @@
 //
 // Each optional part has a concept of its own at the bottom of this file (commit_hook,
 // evict_hook, host_priority_update, device_priority_update, row_selecting, host_chosen_rows,
-// host_row_choosing, consuming_policy, device_counted); the buffer asks for them by name.
+// host_row_choosing, staging_reserving, consuming_policy, device_counted); the buffer asks for
+// them by name.
 //
 // slot_table points at metadata in the memory of Space (and at the host's copy of the lengths).
 // Ticket t (an insertion sequence number) lives in slot t % capacity. A user-written policy follows
@@ -229,6 +236,11 @@ template <class State>
 concept host_row_choosing = requires(State& s, const slot_table& t, const selection_request& r,
                                      cuda::stream_ref stream) {
   s.with_chosen_rows(t, r, stream, detail::no_launch{});
+};
+/// reserve_staging: the state's own staging, allocated ahead of the calls.
+template <class State>
+concept staging_reserving = requires(State& s, std::int64_t batch) {
+  s.reserve_staging(batch);
 };
 /// `static constexpr bool reads_device_counts = true`: samples with a gear::device_rng.
 template <class State>

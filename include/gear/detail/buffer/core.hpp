@@ -398,6 +398,13 @@ class buffer_core {
       (void)stream;
   }
 
+  /// Throws errc::key_out_of_range unless `slot` is in [0, capacity).
+  void check_slot(std::int64_t slot) const {
+    GEAR_REQUIRE(
+        slot >= 0 && slot < capacity_, errc::key_out_of_range,
+        "slot " + std::to_string(slot) + " is outside [0, " + std::to_string(capacity_) + ")");
+  }
+
  private:
   static int current_device() {
     if constexpr (!on_device) {
@@ -433,6 +440,15 @@ class device_scope {
  private:
   int previous_ = -1;
 };
+
+/// The plain (synchronous) calls' wait for their stream, on the buffer's device; refused on a
+/// capturing stream.
+template <class Core>
+void synchronize_call(const Core& b, cuda::stream_ref stream) {
+  const device_scope scope(b.device_);
+  if constexpr (Core::on_device) refuse_capture(stream);
+  b.synchronize(stream);
+}
 
 }  // namespace gear::detail
 

@@ -77,6 +77,41 @@ void check_insert(const Core& b, const trajectories<Spec>& in, std::span<key> ke
   }
 }
 
+/// What an insert of `count` trajectories, `steps` steps in all, into a GPU buffer stages, in one
+/// lease: the scatter's rows table (also in device memory when it scatters), then the host data
+/// for GPU columns (one piece per column), then the commit records (journal_bytes(count)).
+/// replay_buffer::reserve_staging sizes its entries by it too.
+template <class Core>
+struct insert_staging {
+  std::array<std::int64_t, Core::num_columns> staged_at{};  ///< host data for GPU column c
+  std::int64_t staged_bytes = 0;                            ///< host data for GPU columns
+  std::int64_t cpu_bytes = 0;   ///< host data the CPU writes into host-resident columns
+  std::size_t table_bytes = 0;  ///< the scatter's rows
+  bool scatters = false;        ///< device data, or host data for a GPU column
+
+  insert_staging(std::int64_t count, std::int64_t steps, bool from_host) {
+    for (std::size_t c = 0; c < Core::num_columns; ++c) {
+      const std::int64_t bytes =
+          align_up(steps * Core::spec_type::step_bytes[c], segment_alignment);
+      if (host_accessible(Core::placement[c])) {
+        if (from_host) cpu_bytes += bytes;
+      } else if (from_host) {
+        staged_at[c] = staged_bytes;
+        staged_bytes += bytes;
+      }
+    }
+    scatters = !from_host || staged_bytes > 0;
+    table_bytes = static_cast<std::size_t>(
+        align_up(count * std::int64_t{sizeof(scatter_row)}, segment_alignment));
+  }
+  /// Where the commit records start.
+  [[nodiscard]] std::size_t records_at() const noexcept {
+    return table_bytes + static_cast<std::size_t>(staged_bytes);
+  }
+  /// Device bytes of the lease.
+  [[nodiscard]] std::size_t device_bytes() const noexcept { return scatters ? table_bytes : 0; }
+};
+
 /// Changes the ring for an insert or a commit of `lengths` and writes the keys.
 template <class Core>
 void commit_to_ring(Core& b, const reservation& r, std::span<const std::int64_t> lengths,
@@ -114,33 +149,23 @@ void insert_trajectories(Core& b, const trajectories<Spec>& in, std::span<key> k
     // What goes where: GPU columns by the scatter (from staging for host data), host-resident
     // columns by the CPU (host data only).
     const bool from_host = in.source == memory_kind::host;
-    std::int64_t steps = 0, cpu_bytes = 0, staged_bytes = 0;
+    std::int64_t steps = 0;
     for (std::int64_t len : in.lengths) steps += len;
-    std::array<std::int64_t, columns> staged_at{};
-    for (std::size_t c = 0; c < columns; ++c) {
-      const std::int64_t bytes = align_up(steps * Spec::step_bytes[c], segment_alignment);
-      if (host_accessible(Core::placement[c])) {
-        if (from_host) cpu_bytes += bytes;
-      } else if (from_host) {
-        staged_at[c] = staged_bytes;
-        staged_bytes += bytes;
-      }
-    }
+    const insert_staging<Core> layout(count, steps, from_host);
+    const auto& staged_at = layout.staged_at;
+    const std::int64_t staged_bytes = layout.staged_bytes, cpu_bytes = layout.cpu_bytes;
+    const std::size_t table_bytes = layout.table_bytes;
+    const bool scatters = layout.scatters;
     if (from_host && cpu_bytes == 0 && lands(b, stream.get())) {
       land_trajectories(b, held, in, keys_out, stream, steps, staged_at, staged_bytes);
       return;
     }
-    const bool scatters = !from_host || staged_bytes > 0;
-    // Staging: the scatter's rows, the host data for GPU columns, the commit records.
-    const auto table_bytes = static_cast<std::size_t>(
-        align_up(count * std::int64_t{sizeof(scatter_row)}, segment_alignment));
-    const std::size_t records_at = table_bytes + static_cast<std::size_t>(staged_bytes);
-    const std::size_t record_bytes = b.journal_bytes(count);
+    const std::size_t records_at = layout.records_at();
 
     // Acquire: the staging lease, then (with the mutex let go) the host data for GPU columns
     // copied into it by the CPU.
     const staging_pool::lease lease =
-        b.staging_.acquire(records_at + record_bytes, scatters ? table_bytes : 0);
+        b.staging_.acquire(records_at + b.journal_bytes(count), layout.device_bytes());
     std::byte* data = lease.host + table_bytes;
     if (staged_bytes > 0) {
       held.unlock();

@@ -25,6 +25,7 @@
 #include <gear/detail/tuning.hpp>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 namespace gear::detail {
@@ -97,6 +98,39 @@ class staging_pool {
     ++pick->generation;
     return {pick->index, pick->generation, pick->pinned.data(), pick->pinned.device_data(),
             pick->device.data()};
+  }
+
+  /// Makes sure the pool holds at least `count` entries of at least `pinned_bytes` and
+  /// `device_bytes`, making the missing ones now, idle, so that calls whose staging fits lease
+  /// them without allocating (replay_buffer::reserve_staging). All or nothing: throws
+  /// errc::out_of_memory or errc::cuda_error with the pool as it was, errc::invalid_argument past
+  /// max_entries.
+  void reserve(std::size_t count, std::size_t pinned_bytes, std::size_t device_bytes) {
+    std::size_t missing = count;
+    {
+      const std::lock_guard held(mutex_);
+      for (const auto& e : entries_)
+        if (missing > 0 && e->pinned.size() >= pinned_bytes && e->device.size() >= device_bytes)
+          --missing;
+      GEAR_REQUIRE(entries_.size() + missing <= max_entries, errc::invalid_argument,
+                   "staging of " + std::to_string(entries_.size() + missing) +
+                       " entries asked for; a buffer holds at most " + std::to_string(max_entries));
+    }
+    std::vector<std::unique_ptr<entry>> fresh(missing);
+    for (auto& e : fresh) {  // allocated without the mutex: leases go on meanwhile
+      e = std::make_unique<entry>();
+      e->done = event::make();
+      grow(*e, pinned_bytes, device_bytes);
+    }
+    const std::lock_guard held(mutex_);
+    idle_.reserve(entries_.size() + missing);
+    in_flight_.reserve(entries_.size() + missing);
+    entries_.reserve(entries_.size() + missing);
+    for (auto& e : fresh) {
+      e->index = entries_.size();
+      idle_.push_back(e->index);
+      entries_.push_back(std::move(e));
+    }
   }
 
   /// Ends a lease whose memory is read by work enqueued on `stream`: the entry is reused once

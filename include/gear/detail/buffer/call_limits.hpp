@@ -1,0 +1,78 @@
+#pragma once
+// replay_buffer::reserve_staging: the staging of calls up to declared limits (gear::call_limits),
+// allocated at once instead of during the run.
+//
+// The buffer's staging pool (staging.hpp) gets `in_flight` entries sized for the largest insert
+// (its rows table, its host data, its commit records) and 2 x `in_flight` sized for the rest (the
+// records of a batch's removals, an erase or a commit; the rows a consuming sample reads back: a
+// sample under max_times_sampled holds two at once); the selection state its own staging
+// (select::fifo / lifo's chosen rows, select::prioritized's host-span updates); a consuming policy
+// its return counts. Leases take the smallest idle entry that fits, so small calls keep to the
+// small entries.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <gear/call_limits.hpp>
+#include <gear/detail/buffer/core.hpp>
+#include <gear/detail/buffer/insert_pipeline.hpp>
+#include <gear/error.hpp>
+#include <gear/select/concept.hpp>
+#include <string>
+
+namespace gear::detail {
+
+/// Throws errc::invalid_argument, naming the field, unless `l` suits a buffer of `capacity` slots
+/// of `max_length` steps.
+inline void check_call_limits(const call_limits& l, std::int64_t capacity,
+                              std::int64_t max_length) {
+  auto require = [](bool ok, const char* what, std::int64_t got, const std::string& range) {
+    GEAR_REQUIRE(ok, errc::invalid_argument,
+                 std::string("call_limits.") + what + " must be in " + range + ", got " +
+                     std::to_string(got));
+  };
+  const std::int64_t trajectories = l.insert_trajectories;
+  require(trajectories >= 1 && trajectories <= capacity, "insert_trajectories", trajectories,
+          "[1, capacity = " + std::to_string(capacity) + "]");
+  // Below 2^40 trajectories, and max_length of each: no overflow.
+  const std::int64_t steps = l.insert_steps;  // at most max_length per trajectory, no overflow:
+  require(steps >= trajectories &&
+              steps / trajectories + (steps % trajectories != 0 ? 1 : 0) <= max_length,
+          "insert_steps", steps,
+          "[insert_trajectories, insert_trajectories x max_length = " +
+              std::to_string(trajectories) + " x " + std::to_string(max_length) + "]");
+  require(l.batch >= 1 && l.batch <= (std::int64_t{1} << 32), "batch", l.batch, "[1, 2^32]");
+  require(l.in_flight >= 1 && l.in_flight <= 64, "in_flight", l.in_flight, "[1, 64]");
+}
+
+template <class Core>
+void reserve_call_staging(Core& b, const call_limits& l) {
+  check_call_limits(l, b.capacity_, b.max_length_);
+  if constexpr (Core::on_device) {
+    const auto held = b.lock();
+    b.check_usable();
+    // Records of one apply: three per slot, and room for the dense index's changes still pending
+    // from calls that applied none (landing inserts): a slot's worth again.
+    auto records = [](std::int64_t count) {
+      return static_cast<std::size_t>(4 * count) * sizeof(slot_record);
+    };
+    const insert_staging<Core> insert(l.insert_trajectories, l.insert_steps, /*from_host=*/true);
+    const auto batch = static_cast<std::size_t>(l.batch);
+    const auto in_flight = static_cast<std::size_t>(l.in_flight);
+    const std::size_t other =
+        std::max({records(l.batch), records(l.insert_trajectories), batch * sizeof(std::int64_t)});
+    b.staging_.reserve(in_flight, insert.records_at() + records(l.insert_trajectories),
+                       insert.table_bytes);
+    b.staging_.reserve(2 * in_flight, other, 0);
+    if constexpr (staging_reserving<typename Core::state_type>)
+      b.selection_->reserve_staging(l.batch);
+    b.drawn_slots_.reserve(batch);
+    b.removal_tickets_.reserve(std::max(batch, static_cast<std::size_t>(l.insert_trajectories)));
+    if (consuming_policy<typename Core::selection_type> && b.times_sampled_.empty())
+      b.times_sampled_.assign(static_cast<std::size_t>(b.capacity_), 0);
+  } else {
+    (void)b;  // host storage stages nothing: selection and copies run on the CPU
+  }
+}
+
+}  // namespace gear::detail
