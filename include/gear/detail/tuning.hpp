@@ -21,9 +21,10 @@ inline constexpr int select_shared_levels = 2;
 inline constexpr std::int64_t select_fused_weights_max_rows = 2048;
 /// Larger batches have their weights written by every selection block after a grid-wide barrier
 /// (a cooperative launch, while the grid fits on the GPU at once and the stream is not capturing)
-/// instead of by a second launch. On an H100 at B = 4096 (gear_bench prioritized/, two runs,
-/// bench/results/h100-session13.txt): 13.7 and 13.3 us against 14.5 and 14.1 us for two launches.
-/// Where the grid does not fit, or under capture, the weights take the second launch.
+/// instead of by a second launch. On H100s at B = 4096 (gear_bench prioritized/, three runs,
+/// bench/results/h100-session13.txt): 13.7, 13.3 and 14.6 us against 14.5, 14.1 and 14.7 us for
+/// two launches. Where the grid does not fit, or under capture, the weights take the second
+/// launch.
 inline constexpr bool select_weights_grid_sync = true;
 /// Levels 1 .. 2 in shared memory (select_shared_levels above) against levels 1 .. 3, same run:
 /// 14.0 against 15.3 us (each block's 4096 more loads cost more than the L2 reads they save).
