@@ -614,3 +614,35 @@ TEST_CASE("the same seed gives the same batch") {
   buf.sample(b, w, g2);  // the next call of the stream differs
   CHECK(copy_host_batch(b).keys != ha.keys);
 }
+
+TEST_CASE(
+    "reserve_staging: each limit out of range is refused by name; storage::host stages nothing") {
+  host_buffer buf{gear::capacity{8}, gear::max_length{6}};
+  model m;
+  (void)insert(buf, m, {3, 6, 1});
+  const fingerprint before = take_fingerprint(buf);
+  buf.reserve_staging(
+      {.insert_trajectories = 8, .insert_steps = 48, .batch = 256, .in_flight = 64});
+  buf.reserve_staging({});  // the defaults are in range
+  CHECK(take_fingerprint(buf) == before);
+  const std::pair<gear::call_limits, const char*> bad[] = {
+      {{.insert_trajectories = 0}, "insert_trajectories"},
+      {{.insert_trajectories = 9}, "insert_trajectories"},  // capacity 8
+      {{.insert_trajectories = -1}, "insert_trajectories"},
+      {{.insert_trajectories = 2, .insert_steps = 1}, "insert_steps"},
+      {{.insert_trajectories = 2, .insert_steps = 13}, "insert_steps"},  // 2 x max_length 6
+      {{.insert_trajectories = 8, .insert_steps = INT64_MAX}, "insert_steps"},
+      {{.batch = 0}, "batch"},
+      {{.batch = (std::int64_t{1} << 32) + 1}, "batch"},
+      {{.in_flight = 0}, "in_flight"},
+      {{.in_flight = 65}, "in_flight"},
+  };
+  for (const auto& [limits, field] : bad) {
+    const std::string what = expect_error(buf, gear::errc::invalid_argument,
+                                          [&, limits = limits] { buf.reserve_staging(limits); });
+    CHECK_MESSAGE(what.find(std::string("call_limits.") + field) != std::string::npos, what);
+  }
+  // At the edge: 2 trajectories of max_length steps each.
+  buf.reserve_staging({.insert_trajectories = 2, .insert_steps = 12});
+  CHECK(take_fingerprint(buf) == before);
+}

@@ -542,3 +542,17 @@ TEST_CASE(
   CHECK(none == on3);
   CHECK(route_insert(7, {2}, 2) == 0);
 }
+
+TEST_CASE("reserve_staging reaches every shard, and a bad limit is refused by name") {
+  uniform_shards buf({0, 0, 0}, gear::capacity{8}, gear::max_length{4});  // 8 slots a shard
+  buf.reserve_staging({.insert_trajectories = 8, .insert_steps = 32, .batch = 64});
+  std::string what;
+  try {
+    buf.reserve_staging({.insert_trajectories = 9});  // every shard holds 8
+  } catch (const gear::error& e) {
+    CHECK(e.code() == gear::errc::invalid_argument);
+    what = e.what();
+  }
+  CHECK_MESSAGE(what.find("call_limits.insert_trajectories") != std::string::npos, what);
+  CHECK(buf.size() == 0);
+}

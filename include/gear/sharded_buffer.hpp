@@ -132,6 +132,11 @@ class sharded_buffer {
     return k.shard < shards_.size() && shards_[k.shard]->contains(k);
   }
 
+  /// replay_buffer::reserve_staging on every shard, with the same limits.
+  void reserve_staging(const call_limits& limits) {
+    for (auto& s : shards_) s->reserve_staging(limits);
+  }
+
   // ---- insert --------------------------------------------------------------------------------
 
   /// Inserts the call's trajectories into one shard (insert_route) and writes their keys: as
