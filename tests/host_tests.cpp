@@ -636,6 +636,8 @@ TEST_CASE(
       {{.batch = (std::int64_t{1} << 32) + 1}, "batch"},
       {{.in_flight = 0}, "in_flight"},
       {{.in_flight = 65}, "in_flight"},
+      {{.writers = -1}, "writers"},
+      {{.writers = 257}, "writers"},
   };
   for (const auto& [limits, field] : bad) {
     const std::string what = expect_error(buf, gear::errc::invalid_argument,

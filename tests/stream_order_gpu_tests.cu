@@ -1019,10 +1019,10 @@ TEST_CASE_TEMPLATE(
 
 namespace {
 
-/// Runs `rounds` rounds of a steady run on `buf`: insert 8 trajectories from host memory, sample
-/// 8 rows, erase one sampled key, and (prioritized) set the sampled rows' priorities from host
-/// spans; the stream is synchronised each round (about one round in flight). Returns the pinned
-/// and device allocations the rounds made.
+/// Runs `rounds` rounds of a steady run on `buf`: insert 8 trajectories from host memory, write
+/// one step by step, sample 8 rows, erase one inserted key, and (prioritized) set the sampled
+/// rows' priorities from host spans; the stream is synchronised each round (about one round in
+/// flight). Returns the pinned and device allocations the rounds made.
 template <class Buffer>
 std::uint64_t allocations_of_steady_run(Buffer& buf, int rounds, cuda::stream_ref s) {
   auto batch = buf.make_batch(gear::batch_size{8}, gear::window_length{2});
@@ -1035,6 +1035,9 @@ std::uint64_t allocations_of_steady_run(Buffer& buf, int rounds, cuda::stream_re
     gear::trajectories<vspec> in{lengths, {gear::input(values.data())}};
     std::vector<gear::key> keys(8);
     buf.insert_async(in, keys, s);
+    auto w = buf.make_writer(s);
+    for (std::int32_t v : {round, round + 1}) w.append(&v);
+    (void)w.commit_async();
     buf.sample_async(batch, gear::window{.length = 2}, g, s);
     const auto sampled = to_host(batch.keys_data(), 8, s);  // synchronises
     if constexpr (gear::host_priority_update<typename Buffer::state_type>) {
@@ -1061,7 +1064,7 @@ TEST_CASE_TEMPLATE("reserve_staging: calls within the declared limits allocate n
                    vbuffer<gear::storage::device, gear::select::fifo>,
                    vbuffer<gear::storage::pinned_host, gear::select::prioritized>) {
   const gear::call_limits limits{
-      .insert_trajectories = 8, .insert_steps = 16, .batch = 16, .in_flight = 4};
+      .insert_trajectories = 8, .insert_steps = 16, .batch = 16, .in_flight = 4, .writers = 1};
   for (const bool counted : {false, true}) {
     stream_holder s;
     B reserved{gear::capacity{64}, gear::max_length{2}};
@@ -1101,6 +1104,7 @@ TEST_CASE("reserve_staging: a limit out of range is refused by name, changing no
       {{.batch = (std::int64_t{1} << 32) + 1}, "batch"},
       {{.in_flight = 0}, "in_flight"},
       {{.in_flight = 65}, "in_flight"},
+      {{.writers = -1}, "writers"},
   };
   for (const auto& [limits, field] : bad) {
     std::string message;

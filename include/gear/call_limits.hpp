@@ -10,9 +10,10 @@
 //   buf.reserve_staging({.insert_trajectories = 16, .insert_steps = 16 * 1000, .batch = 256});
 //
 // after which calls within the limits allocate no pinned or device memory, as long as no more
-// than `in_flight` inserts and `in_flight` other calls have GPU work queued at once. A call over
-// the limits is not refused: its staging grows as before. A writer (make_writer) and a landing
-// insert hold their staging until they commit; count them among the inserts in flight.
+// than `in_flight` inserts, `in_flight` other calls and `writers` writers have GPU work queued or
+// staging held at once. A call over the limits is not refused: its staging grows as before. A
+// landing insert (a host insert into storage::device used from several streams) holds its
+// staging until a later call publishes it: count those among the inserts in flight.
 
 #include <cstdint>
 
@@ -27,6 +28,9 @@ struct call_limits {
   std::int64_t batch = 1;
   /// Calls of each kind (inserts; everything else) whose GPU work may be queued at once.
   std::int64_t in_flight = 8;
+  /// Writers (make_writer) open at once: each holds a chunk of staging from its first append to
+  /// its commit.
+  std::int64_t writers = 0;
 };
 
 }  // namespace gear

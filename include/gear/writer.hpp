@@ -40,10 +40,13 @@ class writer {
   /// Throws errc::cuda_error, errc::out_of_memory.
   writer(Core& core, cuda::stream_ref stream)
       : core_(&core), stream_(stream), reservation_(detail::reserve_slots(core, 1, stream)) {
-    std::int64_t step_total = 0;
-    for (std::size_t c = 0; c < columns; ++c) step_total += spec::step_bytes[c];
-    chunk_steps_ = std::clamp<std::int64_t>(staging_target_bytes / std::max<std::int64_t>(step_total, 1),
-                                            1, core.max_length_);
+    chunk_steps_ = steps_per_chunk(core.max_length_);
+  }
+
+  /// The pinned staging one writer of a GPU buffer of trajectories up to `max_length` steps
+  /// holds from its first append to its commit: room for a chunk of steps of every column.
+  [[nodiscard]] static std::size_t staging_bytes(std::int64_t max_length) noexcept {
+    return chunk_bytes(steps_per_chunk(max_length));
   }
   writer(writer&& o) noexcept
       : core_(std::exchange(o.core_, nullptr)),
@@ -94,9 +97,9 @@ class writer {
     const auto held = lock();
     check_open();
     const detail::device_scope scope(core_->device_);
-    GEAR_REQUIRE(steps_ < core_->max_length_, errc::writer_full,
-                 "trajectory already has max_length = " + std::to_string(core_->max_length_) +
-                     " steps");
+    GEAR_REQUIRE(
+        steps_ < core_->max_length_, errc::writer_full,
+        "trajectory already has max_length = " + std::to_string(core_->max_length_) + " steps");
     const void* ptrs[] = {static_cast<const void*>(step)...};
     for (std::size_t c = 0; c < columns; ++c)
       GEAR_REQUIRE(ptrs[c] != nullptr, errc::null_pointer,
@@ -153,12 +156,20 @@ class writer {
   }
 
  private:
-  [[nodiscard]] std::size_t chunk_bytes() const noexcept {
+  /// Steps staged before a flush: about staging_target_bytes, at least 1, at most max_length.
+  [[nodiscard]] static std::int64_t steps_per_chunk(std::int64_t max_length) noexcept {
+    std::int64_t step_total = 0;
+    for (std::size_t c = 0; c < columns; ++c) step_total += spec::step_bytes[c];
+    return std::clamp<std::int64_t>(staging_target_bytes / std::max<std::int64_t>(step_total, 1), 1,
+                                    max_length);
+  }
+  [[nodiscard]] static std::size_t chunk_bytes(std::int64_t chunk_steps) noexcept {
     std::int64_t bytes = 0;
     for (std::size_t c = 0; c < columns; ++c)
-      bytes += align_up(chunk_steps_ * spec::step_bytes[c], segment_alignment);
+      bytes += align_up(chunk_steps * spec::step_bytes[c], segment_alignment);
     return static_cast<std::size_t>(bytes);
   }
+  [[nodiscard]] std::size_t chunk_bytes() const noexcept { return chunk_bytes(chunk_steps_); }
   [[nodiscard]] std::byte* staged(std::size_t column) const noexcept {
     std::byte* p = lease_->host;
     for (std::size_t c = 0; c < column; ++c)

@@ -2,10 +2,11 @@
 // replay_buffer::reserve_staging: the staging of calls up to declared limits (gear::call_limits),
 // allocated at once instead of during the run.
 //
-// The buffer's staging pool (staging.hpp) gets `in_flight` entries sized for the largest insert
-// (its rows table, its host data, its commit records) and 2 x `in_flight` sized for the rest (the
-// records of a batch's removals, an erase or a commit; the rows a consuming sample reads back: a
-// sample under max_times_sampled holds two at once); the selection state its own staging
+// The buffer's staging pool (staging.hpp) gets `in_flight` + `writers` large entries, each with
+// room for the largest insert (its rows table, its host data, its commit records) or a writer's
+// chunk, and 2 x `in_flight` small ones for the rest (the records of a batch's removals, an erase
+// or a commit; the rows a consuming sample reads back: a sample under max_times_sampled holds two
+// at once); the selection state its own staging
 // (select::fifo / lifo's chosen rows, select::prioritized's host-span updates); a consuming policy
 // its return counts. Leases take the smallest idle entry that fits, so small calls keep to the
 // small entries.
@@ -18,6 +19,7 @@
 #include <gear/detail/buffer/insert_pipeline.hpp>
 #include <gear/error.hpp>
 #include <gear/select/concept.hpp>
+#include <gear/writer.hpp>
 #include <string>
 
 namespace gear::detail {
@@ -43,6 +45,7 @@ inline void check_call_limits(const call_limits& l, std::int64_t capacity,
               std::to_string(trajectories) + " x " + std::to_string(max_length) + "]");
   require(l.batch >= 1 && l.batch <= (std::int64_t{1} << 32), "batch", l.batch, "[1, 2^32]");
   require(l.in_flight >= 1 && l.in_flight <= 64, "in_flight", l.in_flight, "[1, 64]");
+  require(l.writers >= 0 && l.writers <= 256, "writers", l.writers, "[0, 256]");
 }
 
 template <class Core>
@@ -59,11 +62,14 @@ void reserve_call_staging(Core& b, const call_limits& l) {
     const insert_staging<Core> insert(l.insert_trajectories, l.insert_steps, /*from_host=*/true);
     const auto batch = static_cast<std::size_t>(l.batch);
     const auto in_flight = static_cast<std::size_t>(l.in_flight);
-    const std::size_t other =
+    const std::size_t small =
         std::max({records(l.batch), records(l.insert_trajectories), batch * sizeof(std::int64_t)});
-    b.staging_.reserve(in_flight, insert.records_at() + records(l.insert_trajectories),
-                       insert.table_bytes);
-    b.staging_.reserve(2 * in_flight, other, 0);
+    const std::size_t large = std::max({insert.records_at() + records(l.insert_trajectories),
+                                        writer<Core>::staging_bytes(b.max_length_), small});
+    // Counted from the largest down: every large entry also fits a small lease.
+    const auto large_count = in_flight + static_cast<std::size_t>(l.writers);
+    b.staging_.reserve(large_count, large, insert.table_bytes);
+    b.staging_.reserve(large_count + 2 * in_flight, small, 0);
     if constexpr (staging_reserving<typename Core::state_type>)
       b.selection_->reserve_staging(l.batch);
     b.drawn_slots_.reserve(batch);
