@@ -127,8 +127,8 @@ int run(cuda::stream_ref stream) {
       buf.sample(batch, gear::window{1}, rng, stream);
       const auto* src = batch.template column<"id">().data_handle();
       if constexpr (decltype(buf)::on_device)
-        GEAR_CUDA_TRY(cudaMemcpy(got.data(), src, got.size() * sizeof(std::int32_t),
-                                 cudaMemcpyDeviceToHost));
+        GEAR_CUDA_TRY(
+            cudaMemcpy(got.data(), src, got.size() * sizeof(std::int32_t), cudaMemcpyDeviceToHost));
       else
         std::copy(src, src + rows, got.begin());
       for (auto id : got) recent += id >= 950;

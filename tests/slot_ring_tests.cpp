@@ -23,11 +23,11 @@ namespace {
 
 using gear::errc;
 using gear::reservation;
+using gear::detail::index_record;
 using gear::detail::slot_mirror;
 using gear::detail::slot_record;
 using gear::detail::slot_ring;
 using gear::detail::slot_state;
-using gear::detail::index_record;
 
 std::string str(std::uint64_t v) { return std::to_string(v); }
 
@@ -592,7 +592,8 @@ TEST_CASE("slot ring: an operation on n slots changes at most 2n positions of th
       } else {
         std::vector<std::uint64_t> gone;
         for (std::int64_t s = 0; s < capacity; ++s)
-          if (ring.state(s) == slot_state::committed && gen() % 2 == 0) gone.push_back(ring.ticket(s));
+          if (ring.state(s) == slot_state::committed && gen() % 2 == 0)
+            gone.push_back(ring.ticket(s));
         if (gone.empty()) continue;
         std::sort(gone.begin(), gone.end());
         ring.remove(gone, nullptr);

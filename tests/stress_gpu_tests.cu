@@ -37,10 +37,13 @@ struct host_view {
 template <class Batch>
 host_view fetch(const Batch& b, cuda::stream_ref s) {
   const auto rows = static_cast<std::size_t>(b.batch_size()), n = rows * b.window_length();
-  host_view h{std::vector<gear::key>(rows), std::vector<std::uint8_t>(n), std::vector<std::int64_t>(n * 3)};
-  GEAR_CUDA_TRY(cudaMemcpyAsync(h.keys.data(), b.keys_data(), rows * sizeof(gear::key), cudaMemcpyDefault, s.get()));
+  host_view h{std::vector<gear::key>(rows), std::vector<std::uint8_t>(n),
+              std::vector<std::int64_t>(n * 3)};
+  GEAR_CUDA_TRY(cudaMemcpyAsync(h.keys.data(), b.keys_data(), rows * sizeof(gear::key),
+                                cudaMemcpyDefault, s.get()));
   GEAR_CUDA_TRY(cudaMemcpyAsync(h.mask.data(), b.mask_data(), n, cudaMemcpyDefault, s.get()));
-  GEAR_CUDA_TRY(cudaMemcpyAsync(h.v.data(), b.column_data(0), n * 3 * 8, cudaMemcpyDefault, s.get()));
+  GEAR_CUDA_TRY(
+      cudaMemcpyAsync(h.v.data(), b.column_data(0), n * 3 * 8, cudaMemcpyDefault, s.get()));
   GEAR_CUDA_TRY(cudaStreamSynchronize(s.get()));
   return h;
 }
@@ -52,9 +55,10 @@ std::int64_t ops_per_thread() {
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("stress: 8 threads on their own streams, one GPU buffer: no torn or mislabeled row",
-                   Storage, gear::storage::pinned_host, gear::storage::device,
-                   gear::storage::mixed<gear::storage::pinned_host, gear::storage::device>) {
+TEST_CASE_TEMPLATE(
+    "stress: 8 threads on their own streams, one GPU buffer: no torn or mislabeled row", Storage,
+    gear::storage::pinned_host, gear::storage::device,
+    gear::storage::mixed<gear::storage::pinned_host, gear::storage::device>) {
   gear::replay_buffer<gear_stress::spec, Storage, gear::select::prioritized> buf{
       gear::capacity{256}, gear::max_length{gear_stress::max_len}};
   thread_streams streams(8);

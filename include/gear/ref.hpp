@@ -62,10 +62,7 @@ class buffer_ref {
   buffer_ref(const std::array<detail::column_geometry, num_columns>& columns,
              const std::int64_t* lengths, const std::uint64_t* tickets, std::int64_t capacity,
              std::int64_t max_length)
-      : lengths_(lengths),
-        tickets_(tickets),
-        capacity_(capacity),
-        max_length_(max_length) {
+      : lengths_(lengths), tickets_(tickets), capacity_(capacity), max_length_(max_length) {
     for (std::size_t c = 0; c < num_columns; ++c) columns_[c] = columns[c];
   }
 
