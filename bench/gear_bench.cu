@@ -1022,7 +1022,7 @@ void bm_prioritized(benchmark::State& state) {
   double total = 0;
   for (float p : raw) total += std::pow(double(p), policy.alpha);
   // The buffer's way (with an arrivals word), two launches, and every block after a grid-wide
-  // barrier (tuning::select_weights_grid_sync's experiment).
+  // barrier (tuning::select_weights_grid_sync, the buffer's way at B = 4096 now).
   using ways = gear::detail::select_weights;
   const auto select_as = [&](const gear::selection_request& q, int way) {
     if (way == 2) return dev.select(t, q, c.stream, ways::grid_sync) == ways::grid_sync;

@@ -324,18 +324,15 @@ class replay_buffer {
   /// another GPU or stream, the buffer used from another stream, max_times_sampled set).
   template <class Out, class Draws>  // Out: batch_type; or rows of one (sharded_buffer)
   requires(std::same_as<Out, batch_type> || std::same_as<Out, detail::batch_slice<Spec>>) &&
-      (std::same_as<Draws, rng> ||
-       (on_device && std::same_as<Draws, device_rng>)) void sample_async(Out& out, const window& w,
-                                                                         Draws& g,
-                                                                         cuda::stream_ref stream) {
+      (std::same_as<Draws, rng> || (on_device && std::same_as<Draws, device_rng>))
+  void sample_async(Out& out, const window& w, Draws& g, cuda::stream_ref stream) {
     const detail::device_scope scope(core().device_);
     detail::sample_into(core(), out, w, g, stream);
   }
   /// sample_async, then synchronises the stream.
   template <class Draws>
-  requires std::same_as<Draws, rng> ||
-      (on_device&& std::same_as<Draws, device_rng>)void sample(batch_type& out, const window& w,
-                                                               Draws& g, cuda::stream_ref stream) {
+  requires std::same_as<Draws, rng> || (on_device && std::same_as<Draws, device_rng>)
+  void sample(batch_type& out, const window& w, Draws& g, cuda::stream_ref stream) {
     // A device_rng sample may be captured; this call would then synchronise inside the capture.
     // (A gear::rng sample refuses a capture itself.)
     if constexpr (std::same_as<Draws, device_rng>) detail::refuse_capture(stream);

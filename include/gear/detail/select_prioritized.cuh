@@ -2,9 +2,9 @@
 // Device side of gear::select::prioritized: the sum tree in device memory.
 //
 // Selection: a group of 16 lanes per row descends the tree (D - 1 coalesced line reads, D =
-// levels), and the last block to finish writes the weights (a second launch for batches over
-// 2048 rows, or without an arrivals word; or, as an experiment, every block after a grid-wide
-// barrier): O(B log N), stream-ordered, no synchronisation (sum_tree_select.cuh).
+// levels), and the last block to finish writes the weights (for batches over 2048 rows, every
+// block after a grid-wide barrier where the grid fits on the GPU, else a second launch):
+// O(B log N), stream-ordered, no synchronisation (sum_tree_select.cuh).
 //
 // Update of B (slot, priority) pairs, O(B log N), two launches:
 //   mark:  (pairs from device memory only) checks its key against the slot metadata and its

@@ -17,9 +17,10 @@
 // samples) and a batch of at most tuning::select_fused_weights_max_rows, each block then counts
 // itself in that word, and the last block to arrive (last_block.cuh) reduces the blocks' minima
 // and writes every weight: one launch per selection. Otherwise a second launch reduces the minima
-// in every block and writes the weights spread over the GPU; or, launched cooperatively while the
-// whole grid is resident (tuning::select_weights_grid_sync, an experiment), every block waits at a
-// grid-wide barrier, then reduces the minima and writes its own rows' weights: one launch.
+// in every block and writes the weights spread over the GPU; or, by default
+// (tuning::select_weights_grid_sync), launched cooperatively while the whole grid is resident,
+// every block waits at a grid-wide barrier, then reduces the minima and writes its own rows'
+// weights: one launch.
 //
 // A weight is (leaf_min / leaf)^beta, computed as exp(beta * (log leaf_min - log leaf)): the logs
 // are taken in the selection's parallel part, so the last block spends one exp per row, and no

@@ -12,6 +12,8 @@ inline constexpr int select_threads = 256;
 inline constexpr std::int64_t select_max_blocks = 1024;
 /// Levels below the root that each prioritized selection block reads once into shared memory
 /// (levels 1 and 2: at most 16 + 256 nodes, 2 KiB) instead of every row reading them from L2.
+/// Levels 1 .. 3 took 15.3 us against 14.0 us at B = 4096 on an H100 (gear_bench prioritized/,
+/// bench/results/h100-session13.txt): each block's 4096 more loads cost more than they save.
 inline constexpr int select_shared_levels = 2;
 /// Largest batch whose importance weights the prioritized selection's last block writes itself,
 /// in the selection's launch (one exp per row, spread over that block's threads, 8 loads in
@@ -26,8 +28,6 @@ inline constexpr std::int64_t select_fused_weights_max_rows = 2048;
 /// two launches. Where the grid does not fit, or under capture, the weights take the second
 /// launch.
 inline constexpr bool select_weights_grid_sync = true;
-/// Levels 1 .. 2 in shared memory (select_shared_levels above) against levels 1 .. 3, same run:
-/// 14.0 against 15.3 us (each block's 4096 more loads cost more than the L2 reads they save).
 /// Largest claim table (words) that uniform selection without replacement clears in its own last
 /// block (one block's stores); larger tables are cleared by a memset before the selection, spread
 /// over the GPU. The table of a batch of B rows is the power of two >= 2B: this is B = 8192.

@@ -35,8 +35,7 @@ inline void check_call_limits(const call_limits& l, std::int64_t capacity,
   const std::int64_t trajectories = l.insert_trajectories;
   require(trajectories >= 1 && trajectories <= capacity, "insert_trajectories", trajectories,
           "[1, capacity = " + std::to_string(capacity) + "]");
-  // Below 2^40 trajectories, and max_length of each: no overflow.
-  const std::int64_t steps = l.insert_steps;  // at most max_length per trajectory, no overflow:
+  const std::int64_t steps = l.insert_steps;  // at most max_length a trajectory, without overflow
   require(steps >= trajectories &&
               steps / trajectories + (steps % trajectories != 0 ? 1 : 0) <= max_length,
           "insert_steps", steps,
@@ -53,11 +52,9 @@ void reserve_call_staging(Core& b, const call_limits& l) {
   if constexpr (Core::on_device) {
     const auto held = b.lock();
     b.check_usable();
-    // Records of one apply: three per slot, and room for the dense index's changes still pending
-    // from calls that applied none (landing inserts): a slot's worth again.
-    auto records = [](std::int64_t count) {
-      return static_cast<std::size_t>(4 * count) * sizeof(slot_record);
-    };
+    // The journal of `count` slots, with as many dense-index changes still pending from calls
+    // that applied none (landing inserts).
+    auto records = [](std::int64_t count) { return Core::journal_bytes(count, count); };
     const insert_staging<Core> insert(l.insert_trajectories, l.insert_steps, /*from_host=*/true);
     const auto batch = static_cast<std::size_t>(l.batch);
     const auto in_flight = static_cast<std::size_t>(l.in_flight);

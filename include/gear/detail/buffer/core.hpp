@@ -360,8 +360,12 @@ class buffer_core {
   /// those already pending, and two per record (an operation of `count` slots may both evict
   /// and commit each, as an insert into a full ring does).
   [[nodiscard]] std::size_t journal_bytes(std::int64_t count) const noexcept {
-    return static_cast<std::size_t>(3 * count + ring_.pending_index_changes()) *
-           sizeof(slot_record);
+    return journal_bytes(count, ring_.pending_index_changes());
+  }
+  /// The same with `pending` changes of the dense index waiting (reserve_staging's allowance).
+  [[nodiscard]] static std::size_t journal_bytes(std::int64_t count,
+                                                 std::int64_t pending) noexcept {
+    return static_cast<std::size_t>(3 * count + pending) * sizeof(slot_record);
   }
   /// Enqueues one apply of the `count` slot records at l.host + offset, with the dense index's
   /// pending changes, written after them (room: journal_bytes(count) at lease time).

@@ -152,12 +152,9 @@ void insert_trajectories(Core& b, const trajectories<Spec>& in, std::span<key> k
     std::int64_t steps = 0;
     for (std::int64_t len : in.lengths) steps += len;
     const insert_staging<Core> layout(count, steps, from_host);
-    const auto& staged_at = layout.staged_at;
-    const std::int64_t staged_bytes = layout.staged_bytes, cpu_bytes = layout.cpu_bytes;
-    const std::size_t table_bytes = layout.table_bytes;
-    const bool scatters = layout.scatters;
-    if (from_host && cpu_bytes == 0 && lands(b, stream.get())) {
-      land_trajectories(b, held, in, keys_out, stream, steps, staged_at, staged_bytes);
+    if (from_host && layout.cpu_bytes == 0 && lands(b, stream.get())) {
+      land_trajectories(b, held, in, keys_out, stream, steps, layout.staged_at,
+                        layout.staged_bytes);
       return;
     }
     const std::size_t records_at = layout.records_at();
@@ -166,14 +163,14 @@ void insert_trajectories(Core& b, const trajectories<Spec>& in, std::span<key> k
     // copied into it by the CPU.
     const staging_pool::lease lease =
         b.staging_.acquire(records_at + b.journal_bytes(count), layout.device_bytes());
-    std::byte* data = lease.host + table_bytes;
-    if (staged_bytes > 0) {
+    std::byte* data = lease.host + layout.table_bytes;
+    if (layout.staged_bytes > 0) {
       held.unlock();
       const std::int64_t total[] = {steps};  // staged packed as given: one piece per column
       copy_host_columns(
-          in, total, staged_bytes,
+          in, total, layout.staged_bytes,
           [](std::size_t c) { return !host_accessible(Core::placement[c]); },
-          [&](std::size_t c, std::size_t) { return data + staged_at[c]; });
+          [&](std::size_t c, std::size_t) { return data + layout.staged_at[c]; });
       held.lock();
       first = b.ring_.next_ticket();
     }
@@ -185,7 +182,7 @@ void insert_trajectories(Core& b, const trajectories<Spec>& in, std::span<key> k
       settle_landing(b, landing_force{}, stream);
       b.order_before(stream, Core::write);
       b.wait_for_landing_copies(stream);
-      if (cpu_bytes > 0) b.wait_before_cpu_write(stream, count);
+      if (layout.cpu_bytes > 0) b.wait_before_cpu_write(stream, count);
     } catch (...) {
       b.staging_.give_back(lease);
       throw;
@@ -203,13 +200,13 @@ void insert_trajectories(Core& b, const trajectories<Spec>& in, std::span<key> k
 
     // Change: from here a failure leaves the buffer unusable.
     b.enqueue([&] {
-      if (cpu_bytes > 0)
+      if (layout.cpu_bytes > 0)
         copy_host_columns(
-            in, in.lengths, cpu_bytes,
+            in, in.lengths, layout.cpu_bytes,
             [](std::size_t c) { return host_accessible(Core::placement[c]); },
             [&](std::size_t c, std::size_t i) { return b.regions_.host[c].at(slot(i), 0); });
       run_evict_hook(b, first, count, stream);
-      if (scatters) {
+      if (layout.scatters) {
         // Every block reads its row: from device memory, not over PCIe.
         GEAR_CUDA_TRY(cudaMemcpyAsync(lease.device, lease.host,
                                       static_cast<std::size_t>(count) * sizeof(scatter_row),
@@ -221,7 +218,7 @@ void insert_trajectories(Core& b, const trajectories<Spec>& in, std::span<key> k
         for (std::size_t c = 0; c < columns; ++c) {
           // Device data for a host-resident column: the scatter writes it through the mapping.
           if (from_host && host_accessible(Core::placement[c])) continue;
-          const std::byte* src = from_host ? lease.mapped + table_bytes + staged_at[c]
+          const std::byte* src = from_host ? lease.mapped + layout.table_bytes + layout.staged_at[c]
                                            : static_cast<const std::byte*>(in.columns[c].data);
           args.columns[args.num_columns++] = {src, b.regions_.kernel[c].base,
                                               b.regions_.kernel[c].slot_stride,
