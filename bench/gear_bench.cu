@@ -1862,7 +1862,8 @@ void register_gpu_benchmarks() {
   });
   add_once("enqueue/device/fifo/batch:256", [](benchmark::State& s) {
     bm_enqueue(s, gear::select::fifo{},
-               "2 launches: the gather reading host-chosen rows, the removal's journal apply");
+               "1 launch: the gather reads the host-chosen rows, its last block applies the "
+               "removal");
   });
   register_select_axis<gear::select::uniform>();
   register_select_axis<gear::select::prioritized>();

@@ -528,6 +528,27 @@ std::map<std::uint64_t, int> drain(Buffer& buf, const model& m, std::int64_t row
   return seen;
 }
 
+/// Counts the slots the device mirror holds committed (length > 0), as a kernel reading it sees.
+template <class Ref>
+__global__ void count_committed(Ref ref, std::int64_t capacity, unsigned long long* out) {
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < capacity;
+       i += std::int64_t{gridDim.x} * blockDim.x)
+    if (ref.length(i) > 0) atomicAdd(out, 1ull);
+}
+template <class Buffer>
+std::int64_t committed_on_device(const Buffer& buf, cudaStream_t s) {
+  unsigned long long* count = nullptr;
+  GEAR_CUDA_TRY(cudaMallocAsync(&count, sizeof *count, s));
+  GEAR_CUDA_TRY(cudaMemsetAsync(count, 0, sizeof *count, s));
+  count_committed<<<32, 256, 0, s>>>(buf.ref(gear::op::read_metadata{}), buf.capacity(), count);
+  GEAR_CHECK_LAUNCH("count_committed");
+  unsigned long long host = 0;
+  GEAR_CUDA_TRY(cudaMemcpyAsync(&host, count, sizeof host, cudaMemcpyDeviceToHost, s));
+  GEAR_CUDA_TRY(cudaFreeAsync(count, s));
+  GEAR_CUDA_TRY(cudaStreamSynchronize(s));
+  return static_cast<std::int64_t>(host);
+}
+
 TEST_CASE_TEMPLATE("removal on GPU storage: erase, max_times_sampled, fifo and lifo", Storage,
                    gear::storage::device, gear::storage::pinned_host) {
   stream_holder s;
@@ -625,6 +646,26 @@ TEST_CASE_TEMPLATE("removal on GPU storage: erase, max_times_sampled, fifo and l
       CHECK(wrong == 0);
       CHECK(queue.size() == n - 2 * rows);
       CHECK(stack.size() == n - 2 * rows);
+      // The removals reached the device mirror (applied by the gather's last block); new
+      // trajectories take the freed slots (the queue's) or, where the ring comes round to live
+      // ones, evict the oldest (the stack's, whose freed slots are the newest) and come out next.
+      CHECK(committed_on_device(queue, s.s) == n - 2 * rows);
+      CHECK(committed_on_device(stack, s.s) == n - 2 * rows);
+      insert(queue, mq, std::vector<std::int64_t>(2 * rows, 1), s, false);
+      insert(stack, ms, std::vector<std::int64_t>(2 * rows, 1), s, false);
+      const std::int64_t evicted = std::min(2 * rows, n - 2 * rows);  // the stack's oldest
+      CHECK(queue.size() == n);
+      CHECK(committed_on_device(queue, s.s) == n);
+      CHECK(stack.size() == n - evicted);
+      CHECK(committed_on_device(stack, s.s) == n - evicted);
+      stack.sample(out, gear::window{}, g, s);
+      host_batch h = copy_device_batch(out);
+      CHECK(ms.check(h, gear::window{}).empty());
+      for (std::int64_t r = 0; r < rows; ++r)
+        wrong += ms.id(h.keys[std::size_t(r)]) != std::uint64_t(n + 2 * rows - r);
+      CHECK(wrong == 0);
+      CHECK(stack.size() == n - evicted - rows);
+      CHECK(committed_on_device(stack, s.s) == n - evicted - rows);
     }
   }
 }

@@ -830,10 +830,12 @@ TEST_CASE("prioritized (device): a failed asynchronous update is raised once, la
   twin.update_priorities(good_k, good_p, s);  // what the good update alone gives
 
   SUBCASE("by check_priority_updates, counting later failures; later updates still apply") {
-    hold_gpu(s.s, 50);  // nothing below runs before the host has enqueued all of it
+    gear_test::gate held;
+    held.hold(s.s);  // nothing below runs before the host has enqueued all of it
     buf.update_priorities_async(bad_key.span(), thousand.span(), device, s);
     buf.update_priorities_async(good_keys.span(), good.span(), device, s);  // not arrived yet
     buf.update_priorities_async(all_good.span(), with_nan.span(), device, s);
+    held.open();
     const auto [code, what] = error_of([&] { buf.check_priority_updates(s); });
     INFO(what);
     CHECK(code == gear::errc::key_out_of_range);
@@ -1184,11 +1186,13 @@ TEST_CASE(
 
   // A failed update still running (behind a busy stream) is not raised by the next update, which
   // is applied; check_priority_updates waits for it and raises it once.
-  hold_gpu(s.s, 50);
+  gear_test::gate held;
+  held.hold(s.s);
   b->update_priorities_async(dall.span(), dbad.span(), gear::memory_kind::device, s);
   CHECK(error_of([&] {
           b->update_priorities_async(dall.span(), dps.span(), gear::memory_kind::device, s);
         }).first == gear::errc{});
+  held.open();
   CHECK(error_of([&] { b->check_priority_updates(s); }).first == gear::errc::invalid_priority);
   CHECK(error_of([&] { b->check_priority_updates(s); }).first == gear::errc{});
   a->update_priorities(live, std::vector<float>(live.size(), 2.5f), s);

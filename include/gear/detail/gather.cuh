@@ -14,6 +14,7 @@
 #include <gear/detail/copy.cuh>
 #include <gear/detail/cuda.hpp>
 #include <gear/detail/gather.hpp>
+#include <gear/detail/last_block.cuh>
 #include <gear/detail/tuning.hpp>
 #include <gear/select/concept.hpp>
 
@@ -63,11 +64,24 @@ __global__ void advance_draw_kernel(Counter* w) {
   w->call += 1;
 }
 
+/// An epilogue alone, for a gather with no blocks.
+template <class Epilogue>
+__global__ void epilogue_kernel(const Epilogue after) {
+  if (last_block_to_arrive(after.arrivals)) after();
+}
+
+/// No work after the gather's reads of metadata.
+struct no_epilogue {
+  static constexpr bool present = false;
+  unsigned* arrivals = nullptr;
+  __device__ void operator()() const {}
+};
+
 // Kernels in gear's headers are templates (here on the argument type, always gather_args), so that
 // every translation unit that includes them can instantiate them without duplicate symbols.
-template <class Args, class Rows>
+template <class Args, class Rows, class Epilogue>
 __global__ void __launch_bounds__(tuning::copy_threads)
-    gather_kernel(const Args a, const column_blocks g, Rows rows) {
+    gather_kernel(const Args a, const column_blocks g, Rows rows, const Epilogue after) {
   int c;
   std::int64_t row, chunk;
   g.locate(blockIdx.x, c, row, chunk);
@@ -94,6 +108,10 @@ __global__ void __launch_bounds__(tuning::copy_threads)
       }
     }
   }
+  // Every block has read its row's metadata: the last to get here may change it (before its
+  // copy, which reads slot bytes only).
+  if constexpr (Epilogue::present)
+    if (last_block_to_arrive(after.arrivals)) after();
 
   const auto& col = a.columns[c];
   const std::int64_t row_bytes = a.win.length * col.step_bytes;
@@ -121,11 +139,12 @@ inline column_blocks gather_blocks(const gather_args& a) {
   return column_blocks::make(a.num_columns, a.batch, row_bytes);
 }
 
-/// Launches the gather of the rows `rows` names on `stream`; checks the launch, never
+/// Launches the gather of the rows `rows` names on `stream`, with `after` run by its last block
+/// once every block has read its row's metadata (no_epilogue: nothing); checks the launch, never
 /// synchronises.
-template <class Rows>
+template <class Rows, class Epilogue = no_epilogue>
 void gather_on_device(const gather_args& a, const column_blocks& g, const Rows& rows,
-                      cuda::stream_ref stream) {
+                      cuda::stream_ref stream, const Epilogue& after = {}) {
   const std::int64_t blocks = g.first_block[a.num_columns];
   GEAR_REQUIRE(blocks < (std::int64_t{1} << 31), errc::invalid_argument,
                "a batch this large needs more than 2^31 copy blocks; sample fewer rows at once");
@@ -134,10 +153,14 @@ void gather_on_device(const gather_args& a, const column_blocks& g, const Rows& 
       advance_draw_kernel<<<1, 1, 0, stream.get()>>>(a.counter);
       GEAR_CHECK_LAUNCH("advance_draw_kernel");
     }
+    if constexpr (Epilogue::present) {
+      epilogue_kernel<<<1, tuning::copy_threads, 0, stream.get()>>>(after);
+      GEAR_CHECK_LAUNCH("epilogue_kernel");
+    }
     return;
   }
-  gather_kernel<<<static_cast<unsigned>(blocks), tuning::copy_threads, 0, stream.get()>>>(a, g,
-                                                                                          rows);
+  gather_kernel<<<static_cast<unsigned>(blocks), tuning::copy_threads, 0, stream.get()>>>(
+      a, g, rows, after);
   GEAR_CHECK_LAUNCH("gather_kernel");
 }
 
@@ -145,19 +168,22 @@ void gather_on_device(const gather_args& a, const column_blocks& g, const Rows& 
 /// than reading every row in each of its blocks costs (tuning::fused_gather_max_waves), the gather
 /// kernel reads the rows itself: drawn by the policy's row_selector, or chosen on the host
 /// (with_chosen_rows); otherwise the policy's select() launch runs first. `request` and `a`
-/// describe the same batch.
-template <class State>
+/// describe the same batch. `prepare()` runs once the rows are chosen (on the host, for a state
+/// that chooses them there: host_rows() holds them) and before the gather is enqueued; it returns
+/// the gather's epilogue (no_epilogue, or work for its last block).
+template <class State, class Prepare>
 void select_and_gather_on_device(State& state, const slot_table& table,
                                  const selection_request& request, const gather_args& a,
-                                 cuda::stream_ref stream) {
+                                 cuda::stream_ref stream, Prepare&& prepare) {
   const column_blocks g = gather_blocks(a);
   const std::int64_t blocks = g.first_block[a.num_columns];
   const std::int64_t one_wave = std::int64_t{multiprocessors()} * tuning::copy_blocks_per_sm;
   const bool fused = blocks > 0 && blocks <= tuning::fused_gather_max_waves * one_wave;
   auto gather_drawn = [&](const auto& draw) {
     using F = std::remove_cvref_t<decltype(draw)>;
-    gather_on_device(
-        a, g, drawn_rows<F>{draw, request.slots, request.probabilities, request.weights}, stream);
+    gather_on_device(a, g,
+                     drawn_rows<F>{draw, request.slots, request.probabilities, request.weights},
+                     stream, prepare());
   };
   if constexpr (row_selecting<State>) {
     if (fused) {
@@ -174,7 +200,7 @@ void select_and_gather_on_device(State& state, const slot_table& table,
     }
   }
   state.select(table, request, stream);
-  gather_on_device(a, g, stored_rows{a.slots}, stream);
+  gather_on_device(a, g, stored_rows{a.slots}, stream, prepare());
 }
 
 }  // namespace gear::detail

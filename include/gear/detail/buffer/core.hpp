@@ -367,10 +367,21 @@ class buffer_core {
                                                  std::int64_t pending) noexcept {
     return static_cast<std::size_t>(3 * count + pending) * sizeof(slot_record);
   }
-  /// Enqueues one apply of the `count` slot records at l.host + offset, with the dense index's
-  /// pending changes, written after them (room: journal_bytes(count) at lease time).
-  void apply_journal(const staging_pool::lease& l, std::size_t offset, std::int64_t count,
-                     cuda::stream_ref stream);
+  /// One apply of the `count` slot records at l.host + offset, with the dense index's pending
+  /// changes, written after them now (room: journal_bytes(count) at lease time); enqueued by
+  /// apply_journal_on_device (journal.cuh) or by the last block of a gather (sample.hpp).
+  journal_args journal_of(const staging_pool::lease& l, std::size_t offset, std::int64_t count) {
+    const std::size_t index_at = offset + static_cast<std::size_t>(count) * sizeof(slot_record);
+    journal_args a;
+    a.records = reinterpret_cast<const slot_record*>(l.mapped + offset);
+    a.count = count;
+    a.index = reinterpret_cast<const index_record*>(l.mapped + index_at);
+    a.index_count = ring_.take_index_changes(reinterpret_cast<index_record*>(l.host + index_at));
+    a.mirror = mirror();
+    a.capacity = capacity_;
+    a.live = ring_.live();
+    return a;
+  }
   [[nodiscard]] static slot_record* records_of(const std::optional<staging_pool::lease>& l) {
     return l ? reinterpret_cast<slot_record*>(l->host) : nullptr;
   }
@@ -465,7 +476,7 @@ void gear::detail::buffer_core<Spec, Storage, Selection, Transport>::publish(
     const std::optional<staging_pool::lease>& l, std::int64_t count, cuda::stream_ref stream) {
   if constexpr (on_device) {
 #if defined(GEAR_DEVICE_BACKEND)
-    apply_journal(*l, 0, count, stream);
+    apply_journal_on_device(journal_of(*l, 0, count), stream);
     staging_.release_after(*l, stream.get());
 #else
     static_assert(dependent_false<Storage>,
@@ -474,25 +485,4 @@ void gear::detail::buffer_core<Spec, Storage, Selection, Transport>::publish(
   } else {
     (void)l, (void)count, (void)stream;
   }
-}
-
-template <class Spec, class Storage, class Selection, class Transport>
-void gear::detail::buffer_core<Spec, Storage, Selection, Transport>::apply_journal(
-    const staging_pool::lease& l, std::size_t offset, std::int64_t count, cuda::stream_ref stream) {
-#if defined(GEAR_DEVICE_BACKEND)
-  const std::size_t index_at = offset + static_cast<std::size_t>(count) * sizeof(slot_record);
-  journal_args a;
-  a.records = reinterpret_cast<const slot_record*>(l.mapped + offset);
-  a.count = count;
-  a.index = reinterpret_cast<const index_record*>(l.mapped + index_at);
-  a.index_count = ring_.take_index_changes(reinterpret_cast<index_record*>(l.host + index_at));
-  a.mirror = mirror();
-  a.capacity = capacity_;
-  a.live = ring_.live();
-  apply_journal_on_device(a, stream);
-#else
-  (void)l, (void)offset, (void)count, (void)stream;
-  static_assert(dependent_false<Storage>,
-                "gear: GPU storage needs <gear/gear.cuh>, compiled by nvcc");
-#endif
 }

@@ -230,7 +230,7 @@ void insert_trajectories(Core& b, const trajectories<Spec>& in, std::span<key> k
       const reservation r = b.reserve_in_ring(count, nullptr);
       commit_to_ring(b, r, in.lengths, keys_out,
                      reinterpret_cast<slot_record*>(lease.host + records_at));
-      b.apply_journal(lease, records_at, count, stream);
+      apply_journal_on_device(b.journal_of(lease, records_at, count), stream);
       b.staging_.release_after(lease, stream.get());
       run_commit_hook(b, first, count, stream);
       b.order_after(stream, Core::write);

@@ -9,28 +9,33 @@
 
 namespace gear::detail {
 
-/// One call's records (mapped pinned memory, read zero-copy) and the mirror they change: slot
-/// records, and the dense index's changes.
-struct journal_args {
-  const slot_record* records = nullptr;
-  std::int64_t count = 0;
-  const index_record* index = nullptr;
-  std::int64_t index_count = 0;
-  slot_mirror mirror{};
-  std::int64_t capacity = 1;
-  std::int64_t live = 0;  ///< the live count once these records are applied (mirror.live)
-};
-
-template <class Args>  // always journal_args; a template so that headers define it once per use
-__global__ void journal_apply_kernel(const Args a) {
+/// Applies records [first, n) with stride `stride` (n: the larger of the two counts); the
+/// thread with first == 0 also writes the live count. Threads of a kernel or of one block.
+__device__ inline void apply_journal_part(const journal_args& a, std::int64_t first,
+                                          std::int64_t stride) {
   const std::int64_t n = a.count > a.index_count ? a.count : a.index_count;
-  if (blockIdx.x == 0 && threadIdx.x == 0) *a.mirror.live = a.live;
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
+  if (first == 0) *a.mirror.live = a.live;
+  for (std::int64_t i = first; i < n; i += stride) {
     if (i < a.count) apply_slot_record(a.mirror, a.capacity, a.records[i]);
     if (i < a.index_count) a.mirror.dense[a.index[i].position] = a.index[i].slot;
   }
 }
+
+template <class Args>  // always journal_args; a template so that headers define it once per use
+__global__ void journal_apply_kernel(const Args a) {
+  apply_journal_part(a, blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x,
+                     std::int64_t{gridDim.x} * blockDim.x);
+}
+
+/// An apply run by the last block of another launch to read the metadata it changes, in place of
+/// a launch of its own: the gather of a sample that removes the rows it returns (gather.cuh's
+/// epilogue). `arrivals`: a word that is 0 when that launch starts (selection_workspace).
+struct journal_epilogue {
+  journal_args journal;
+  unsigned* arrivals = nullptr;
+  static constexpr bool present = true;
+  __device__ void operator()() const { apply_journal_part(journal, threadIdx.x, blockDim.x); }
+};
 
 /// Launches the apply on `stream`; checks the launch, never synchronises. An apply of no records
 /// launches nothing: the live count changes only with slot records.

@@ -342,7 +342,7 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
           committed.push_back(static_cast<std::int64_t>(ticket));
         }
       }
-      b.apply_journal(lease, 0, records, stream);
+      apply_journal_on_device(b.journal_of(lease, 0, records), stream);
       b.staging_.release_after(lease, stream.get());
       for (std::size_t i = 0; i < committed.size();) {  // the hook takes runs of tickets
         std::size_t end = i + 1;

@@ -67,6 +67,18 @@ struct slot_mirror {
   }
 };
 
+/// One call's records (mapped pinned memory, read zero-copy) and the mirror they change: slot
+/// records, and the dense index's changes.
+struct journal_args {
+  const slot_record* records = nullptr;
+  std::int64_t count = 0;
+  const index_record* index = nullptr;
+  std::int64_t index_count = 0;
+  slot_mirror mirror{};
+  std::int64_t capacity = 1;
+  std::int64_t live = 0;  ///< the live count once these records are applied (mirror.live)
+};
+
 /// Applies one record to a mirror of `capacity` slots (the journal kernel and the scatter call it
 /// on the device; tests on the host). On the device a record that raises order[slot] writes the
 /// slot's ticket and length, then looks again: if a newer record raised the order meanwhile (a

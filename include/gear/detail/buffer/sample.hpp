@@ -67,33 +67,54 @@ void check_contents(const Core& b, std::int64_t batch) {
   b.selection_->validate(b.table(), batch);
 }
 
-/// Counts the rows of a finished sample (`slots` in host memory) and removes the trajectories
-/// that reached the limit, with the records lease `removal` (room for every row) acquired before
-/// the sample. The counts change only once the removal is enqueued.
+/// The trajectories that the rows of a sample (`slots`, host memory) take to their limit of
+/// returns: their tickets into b.removal_tickets_ (sorted, distinct), the committed rows' slots
+/// into b.drawn_slots_. Changes nothing else.
 template <class Core>
-void count_returns(Core& b, const std::int64_t* slots, std::int64_t rows, cuda::stream_ref stream,
-                   const std::optional<staging_pool::lease>& removal) {
+void plan_returns(Core& b, const std::int64_t* slots, std::int64_t rows) {
   const std::int64_t limit = consume_limit(b);
   std::vector<std::int64_t>& drawn = b.drawn_slots_;
   drawn.clear();
   for (std::int64_t row = 0; row < rows; ++row)
     if (slots[row] >= 0 && b.ring_.state(slots[row]) == slot_state::committed)
       drawn.push_back(slots[row]);
-  std::sort(drawn.begin(), drawn.end());
   b.removal_tickets_.clear();
-  for (std::size_t i = 0; i < drawn.size();) {
-    std::size_t end = i;
-    while (end < drawn.size() && drawn[end] == drawn[i]) ++end;
-    if (b.times_sampled_[static_cast<std::size_t>(drawn[i])] + static_cast<std::int64_t>(end - i) >=
-        limit)
-      b.removal_tickets_.push_back(b.ring_.ticket(drawn[i]));
-    i = end;
+  if (limit == 1) {  // every row returned is removed (a queue, a stack)
+    for (const std::int64_t slot : drawn) b.removal_tickets_.push_back(b.ring_.ticket(slot));
+  } else {
+    std::sort(drawn.begin(), drawn.end());
+    for (std::size_t i = 0; i < drawn.size();) {
+      std::size_t end = i;
+      while (end < drawn.size() && drawn[end] == drawn[i]) ++end;
+      if (b.times_sampled_[static_cast<std::size_t>(drawn[i])] +
+              static_cast<std::int64_t>(end - i) >=
+          limit)
+        b.removal_tickets_.push_back(b.ring_.ticket(drawn[i]));
+      i = end;
+    }
   }
   std::sort(b.removal_tickets_.begin(), b.removal_tickets_.end());
-  remove_tickets(b, b.removal_tickets_, stream, removal);
-  for (const std::int64_t slot : drawn)
+  b.removal_tickets_.erase(std::unique(b.removal_tickets_.begin(), b.removal_tickets_.end()),
+                           b.removal_tickets_.end());
+}
+
+/// Counts the returns plan_returns found, once its removal has changed the ring.
+template <class Core>
+void note_returns(Core& b) noexcept {
+  for (const std::int64_t slot : b.drawn_slots_)
     if (b.ring_.state(slot) == slot_state::committed)
       ++b.times_sampled_[static_cast<std::size_t>(slot)];
+}
+
+/// Counts the rows of a finished sample (`slots` in host memory) and removes the trajectories
+/// that reached the limit, with the records lease `removal` (room for every row) acquired before
+/// the sample. The counts change only once the removal is enqueued.
+template <class Core>
+void count_returns(Core& b, const std::int64_t* slots, std::int64_t rows, cuda::stream_ref stream,
+                   const std::optional<staging_pool::lease>& removal) {
+  plan_returns(b, slots, rows);
+  remove_tickets(b, b.removal_tickets_, stream, removal);
+  note_returns(b);
 }
 
 /// Throws unless a sample with a gear::device_rng may run (see replay_buffer::sample_async).
@@ -114,6 +135,38 @@ void check_device_draws(const Core& b, const device_rng& g, cuda::stream_ref str
   g.check_use(b.device_, stream.get());
   b.order_.check_bind(stream.get());
 }
+
+#if defined(GEAR_DEVICE_BACKEND)
+/// The selection and gather of a sample whose rows are chosen on the host (fifo, lifo) and which
+/// removes what it returns: once the rows are chosen, the removal changes the ring and its
+/// records are applied to the mirror by the gather's last block to read its row's metadata (one
+/// launch where a separate apply took two). The call is a write as well as a read. A failure
+/// after the ring changed makes the buffer unusable; `removal` is handed on once enqueued.
+template <class Core>
+void remove_in_gather(Core& b, const slot_table& table, const selection_request& request,
+                      const gather_args& args, std::optional<staging_pool::lease>& removal,
+                      cuda::stream_ref stream) {
+  b.order_before(stream, Core::write);
+  bool changed = false;
+  try {
+    select_and_gather_on_device(*b.selection_, table, request, args, stream, [&] {
+      plan_returns(b, b.selection_->host_rows().data(), request.batch);
+      const auto n = static_cast<std::int64_t>(b.removal_tickets_.size());
+      remove_in_ring(b, b.removal_tickets_, b.records_of(removal), stream);
+      changed = true;
+      note_returns(b);
+      return journal_epilogue{b.journal_of(*removal, 0, n), request.arrivals};
+    });
+    const staging_pool::lease handed = *removal;
+    removal.reset();
+    b.staging_.release_after(handed, stream.get());
+    b.order_after(stream, Core::write, /*bytes=*/false);
+  } catch (const std::exception& e) {
+    if (changed) b.failure_ = e.what();
+    throw;
+  }
+}
+#endif
 
 /// sample_async with `g`: a gear::rng (draw numbers from the host, advanced when the call
 /// succeeds) or a gear::device_rng (draw numbers in device memory, read and advanced by the
@@ -192,6 +245,9 @@ void sample_into(Core& b, Batch& out, const window& w, Draws& g, cuda::stream_re
   args.mask = out.mask_data();
   args.keys = out.keys_data();
   const std::int64_t* slots = out.slots_data();
+  // Rows chosen on the host are known before the gather: a sample that removes what it returns
+  // then removes it in the gather's launch (remove_in_gather).
+  const bool removes_in_gather = Core::on_device && rows_on_host && consumes && request.arrivals;
   if constexpr (Core::on_device) {
 #if defined(GEAR_DEVICE_BACKEND)
     try {
@@ -200,8 +256,13 @@ void sample_into(Core& b, Batch& out, const window& w, Draws& g, cuda::stream_re
         drawn_from.live_at = b.mirror().live;
         args.counter = g.counter();
       }
-      b.order_before(stream, Core::read, /*capturable=*/device_draws, /*binding=*/device_draws);
-      select_and_gather_on_device(*b.selection_, drawn_from, request, args, stream);
+      if (removes_in_gather) {
+        if constexpr (rows_on_host) remove_in_gather(b, drawn_from, request, args, removal, stream);
+      } else {
+        b.order_before(stream, Core::read, /*capturable=*/device_draws, /*binding=*/device_draws);
+        select_and_gather_on_device(*b.selection_, drawn_from, request, args, stream,
+                                    [] { return no_epilogue{}; });
+      }
       b.order_after(stream, Core::read, /*bytes=*/true, /*binding=*/device_draws);
       if constexpr (rows_on_host) slots = b.selection_->host_rows().data();
       if constexpr (device_draws) {  // once nothing can be refused (checked: neither throws)
@@ -229,7 +290,7 @@ void sample_into(Core& b, Batch& out, const window& w, Draws& g, cuda::stream_re
     b.selection_->select(table, request, stream);
     gather_on_host(args);
   }
-  if (consumes) {
+  if (consumes && !removes_in_gather) {
     try {
       count_returns(b, slots, out.batch_size(), stream, removal);
     } catch (...) {

@@ -92,6 +92,22 @@ void abandon_slot(Core& b, std::uint64_t ticket, cuda::stream_ref stream) noexce
   }
 }
 
+/// Removes the committed trajectories of `tickets` (sorted, distinct, each held) from the ring,
+/// writing their records to `records` (null for host storage), after the policy's eviction hook
+/// (which may enqueue work on `stream`; it takes runs of consecutive tickets). Throws only what
+/// the hook throws, before the ring changes.
+template <class Core>
+void remove_in_ring(Core& b, std::span<const std::uint64_t> tickets, slot_record* records,
+                    cuda::stream_ref stream) {
+  for (std::size_t i = 0; i < tickets.size();) {
+    std::size_t end = i + 1;
+    while (end < tickets.size() && tickets[end] == tickets[end - 1] + 1) ++end;
+    run_evict_hook(b, tickets[i], static_cast<std::int64_t>(end - i), stream);
+    i = end;
+  }
+  b.ring_.remove(tickets, records);
+}
+
 /// Removes the committed trajectories of `tickets` (sorted, distinct, each held), with a records
 /// lease acquired by the caller (room for them; given back if nothing is removed) or, without
 /// one, its own. Expects the buffer's mutex held.
@@ -106,14 +122,7 @@ void remove_tickets(Core& b, std::span<const std::uint64_t> tickets, cuda::strea
   if (!lease) lease = b.lease_records(n);
   b.order_write(lease, stream);
   b.enqueue([&] {
-    // The policy's hook takes runs of consecutive tickets.
-    for (std::size_t i = 0; i < tickets.size();) {
-      std::size_t end = i + 1;
-      while (end < tickets.size() && tickets[end] == tickets[end - 1] + 1) ++end;
-      run_evict_hook(b, tickets[i], static_cast<std::int64_t>(end - i), stream);
-      i = end;
-    }
-    b.ring_.remove(tickets, b.records_of(lease));
+    remove_in_ring(b, tickets, b.records_of(lease), stream);
     b.publish(lease, n, stream);
     b.order_after(stream, Core::write, /*bytes=*/false);
   });
