@@ -44,7 +44,10 @@ class gate {
   gate() {
     GEAR_CUDA_TRY(cudaHostAlloc(&flag_, sizeof *flag_, cudaHostAllocMapped));
     *flag_ = 0;
-    GEAR_CUDA_TRY(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_flag_), flag_, 0));
+    const cudaError_t mapped =
+        cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_flag_), flag_, 0);
+    if (mapped != cudaSuccess) (void)cudaFreeHost(flag_);
+    GEAR_CUDA_TRY(mapped);
   }
   gate(const gate&) = delete;
   gate& operator=(const gate&) = delete;

@@ -141,13 +141,11 @@ inline column_blocks gather_blocks(const gather_args& a) {
 
 /// Launches the gather of the rows `rows` names on `stream`, with `after` run by its last block
 /// once every block has read its row's metadata (no_epilogue: nothing); checks the launch, never
-/// synchronises.
+/// synchronises. Expects fewer than 2^31 blocks (select_and_gather_on_device checks).
 template <class Rows, class Epilogue = no_epilogue>
 void gather_on_device(const gather_args& a, const column_blocks& g, const Rows& rows,
                       cuda::stream_ref stream, const Epilogue& after = {}) {
-  const std::int64_t blocks = g.first_block[a.num_columns];
-  GEAR_REQUIRE(blocks < (std::int64_t{1} << 31), errc::invalid_argument,
-               "a batch this large needs more than 2^31 copy blocks; sample fewer rows at once");
+  const std::int64_t blocks = g.first_block[a.num_columns];  // < 2^31: checked by the caller
   if (blocks == 0) {
     if (a.counter != nullptr) {
       advance_draw_kernel<<<1, 1, 0, stream.get()>>>(a.counter);
@@ -177,6 +175,9 @@ void select_and_gather_on_device(State& state, const slot_table& table,
                                  cuda::stream_ref stream, Prepare&& prepare) {
   const column_blocks g = gather_blocks(a);
   const std::int64_t blocks = g.first_block[a.num_columns];
+  // Before anything is selected or prepared: a refusal here changes nothing.
+  GEAR_REQUIRE(blocks < (std::int64_t{1} << 31), errc::invalid_argument,
+               "a batch this large needs more than 2^31 copy blocks; sample fewer rows at once");
   const std::int64_t one_wave = std::int64_t{multiprocessors()} * tuning::copy_blocks_per_sm;
   const bool fused = blocks > 0 && blocks <= tuning::fused_gather_max_waves * one_wave;
   auto gather_drawn = [&](const auto& draw) {

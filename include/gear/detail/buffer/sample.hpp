@@ -141,7 +141,8 @@ void check_device_draws(const Core& b, const device_rng& g, cuda::stream_ref str
 /// removes what it returns: once the rows are chosen, the removal changes the ring and its
 /// records are applied to the mirror by the gather's last block to read its row's metadata (one
 /// launch where a separate apply took two). The call is a write as well as a read. A failure
-/// after the ring changed makes the buffer unusable; `removal` is handed on once enqueued.
+/// from the policy's eviction hook on makes the buffer unusable; `removal` is handed on once
+/// enqueued.
 template <class Core>
 void remove_in_gather(Core& b, const slot_table& table, const selection_request& request,
                       const gather_args& args, std::optional<staging_pool::lease>& removal,
@@ -152,8 +153,8 @@ void remove_in_gather(Core& b, const slot_table& table, const selection_request&
     select_and_gather_on_device(*b.selection_, table, request, args, stream, [&] {
       plan_returns(b, b.selection_->host_rows().data(), request.batch);
       const auto n = static_cast<std::int64_t>(b.removal_tickets_.size());
+      changed = true;  // from the policy's eviction hook on (it may change its state)
       remove_in_ring(b, b.removal_tickets_, b.records_of(removal), stream);
-      changed = true;
       note_returns(b);
       return journal_epilogue{b.journal_of(*removal, 0, n), request.arrivals};
     });
@@ -161,6 +162,7 @@ void remove_in_gather(Core& b, const slot_table& table, const selection_request&
     removal.reset();
     b.staging_.release_after(handed, stream.get());
     b.order_after(stream, Core::write, /*bytes=*/false);
+    b.order_after(stream, Core::read);
   } catch (const std::exception& e) {
     if (changed) b.failure_ = e.what();
     throw;
@@ -262,8 +264,8 @@ void sample_into(Core& b, Batch& out, const window& w, Draws& g, cuda::stream_re
         b.order_before(stream, Core::read, /*capturable=*/device_draws, /*binding=*/device_draws);
         select_and_gather_on_device(*b.selection_, drawn_from, request, args, stream,
                                     [] { return no_epilogue{}; });
+        b.order_after(stream, Core::read, /*bytes=*/true, /*binding=*/device_draws);
       }
-      b.order_after(stream, Core::read, /*bytes=*/true, /*binding=*/device_draws);
       if constexpr (rows_on_host) slots = b.selection_->host_rows().data();
       if constexpr (device_draws) {  // once nothing can be refused (checked: neither throws)
         b.order_.bind(stream.get());
