@@ -64,17 +64,9 @@ __global__ void advance_draw_kernel(Counter* w) {
   w->call += 1;
 }
 
-/// An epilogue alone, for a gather with no blocks.
-template <class Epilogue>
-__global__ void epilogue_kernel(const Epilogue after) {
-  if (last_block_to_arrive(after.arrivals)) after();
-}
-
 /// No work after the gather's reads of metadata.
 struct no_epilogue {
   static constexpr bool present = false;
-  unsigned* arrivals = nullptr;
-  __device__ void operator()() const {}
 };
 
 // Kernels in gear's headers are templates (here on the argument type, always gather_args), so that
@@ -141,7 +133,8 @@ inline column_blocks gather_blocks(const gather_args& a) {
 
 /// Launches the gather of the rows `rows` names on `stream`, with `after` run by its last block
 /// once every block has read its row's metadata (no_epilogue: nothing); checks the launch, never
-/// synchronises. Expects fewer than 2^31 blocks (select_and_gather_on_device checks).
+/// synchronises. Expects fewer than 2^31 blocks (select_and_gather_on_device checks), and at
+/// least one where `after` has work (batches and windows have a row and a step at least).
 template <class Rows, class Epilogue = no_epilogue>
 void gather_on_device(const gather_args& a, const column_blocks& g, const Rows& rows,
                       cuda::stream_ref stream, const Epilogue& after = {}) {
@@ -150,10 +143,6 @@ void gather_on_device(const gather_args& a, const column_blocks& g, const Rows& 
     if (a.counter != nullptr) {
       advance_draw_kernel<<<1, 1, 0, stream.get()>>>(a.counter);
       GEAR_CHECK_LAUNCH("advance_draw_kernel");
-    }
-    if constexpr (Epilogue::present) {
-      epilogue_kernel<<<1, tuning::copy_threads, 0, stream.get()>>>(after);
-      GEAR_CHECK_LAUNCH("epilogue_kernel");
     }
     return;
   }

@@ -344,13 +344,9 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
       }
       apply_journal_on_device(b.journal_of(lease, 0, records), stream);
       b.staging_.release_after(lease, stream.get());
-      for (std::size_t i = 0; i < committed.size();) {  // the hook takes runs of tickets
-        std::size_t end = i + 1;
-        while (end < committed.size() && committed[end] == committed[end - 1] + 1) ++end;
-        run_commit_hook(b, static_cast<std::uint64_t>(committed[i]),
-                        static_cast<std::int64_t>(end - i), stream);
-        i = end;
-      }
+      for_each_ticket_run(committed, [&](std::uint64_t first, std::int64_t count) {
+        run_commit_hook(b, first, count, stream);
+      });
       b.order_after(stream, Core::write, /*bytes=*/false);
       drop_landing(b, [&](std::size_t i) { return commit[i] || !alive[i]; });
       b.landing_records_.clear();

@@ -99,12 +99,9 @@ void abandon_slot(Core& b, std::uint64_t ticket, cuda::stream_ref stream) noexce
 template <class Core>
 void remove_in_ring(Core& b, std::span<const std::uint64_t> tickets, slot_record* records,
                     cuda::stream_ref stream) {
-  for (std::size_t i = 0; i < tickets.size();) {
-    std::size_t end = i + 1;
-    while (end < tickets.size() && tickets[end] == tickets[end - 1] + 1) ++end;
-    run_evict_hook(b, tickets[i], static_cast<std::int64_t>(end - i), stream);
-    i = end;
-  }
+  for_each_ticket_run(tickets, [&](std::uint64_t first, std::int64_t count) {
+    run_evict_hook(b, first, count, stream);
+  });
   b.ring_.remove(tickets, records);
 }
 
