@@ -5,6 +5,9 @@
 // Every step of every trajectory carries the trajectory's id, the step's index and a checksum, so
 // a sampled row proves it is not torn (all its steps from one trajectory, in order, intact), and
 // the (ticket, id) pairs samples saw are checked afterwards against what the inserts returned.
+// With a consuming policy (fifo, lifo) the run also checks that no trajectory is returned twice,
+// that each sample's rows come in the policy's order, and that what is left afterwards was never
+// returned.
 
 #include <gear/gear.hpp>
 
@@ -17,6 +20,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace gear_stress {
@@ -35,7 +39,31 @@ inline where where_of(const gear::key& k) noexcept { return {k.shard, k.ticket};
 
 struct result {
   std::int64_t operations = 0, rows = 0, torn = 0, wrong_key = 0, unknown_key = 0;
+  // Consuming policies only: trajectories returned twice (or returned and still stored), and
+  // samples whose rows were out of the policy's order.
+  std::int64_t returned_twice = 0, out_of_order = 0;
 };
+
+/// Whether Buffer's selection removes what it returns (fifo: oldest first, lifo: newest first).
+/// (sharded_buffer names no selection_type: its runs use a policy that does not consume.)
+template <class Buffer>
+inline constexpr bool consuming = [] {
+  if constexpr (requires { typename Buffer::selection_type; })
+    return gear::consuming_policy<typename Buffer::selection_type>;
+  else
+    return false;
+}();
+template <class Buffer>
+inline constexpr bool oldest_first = [] {
+  if constexpr (requires { typename Buffer::selection_type; })
+    return std::is_same_v<typename Buffer::selection_type, gear::select::fifo>;
+  else
+    return false;
+}();
+
+/// Rows per sample: consuming policies need as many stored trajectories as rows.
+template <class Buffer>
+inline constexpr std::int64_t rows_per_sample = consuming<Buffer> ? 4 : 16;
 
 /// Runs `threads` threads of `ops_each` operations on `buf`. StreamOf(i) gives thread i's stream;
 /// Sync(stream) waits for it; HostView(batch, stream) returns the batch's keys, mask and column 0
@@ -46,12 +74,13 @@ result run(Buffer& buf, int threads, std::int64_t ops_each, std::uint64_t seed, 
   std::mutex log_mutex;
   std::map<where, std::int64_t> id_of_ticket;  // from insert and commit results
   std::vector<std::pair<where, std::int64_t>> seen;  // (where, id) from samples
-  std::atomic<std::int64_t> next_id{1}, rows{0}, torn{0};
+  std::atomic<std::int64_t> next_id{1}, rows{0}, torn{0}, out_of_order{0};
+  constexpr std::int64_t rows_each = rows_per_sample<Buffer>;
 
   auto worker = [&](int me) {
     std::mt19937_64 gen(seed * 1000 + static_cast<std::uint64_t>(me));
     auto stream = streams.get(me);
-    auto batch = buf.make_batch(gear::batch_size{16}, gear::window_length{window_len});
+    auto batch = buf.make_batch(gear::batch_size{rows_each}, gear::window_length{window_len});
     gear::rng g{seed + static_cast<std::uint64_t>(me)};
     std::vector<gear::key> mine;
     std::vector<std::pair<where, std::int64_t>> local_seen, local_log;
@@ -103,11 +132,22 @@ result run(Buffer& buf, int threads, std::int64_t ops_each, std::uint64_t seed, 
         try {
           buf.sample_async(batch, gear::window{.length = window_len}, g, stream);
         } catch (const gear::error& e) {
-          if (e.code() != gear::errc::empty_buffer) throw;  // erased meanwhile
+          // Erased (or, for a queue, taken) meanwhile.
+          if (e.code() != gear::errc::empty_buffer && e.code() != gear::errc::not_enough_items)
+            throw;
           continue;
         }
         const auto view = fetch(batch, stream);
-        for (std::int64_t row = 0; row < 16; ++row) {
+        if constexpr (consuming<Buffer>) {  // one shard: tickets give the insertion order
+          for (std::int64_t row = 1; row < rows_each; ++row) {
+            const auto before = view.keys[row - 1].ticket, at = view.keys[row].ticket;
+            if (oldest_first<Buffer> ? at <= before : at >= before) {
+              ++out_of_order;
+              break;
+            }
+          }
+        }
+        for (std::int64_t row = 0; row < rows_each; ++row) {
           ++rows;
           std::int64_t id = -1, steps = 0;
           bool bad = false;
@@ -122,10 +162,10 @@ result run(Buffer& buf, int threads, std::int64_t ops_each, std::uint64_t seed, 
           else local_seen.emplace_back(where_of(view.keys[row]), id);
         }
         if constexpr (requires { buf.update_priorities_async(view.keys, std::vector<float>{}, stream); }) {
-          std::vector<float> p(16);
+          std::vector<float> p(rows_each);
           for (auto& x : p) x = static_cast<float>(gen() % 100) / 10.0f;
           const gear::priority_update_result res = buf.update_priorities_async(view.keys, p, stream);
-          if (res.applied + res.stale != 16) ++torn;
+          if (res.applied + res.stale != rows_each) ++torn;
         }
       } else if (!mine.empty()) {  // erase one of mine, if still stored
         const gear::key k = mine[gen() % mine.size()];
@@ -149,10 +189,27 @@ result run(Buffer& buf, int threads, std::int64_t ops_each, std::uint64_t seed, 
   out.operations = threads * ops_each;
   out.rows = rows;
   out.torn = torn;
+  out.out_of_order = out_of_order;
   for (auto& [ticket, id] : seen) {
     const auto it = id_of_ticket.find(ticket);
     if (it == id_of_ticket.end()) ++out.unknown_key;
     else if (it->second != id) ++out.wrong_key;
+  }
+  if constexpr (consuming<Buffer>) {
+    // Each trajectory is returned once: by one sample, or by none and still stored now. The
+    // final sample takes everything left, on thread 0's stream.
+    std::map<where, int> returned;
+    for (auto& [w, id] : seen) out.returned_twice += ++returned[w] > 1;
+    if (const std::int64_t left = buf.size(); left > 0) {
+      auto rest = buf.make_batch(gear::batch_size{left}, gear::window_length{window_len});
+      gear::rng g{seed};
+      buf.sample_async(rest, gear::window{.length = window_len}, g, streams.get(0));
+      const auto view = fetch(rest, streams.get(0));
+      for (std::int64_t row = 0; row < left; ++row)
+        out.returned_twice += returned.count(where_of(view.keys[row]));
+      out.rows += left;
+    }
+    if (buf.size() != 0) ++out.returned_twice;  // the final sample left something behind
   }
   return out;
 }
@@ -165,6 +222,8 @@ inline void check(const result& r, std::int64_t threads, std::int64_t ops_each) 
   CHECK(r.torn == 0);
   CHECK(r.wrong_key == 0);
   CHECK(r.unknown_key == 0);
+  CHECK(r.returned_twice == 0);
+  CHECK(r.out_of_order == 0);
 }
 
 }  // namespace gear_stress

@@ -1,7 +1,8 @@
 // Stress, GPU storage: 8 threads, each on its own stream, insert, write, sample, update priorities
 // and erase on one buffer with no lock or event of their own (tests/stress.hpp), for pinned_host,
-// device and mixed storage. GEAR_STRESS_OPS sets the operations per thread (default 125000:
-// 10^6 in all per storage). Exits 77 (skipped) where no GPU is usable.
+// device and mixed storage; with the consuming fifo and lifo too, at a tenth of the count.
+// GEAR_STRESS_OPS sets the operations per thread (default 125000: 10^6 in all per storage). Exits
+// 77 (skipped) where no GPU is usable.
 
 #include <gear/gear.cuh>
 
@@ -64,6 +65,28 @@ TEST_CASE_TEMPLATE(
   thread_streams streams(8);
   const std::int64_t ops = ops_per_thread();
   const auto r = gear_stress::run(buf, 8, ops, 7, streams,
+                                  [](auto& batch, cuda::stream_ref s) { return fetch(batch, s); });
+  gear_stress::check(r, 8, ops);
+}
+
+template <class Storage, class Policy>
+struct storage_and_policy {
+  using storage = Storage;
+  using policy = Policy;
+};
+
+TEST_CASE_TEMPLATE(
+    "stress: 8 threads on their own streams, one GPU queue or stack: each trajectory returned "
+    "once, each sample in order",
+    Case, storage_and_policy<gear::storage::device, gear::select::fifo>,
+    storage_and_policy<gear::storage::pinned_host, gear::select::lifo>,
+    storage_and_policy<gear::storage::mixed<gear::storage::pinned_host, gear::storage::device>,
+                       gear::select::fifo>) {
+  gear::replay_buffer<gear_stress::spec, typename Case::storage, typename Case::policy> buf{
+      gear::capacity{256}, gear::max_length{gear_stress::max_len}};
+  thread_streams streams(8);
+  const std::int64_t ops = ops_per_thread() / 10;  // a tenth of the count: 10^5 per case
+  const auto r = gear_stress::run(buf, 8, ops, 9, streams,
                                   [](auto& batch, cuda::stream_ref s) { return fetch(batch, s); });
   gear_stress::check(r, 8, ops);
 }

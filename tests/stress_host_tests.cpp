@@ -1,8 +1,8 @@
 // Stress, host storage: 8 threads insert, write, sample, update priorities and erase on one
-// buffer with no lock of their own (tests/stress.hpp); rank threads draw through a rank_sampler
-// while actors insert; 6 threads copy through the process's copy workers at once. CI builds this
-// suite with ThreadSanitizer;
-// GEAR_STRESS_OPS sets the operations per thread (default 2500: 2 * 10^4 in all).
+// buffer with no lock of their own (tests/stress.hpp), with prioritized selection and with the
+// consuming fifo and lifo; rank threads draw through a rank_sampler while actors insert; 6
+// threads copy through the process's copy workers at once. CI builds this suite with
+// ThreadSanitizer; GEAR_STRESS_OPS sets the operations per thread (default 2500: 2 * 10^4 in all).
 
 #include <gear/gear.hpp>
 #include <gear/rank_sampler.hpp>
@@ -150,4 +150,17 @@ TEST_CASE("stress: 6 threads copying at once through the process's copy workers"
     });
   for (auto& t : callers) t.join();
   CHECK(bad.load() == 0);
+}
+
+TEST_CASE_TEMPLATE(
+    "stress: 8 threads on one host queue or stack, no lock of theirs: each trajectory returned "
+    "once, each sample in order",
+    Policy, gear::select::fifo, gear::select::lifo) {
+  const char* env = std::getenv("GEAR_STRESS_OPS");
+  const std::int64_t ops = env != nullptr ? std::atoll(env) : 2500;
+  gear::replay_buffer<gear_stress::spec, gear::storage::host, Policy> buf{
+      gear::capacity{256}, gear::max_length{gear_stress::max_len}};
+  no_streams streams;
+  const auto r = gear_stress::run(buf, 8, ops, 44, streams, host_fetch);
+  gear_stress::check(r, 8, ops);
 }
