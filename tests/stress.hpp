@@ -7,7 +7,8 @@
 // the (ticket, id) pairs samples saw are checked afterwards against what the inserts returned.
 // With a consuming policy (fifo, lifo) the run also checks that no trajectory is returned twice,
 // that each sample's rows come in the policy's order, and that what is left afterwards was never
-// returned.
+// returned; with a limit of returns (set_max_times_sampled, on a policy without replacement),
+// that no trajectory is returned more often than the limit.
 
 #include <gear/gear.hpp>
 
@@ -18,6 +19,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -39,9 +41,10 @@ inline where where_of(const gear::key& k) noexcept { return {k.shard, k.ticket};
 
 struct result {
   std::int64_t operations = 0, rows = 0, torn = 0, wrong_key = 0, unknown_key = 0;
-  // Consuming policies only: trajectories returned twice (or returned and still stored), and
-  // samples whose rows were out of the policy's order.
-  std::int64_t returned_twice = 0, out_of_order = 0;
+  // With a limit of returns only: returns past a trajectory's limit (a consuming policy's is 1;
+  // a trajectory still stored after the run counts as one more return), and samples whose rows
+  // were out of the policy's order (a queue's) or named one trajectory twice.
+  std::int64_t returned_too_often = 0, out_of_order = 0;
 };
 
 /// Whether Buffer's selection removes what it returns (fifo: oldest first, lifo: newest first).
@@ -61,21 +64,22 @@ inline constexpr bool oldest_first = [] {
     return false;
 }();
 
-/// Rows per sample: consuming policies need as many stored trajectories as rows.
-template <class Buffer>
-inline constexpr std::int64_t rows_per_sample = consuming<Buffer> ? 4 : 16;
-
-/// Runs `threads` threads of `ops_each` operations on `buf`. StreamOf(i) gives thread i's stream;
-/// Sync(stream) waits for it; HostView(batch, stream) returns the batch's keys, mask and column 0
-/// in host memory.
+/// Runs `threads` threads of `ops_each` operations on `buf`. streams.get(i) gives thread i's
+/// stream, streams.sync(i) waits for it; fetch(batch, stream) returns the batch's keys, mask and
+/// column 0 in host memory. max_returns > 0 sets the buffer's max_times_sampled (for a policy
+/// without replacement: one sample returns a trajectory once).
 template <class Buffer, class Streams, class Fetch>
 result run(Buffer& buf, int threads, std::int64_t ops_each, std::uint64_t seed, Streams& streams,
-           Fetch&& fetch) {
+           Fetch&& fetch, std::int64_t max_returns = 0) {
+  if constexpr (requires { buf.set_max_times_sampled(max_returns); })
+    if (max_returns > 0) buf.set_max_times_sampled(max_returns);
+  if constexpr (consuming<Buffer>) max_returns = 1;
   std::mutex log_mutex;
   std::map<where, std::int64_t> id_of_ticket;  // from insert and commit results
   std::vector<std::pair<where, std::int64_t>> seen;  // (where, id) from samples
   std::atomic<std::int64_t> next_id{1}, rows{0}, torn{0}, out_of_order{0};
-  constexpr std::int64_t rows_each = rows_per_sample<Buffer>;
+  // Rows per sample: fewer where a sample needs as many stored trajectories as rows.
+  const std::int64_t rows_each = max_returns > 0 ? 4 : 16;
 
   auto worker = [&](int me) {
     std::mt19937_64 gen(seed * 1000 + static_cast<std::uint64_t>(me));
@@ -146,6 +150,11 @@ result run(Buffer& buf, int threads, std::int64_t ops_each, std::uint64_t seed, 
               break;
             }
           }
+        } else if (max_returns > 0) {
+          std::set<where> distinct;
+          for (std::int64_t row = 0; row < rows_each; ++row)
+            distinct.insert(where_of(view.keys[row]));
+          if (static_cast<std::int64_t>(distinct.size()) != rows_each) ++out_of_order;
         }
         for (std::int64_t row = 0; row < rows_each; ++row) {
           ++rows;
@@ -195,21 +204,22 @@ result run(Buffer& buf, int threads, std::int64_t ops_each, std::uint64_t seed, 
     if (it == id_of_ticket.end()) ++out.unknown_key;
     else if (it->second != id) ++out.wrong_key;
   }
+  std::map<where, std::int64_t> returned;
+  if (max_returns > 0)
+    for (auto& [w, id] : seen) out.returned_too_often += ++returned[w] > max_returns;
   if constexpr (consuming<Buffer>) {
     // Each trajectory is returned once: by one sample, or by none and still stored now. The
     // final sample takes everything left, on thread 0's stream.
-    std::map<where, int> returned;
-    for (auto& [w, id] : seen) out.returned_twice += ++returned[w] > 1;
     if (const std::int64_t left = buf.size(); left > 0) {
       auto rest = buf.make_batch(gear::batch_size{left}, gear::window_length{window_len});
       gear::rng g{seed};
       buf.sample_async(rest, gear::window{.length = window_len}, g, streams.get(0));
       const auto view = fetch(rest, streams.get(0));
       for (std::int64_t row = 0; row < left; ++row)
-        out.returned_twice += returned.count(where_of(view.keys[row]));
+        out.returned_too_often += returned.count(where_of(view.keys[row]));
       out.rows += left;
     }
-    if (buf.size() != 0) ++out.returned_twice;  // the final sample left something behind
+    if (buf.size() != 0) ++out.returned_too_often;  // the final sample left something behind
   }
   return out;
 }
@@ -222,7 +232,7 @@ inline void check(const result& r, std::int64_t threads, std::int64_t ops_each) 
   CHECK(r.torn == 0);
   CHECK(r.wrong_key == 0);
   CHECK(r.unknown_key == 0);
-  CHECK(r.returned_twice == 0);
+  CHECK(r.returned_too_often == 0);
   CHECK(r.out_of_order == 0);
 }
 

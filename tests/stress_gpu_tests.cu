@@ -1,8 +1,8 @@
 // Stress, GPU storage: 8 threads, each on its own stream, insert, write, sample, update priorities
 // and erase on one buffer with no lock or event of their own (tests/stress.hpp), for pinned_host,
-// device and mixed storage; with the consuming fifo and lifo too, at a tenth of the count.
-// GEAR_STRESS_OPS sets the operations per thread (default 125000: 10^6 in all per storage). Exits
-// 77 (skipped) where no GPU is usable.
+// device and mixed storage; with the consuming fifo and lifo, and with max_times_sampled, at a
+// tenth of the count. GEAR_STRESS_OPS sets the operations per thread (default 125000: 10^6 in all
+// per storage). Exits 77 (skipped) where no GPU is usable.
 
 #include <gear/gear.cuh>
 
@@ -88,6 +88,19 @@ TEST_CASE_TEMPLATE(
   const std::int64_t ops = ops_per_thread() / 10;  // a tenth of the count: 10^5 per case
   const auto r = gear_stress::run(buf, 8, ops, 9, streams,
                                   [](auto& batch, cuda::stream_ref s) { return fetch(batch, s); });
+  gear_stress::check(r, 8, ops);
+}
+
+TEST_CASE(
+    "stress: 8 threads on their own streams, one device buffer with max_times_sampled 3 (uniform "
+    "without replacement): no trajectory returned more than 3 times") {
+  gear::replay_buffer<gear_stress::spec, gear::storage::device, gear::select::uniform> buf{
+      gear::capacity{256}, gear::max_length{gear_stress::max_len},
+      gear::select::uniform{.replacement = false}};
+  thread_streams streams(8);
+  const std::int64_t ops = ops_per_thread() / 10;
+  const auto r = gear_stress::run(
+      buf, 8, ops, 11, streams, [](auto& batch, cuda::stream_ref s) { return fetch(batch, s); }, 3);
   gear_stress::check(r, 8, ops);
 }
 

@@ -164,3 +164,16 @@ TEST_CASE_TEMPLATE(
   const auto r = gear_stress::run(buf, 8, ops, 44, streams, host_fetch);
   gear_stress::check(r, 8, ops);
 }
+
+TEST_CASE(
+    "stress: 8 threads on one host buffer with max_times_sampled 2 (uniform without replacement): "
+    "no trajectory returned more than twice") {
+  const char* env = std::getenv("GEAR_STRESS_OPS");
+  const std::int64_t ops = env != nullptr ? std::atoll(env) : 2500;
+  gear::replay_buffer<gear_stress::spec, gear::storage::host, gear::select::uniform> buf{
+      gear::capacity{256}, gear::max_length{gear_stress::max_len},
+      gear::select::uniform{.replacement = false}};
+  no_streams streams;
+  const auto r = gear_stress::run(buf, 8, ops, 45, streams, host_fetch, 2);
+  gear_stress::check(r, 8, ops);
+}
