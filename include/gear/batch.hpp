@@ -8,11 +8,14 @@
 //   probabilities, weights [B]         selection probability and importance weight of each row
 //
 // in host memory for host storage, in device memory otherwise, and beside it the selection's
-// workspace (detail::selection_workspace). One batch is filled by one sample at a time: two
-// samples into it at once, from two streams, would also share that workspace. Views are mdspans
-// into it: pass them to kernels by value, or copy the bytes out. Make one batch per (B, L) and
-// reuse it; sample() allocates nothing in it (a sample that removes what it returned leases pinned
-// staging from the buffer for its readback, allocated the first time).
+// workspace (detail::selection_workspace). One batch is filled by one sample at a time: samples
+// into one batch from two streams must be ordered by the caller (an event, or one stream), or
+// each stream given its own batch. Two at once would race on its bytes and share its workspace,
+// whose arrivals word could then stay non-zero: every later sample into the batch would finish
+// its last-block work (weights, removals) early. Views are mdspans into it: pass them to kernels
+// by value, or copy the bytes out. Make one batch per (B, L) and reuse it; sample() allocates
+// nothing in it (a sample that removes what it returned leases pinned staging from the buffer for
+// its readback, allocated the first time).
 
 #include <array>
 #include <cstddef>
