@@ -54,6 +54,16 @@ std::int64_t ops_per_thread() {
   return env != nullptr ? std::atoll(env) : 125000;
 }
 
+/// 8 threads of `ops` operations each (tests/stress.hpp) on buf, each on its own stream, checked.
+template <class Buffer>
+void stress(Buffer& buf, std::int64_t ops, std::uint64_t seed, std::int64_t max_returns = 0) {
+  thread_streams streams(8);
+  const auto r = gear_stress::run(
+      buf, 8, ops, seed, streams, [](auto& batch, cuda::stream_ref s) { return fetch(batch, s); },
+      max_returns);
+  gear_stress::check(r, 8, ops);
+}
+
 }  // namespace
 
 TEST_CASE_TEMPLATE(
@@ -62,11 +72,7 @@ TEST_CASE_TEMPLATE(
     gear::storage::mixed<gear::storage::pinned_host, gear::storage::device>) {
   gear::replay_buffer<gear_stress::spec, Storage, gear::select::prioritized> buf{
       gear::capacity{256}, gear::max_length{gear_stress::max_len}};
-  thread_streams streams(8);
-  const std::int64_t ops = ops_per_thread();
-  const auto r = gear_stress::run(buf, 8, ops, 7, streams,
-                                  [](auto& batch, cuda::stream_ref s) { return fetch(batch, s); });
-  gear_stress::check(r, 8, ops);
+  stress(buf, ops_per_thread(), 7);
 }
 
 template <class Storage, class Policy>
@@ -84,11 +90,7 @@ TEST_CASE_TEMPLATE(
                        gear::select::fifo>) {
   gear::replay_buffer<gear_stress::spec, typename Case::storage, typename Case::policy> buf{
       gear::capacity{256}, gear::max_length{gear_stress::max_len}};
-  thread_streams streams(8);
-  const std::int64_t ops = ops_per_thread() / 10;  // a tenth of the count: 10^5 per case
-  const auto r = gear_stress::run(buf, 8, ops, 9, streams,
-                                  [](auto& batch, cuda::stream_ref s) { return fetch(batch, s); });
-  gear_stress::check(r, 8, ops);
+  stress(buf, ops_per_thread() / 10, 9);  // a tenth of the count: 10^5 per case
 }
 
 TEST_CASE(
@@ -97,11 +99,7 @@ TEST_CASE(
   gear::replay_buffer<gear_stress::spec, gear::storage::device, gear::select::uniform> buf{
       gear::capacity{256}, gear::max_length{gear_stress::max_len},
       gear::select::uniform{.replacement = false}};
-  thread_streams streams(8);
-  const std::int64_t ops = ops_per_thread() / 10;
-  const auto r = gear_stress::run(
-      buf, 8, ops, 11, streams, [](auto& batch, cuda::stream_ref s) { return fetch(batch, s); }, 3);
-  gear_stress::check(r, 8, ops);
+  stress(buf, ops_per_thread() / 10, 11, 3);
 }
 
 int main(int argc, char** argv) {

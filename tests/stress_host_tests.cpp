@@ -45,27 +45,29 @@ constexpr auto host_fetch = [](auto& batch, cuda::stream_ref) {
                           static_cast<std::size_t>(n * 3)}};
 };
 
-}  // namespace
-
-TEST_CASE("stress: 8 threads on one host buffer, no lock of theirs: no torn or mislabeled row") {
+/// 8 threads of GEAR_STRESS_OPS operations each (tests/stress.hpp) on buf, checked.
+template <class Buffer>
+void stress(Buffer& buf, std::uint64_t seed, std::int64_t max_returns = 0) {
   const char* env = std::getenv("GEAR_STRESS_OPS");
   const std::int64_t ops = env != nullptr ? std::atoll(env) : 2500;
-  gear::replay_buffer<gear_stress::spec, gear::storage::host, gear::select::prioritized> buf{
-      gear::capacity{256}, gear::max_length{gear_stress::max_len}};
   no_streams streams;
-  const auto r = gear_stress::run(buf, 8, ops, 42, streams, host_fetch);
+  const auto r = gear_stress::run(buf, 8, ops, seed, streams, host_fetch, max_returns);
   gear_stress::check(r, 8, ops);
 }
 
+}  // namespace
+
+TEST_CASE("stress: 8 threads on one host buffer, no lock of theirs: no torn or mislabeled row") {
+  gear::replay_buffer<gear_stress::spec, gear::storage::host, gear::select::prioritized> buf{
+      gear::capacity{256}, gear::max_length{gear_stress::max_len}};
+  stress(buf, 42);
+}
+
 TEST_CASE("stress: 8 threads on one sharded host buffer (3 shards), no lock of theirs") {
-  const char* env = std::getenv("GEAR_STRESS_OPS");
-  const std::int64_t ops = env != nullptr ? std::atoll(env) : 2500;
   gear::sharded_buffer<gear_stress::spec, gear::storage::host, gear::select::prioritized> buf(
       {0, 0, 0}, gear::capacity{96}, gear::max_length{gear_stress::max_len}, {},
       gear::insert_route::round_robin);
-  no_streams streams;
-  const auto r = gear_stress::run(buf, 8, ops, 43, streams, host_fetch);
-  gear_stress::check(r, 8, ops);
+  stress(buf, 43);
 }
 
 TEST_CASE(
@@ -156,24 +158,16 @@ TEST_CASE_TEMPLATE(
     "stress: 8 threads on one host queue or stack, no lock of theirs: each trajectory returned "
     "once, each sample in order",
     Policy, gear::select::fifo, gear::select::lifo) {
-  const char* env = std::getenv("GEAR_STRESS_OPS");
-  const std::int64_t ops = env != nullptr ? std::atoll(env) : 2500;
   gear::replay_buffer<gear_stress::spec, gear::storage::host, Policy> buf{
       gear::capacity{256}, gear::max_length{gear_stress::max_len}};
-  no_streams streams;
-  const auto r = gear_stress::run(buf, 8, ops, 44, streams, host_fetch);
-  gear_stress::check(r, 8, ops);
+  stress(buf, 44);
 }
 
 TEST_CASE(
     "stress: 8 threads on one host buffer with max_times_sampled 2 (uniform without replacement): "
     "no trajectory returned more than twice") {
-  const char* env = std::getenv("GEAR_STRESS_OPS");
-  const std::int64_t ops = env != nullptr ? std::atoll(env) : 2500;
   gear::replay_buffer<gear_stress::spec, gear::storage::host, gear::select::uniform> buf{
       gear::capacity{256}, gear::max_length{gear_stress::max_len},
       gear::select::uniform{.replacement = false}};
-  no_streams streams;
-  const auto r = gear_stress::run(buf, 8, ops, 45, streams, host_fetch, 2);
-  gear_stress::check(r, 8, ops);
+  stress(buf, 45, 2);
 }
