@@ -167,6 +167,20 @@ TEST_CASE(
                                       std::vector<float>{3.0f, std::nanf("")});
         }) == gear::errc::invalid_priority);
   CHECK(before() == roots);
+  {  // a key of another incarnation of the last shard, after a good key of the first
+    const auto first = std::find_if(all.begin(), all.end(), [](auto& k) { return k.shard == 0; });
+    auto other = *std::find_if(all.begin(), all.end(), [](auto& k) { return k.shard == 3; });
+    other.incarnation = 7;
+    CHECK(gear_test::code_of([&] {
+            (void)buf.update_priorities(std::vector<gear::key>{*first, other},
+                                        std::vector<float>{5.0f, 5.0f});
+          }) == gear::errc::key_out_of_range);
+    CHECK(before() == roots);
+    CHECK(gear_test::code_of([&] {
+            buf.erase(std::vector<gear::key>{*first, other});
+          }) == gear::errc::stale_key);
+    CHECK(buf.size() == 200);
+  }
   {  // p^alpha out of the tree's range: refused before any shard is asked
     per_shards steep({0, 0}, gear::capacity{4}, gear::max_length{1},
                      gear::select::prioritized{10.0, 0.5}, gear::insert_route::round_robin);

@@ -39,10 +39,12 @@
 //
 //   Waits: an _async call never waits for its stream, except (1) an insert of host data into
 //   pinned_host or mixed storage waits on the host for the gathers that may read the slots it
-//   evicts and the writes in flight to them (bound, below: for the stream); (2) a sample under
-//   set_max_times_sampled whose rows were drawn on the GPU reads them back (fifo / lifo draw on
-//   the host); (3) staging is reused once the work that read it finished (512 entries; 4 areas for
-//   queue rows, 4 for host-span priorities): a call waits only when that many are in flight.
+//   evicts and the writes in flight to them (bound, below: for the stream; taking over an open
+//   reservation: for the device); (2) a sample under set_max_times_sampled whose rows were drawn
+//   on the GPU reads them back (fifo / lifo draw on the host); (3) staging is reused once the work
+//   that read it finished (512 entries; 4 areas for queue rows, 4 for host-span priorities): a
+//   call waits only when that many are in flight, or for the device when a host-span priority
+//   update outgrows its device copy (freeing the old one).
 //
 //   Threads and streams: any number of threads may call one buffer at once, each on its own
 //   stream (or sharing streams), with no lock or event of the caller's. The buffer serialises its
@@ -54,19 +56,17 @@
 //   (pinned_host / mixed record events, for (1)); a second stream's first call syncs the device.
 //
 //   Host inserts that land: once a buffer whose columns are all in device memory has been used
-//   from a second stream, an insert of host data only copies it into pinned staging (with the
-//   CPU, during the call) and reserves its slots. Later calls publish it: one copies the inserts
-//   waiting into their slots with the copy engines, on the buffer's own stream, after the samples
-//   that may still read the evicted slots (a sample, or another such insert once the copies before
-//   have finished); a later call but such an insert, once that copy has finished, commits them
-//   with one journal apply on its own stream (detail/buffer/landing.hpp).
-//   Actors inserting so never wait for a learner's samples, and a learner sampling on another
-//   stream never waits for bytes still crossing PCIe: its sample sees the inserts an earlier
-//   call had copied into their slots (typically those that had landed two samples before), every
-//   insert of its own stream, and, rather than find too few trajectories to sample from, all of
-//   them. Any call that names a landing insert's keys (erase, host-span priority updates)
-//   publishes it first; host queries count it as stored. Priority updates from device memory see
-//   a still-landing key as stale.
+//   from a second stream, an insert of host data only copies it into pinned staging (CPU, during
+//   the call) and reserves its slots. A later call (a sample, or such an insert once the copies
+//   before have finished) copies the waiting inserts into their slots with the copy engines on the
+//   buffer's own stream, after the samples that may still read the evicted slots; once that copy
+//   has finished, a later call other than such an insert commits them with one journal apply
+//   (detail/buffer/landing.hpp). So actors never wait for a learner's samples, and a learner on
+//   another stream never waits for bytes crossing PCIe: its sample sees the inserts copied before
+//   (typically those that landed two samples before), every insert of its own stream, and, rather
+//   than find too few trajectories, all of them. A call that names a landing insert's keys
+//   (erase, host-span priority updates) publishes it first; host queries count it as stored.
+//   Priority updates from device memory see a still-landing key as stale.
 //   selection_state() is not synchronised: change its settings while no other thread uses it.
 //
 // CUDA graphs: sample_async with a gear::device_rng (select::uniform, select::prioritized) and
@@ -165,10 +165,7 @@ class replay_buffer {
   /// errc::no_device (GPU storage without a GPU), errc::out_of_memory, errc::cuda_error.
   replay_buffer(gear::capacity slots, gear::max_length length, Selection selection = {},
                 Transport transport = {}) {
-    GEAR_REQUIRE(slots.value >= 1 && slots.value <= (std::int64_t{1} << 40), errc::invalid_argument,
-                 "capacity must be in [1, 2^40], got " + std::to_string(slots.value));
-    GEAR_REQUIRE(length.value >= 1, errc::invalid_argument,
-                 "max_length must be at least 1, got " + std::to_string(length.value));
+    detail::check_buffer_shape(slots.value, length.value);
     core_ = std::make_unique<core_type>(slots.value, length.value, selection, std::move(transport));
   }
 
@@ -312,16 +309,17 @@ class replay_buffer {
   }
 
   /// Selects out.batch_size() trajectories and gathers window w of each into `out` with one
-  /// fused launch for all columns, plus one for selection unless the policy draws each row on
-  /// its own and the batch is small. Consumes one draw of g. Stream-ordered; does not
+  /// fused launch for all columns, plus the policy's selection launches (none where it draws each
+  /// row inside a small gather) and, under set_max_times_sampled, an apply of the removals (fifo
+  /// and lifo apply theirs in the gather). Consumes one draw of g. Stream-ordered; does not
   /// synchronise (sample does) unless trajectories are removed after k returns
   /// (set_max_times_sampled) and the policy draws on the GPU: then it reads back the rows it drew
   /// (fifo and lifo choose theirs on the host: they need not). `g` is a gear::rng, or a
   /// gear::device_rng for CUDA graphs (see "CUDA graphs" above).
   /// Throws (leaving the buffer and g unchanged): errc::empty_buffer, errc::empty_window,
   /// errc::window_out_of_range, errc::batch_mismatch, errc::not_enough_items (policy-specific),
-  /// errc::out_of_memory, errc::cuda_error; with a device_rng also errc::invalid_argument (g on
-  /// another GPU or stream, the buffer used from another stream, max_times_sampled set).
+  /// errc::out_of_memory, errc::cuda_error, errc::invalid_argument (2^31 copy blocks or more; with
+  /// a device_rng: g on another GPU or stream, the buffer used from another stream, a limit set).
   template <class Out, class Draws>  // Out: batch_type; or rows of one (sharded_buffer)
   requires(std::same_as<Out, batch_type> || std::same_as<Out, detail::batch_slice<Spec>>) &&
       (std::same_as<Draws, rng> || (on_device && std::same_as<Draws, device_rng>))
@@ -366,8 +364,9 @@ class replay_buffer {
   /// may return a trajectory more often than it had returns left; it is removed after that batch.
   /// With a limit set, sample_async synchronises the stream (it reads back the rows it drew),
   /// unless the policy chooses rows on the host (fifo, lifo). Counts start with the next sample.
-  /// Throws errc::invalid_argument for k < 0, or k > 0 on a buffer sampled with a
-  /// gear::device_rng (its replays remove nothing).
+  /// Throws errc::invalid_argument for k < 0, or k > 0 on a buffer bound to one stream (sampled
+  /// with a gear::device_rng, whose replays remove nothing, or updated from device memory in a
+  /// CUDA graph).
   void set_max_times_sampled(std::int64_t k) { detail::set_return_limit(core(), k); }
   [[nodiscard]] std::int64_t max_times_sampled() const noexcept {
     const auto held = core().lock();
@@ -393,8 +392,8 @@ class replay_buffer {
   /// (update_priorities does). Returns how many pairs were applied and skipped.
   /// Throws (leaving the buffer unchanged): errc::key_out_of_range (a key of another shard),
   /// errc::invalid_argument (sizes differ), errc::invalid_priority (NaN, negative, infinite),
-  /// errc::cuda_error; first, the failure of an earlier update from device memory, if one has
-  /// arrived (see below).
+  /// errc::out_of_memory, errc::cuda_error; first, the failure of an earlier update from device
+  /// memory, if one has arrived (see below).
   priority_update_result update_priorities_async(
       std::span<const key> keys, std::span<const float> priorities,
       cuda::stream_ref stream) requires host_priority_update<state_type> {
@@ -408,7 +407,8 @@ class replay_buffer {
   /// run. No copy; does not synchronise. A key named twice takes its last priority.
   /// Throws at once (changing nothing): errc::invalid_argument (sizes differ), errc::null_pointer,
   /// errc::misaligned_pointer, errc::wrong_memory (memory the GPU cannot read, a source other than
-  /// host or device, a buffer or policy that takes host memory only), errc::cuda_error.
+  /// host or device, a buffer or policy that takes host memory only), errc::out_of_memory,
+  /// errc::cuda_error.
   /// Checked on the GPU, against the slots as the stream's earlier work left them: a stale key is
   /// skipped and counted; a key of another shard (errc::key_out_of_range) or a bad priority
   /// (errc::invalid_priority) fails the update, which then changes nothing. Its error names the

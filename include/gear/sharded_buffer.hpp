@@ -14,9 +14,8 @@
 //              follow the local formula over the union. The snapshot: sizes for uniform (the
 //              host's own count, always current); for prioritized, each shard's root as its last
 //              sample left it (read back without waiting; the first sample reads it at once).
-//   priorities and erase
-//              routed to the shard each key names; every key is checked first, so bad input
-//              changes nothing.
+//   update, erase  routed to the shard each key names; every key is checked first, so bad
+//              input changes nothing.
 //
 // Selection: select::uniform and select::prioritized (the policies whose union law the split
 // reproduces). Threads: every call may come from any thread at once; samples are enqueued one at
@@ -105,13 +104,9 @@ class sharded_buffer {
 
   sharded_buffer(const sharded_buffer&) = delete;
   sharded_buffer& operator=(const sharded_buffer&) = delete;
-  /// Waits for the shards' streams (their selections use this buffer's workspaces) first.
-  ~sharded_buffer() {
-    try {
-      streams_.synchronize_all();
-    } catch (...) {  // a broken context: nothing left to wait for
-    }
-  }
+  /// Waits for the shards' streams (their selections use this buffer's workspaces) first; a
+  /// broken context leaves nothing to wait for.
+  ~sharded_buffer() { streams_.synchronize_all_noexcept(); }
 
   // ---- queries -------------------------------------------------------------------------------
 
@@ -122,7 +117,7 @@ class sharded_buffer {
   [[nodiscard]] const shard_type& shard(std::size_t s) const { return *shards_.at(s); }
   /// The device shard s lives on (-1 for storage::host).
   [[nodiscard]] int device(std::size_t s) const { return devices_.at(s); }
-  /// Committed trajectories of all shards together.
+  /// Trajectories of all shards together (each as replay_buffer::size counts them).
   [[nodiscard]] std::int64_t size() const noexcept {
     std::int64_t n = 0;
     for (const auto& s : shards_) n += s->size();
@@ -167,7 +162,8 @@ class sharded_buffer {
 
   /// Samples out.batch_size() rows of window `w` from the union of the shards (see the top of
   /// this file), consuming one draw of g. Stream-ordered after `stream`'s earlier work; `stream`'s
-  /// later work sees the batch. Does not synchronise (sample does).
+  /// later work sees the batch. Does not synchronise (sample does) unless it reads every root
+  /// (prioritized GPU shards: the first sample, one after a failure) or grows the workspaces.
   /// Throws (g unchanged; the batch's contents unspecified): errc::empty_buffer (no shard holds a
   /// trajectory, or, prioritized, none has a positive priority mass in the snapshot: a union
   /// whose priorities are all 0 is not sampled, unlike one buffer, which then draws uniformly;
@@ -250,14 +246,15 @@ class sharded_buffer {
   /// priority (as a shard checks it, with the alpha given at construction) are checked before
   /// any shard is asked. Throws (changing nothing) an earlier failed update from device memory
   /// (see below), errc::invalid_argument (sizes differ), errc::key_out_of_range (a shard this
-  /// buffer does not have), errc::invalid_priority; errc::cuda_error (shards asked before it
-  /// keep their updates).
+  /// buffer does not have, or another incarnation of one), errc::invalid_priority;
+  /// errc::out_of_memory, errc::cuda_error (shards asked before it keep their updates).
   priority_update_result update_priorities_async(std::span<const key> keys,
                                                  std::span<const float> priorities,
                                                  cuda::stream_ref stream) requires prioritized {
     streams_.refuse_capture(stream);
     (void)detail::validate_priorities(keys, priorities, selection_.alpha);
     const detail::routed_keys by_shard = detail::route_keys(shards_.size(), keys, priorities);
+    detail::check_owners(by_shard, [&](std::size_t s) { return shards_[s]->core().owner_; });
     const auto guard = host_tree_guard();
     std::unique_lock<std::mutex> updates;
     if constexpr (on_device) {  // every shard's failed updates from device memory before any
@@ -296,10 +293,10 @@ class sharded_buffer {
   /// device reads (device memory, with peer access from the shards' devices, enabled here;
   /// managed; pinned), read in stream order by every shard's update kernels, each applying the
   /// pairs whose key names it and skipping the others'; keep them valid and unchanged until the
-  /// update has run. No copy, no synchronisation, one update per shard.
-  /// Checked on the GPU by every shard alike: a stale key is skipped and counted by its shard
-  /// (stale_pairs); a key of a shard this buffer does not have, or a bad priority, fails the
-  /// update in every shard, which then changes nothing; check_priority_updates raises it.
+  /// update has run. No copy, no synchronisation, one update per shard. Checked on the GPU by
+  /// every shard alike: a stale key is skipped and counted by its shard (stale_pairs); a key of a
+  /// shard this buffer does not have, or a bad priority, fails the update in every shard, which
+  /// then changes nothing; check_priority_updates raises it.
   /// Throws at once (changing nothing): an earlier failed update from device memory, once every
   /// update from device memory enqueued before has finished on the GPU (every shard's record of
   /// it raised as one error; this call then does nothing), errc::invalid_argument,

@@ -130,7 +130,7 @@ class writer {
 
   /// Commits the steps written so far as one trajectory and returns its key. Stream-ordered;
   /// does not synchronise. Throws (the writer stays open) errc::empty_trajectory with no steps,
-  /// errc::invalid_reservation after takeover, errc::cuda_error.
+  /// errc::invalid_reservation after takeover, errc::out_of_memory, errc::cuda_error.
   key commit_async() {
     const detail::device_scope scope(core_ != nullptr ? core_->device_ : -1);
     {

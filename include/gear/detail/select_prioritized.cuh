@@ -62,8 +62,9 @@ namespace gear::select {
 
 /// Device side: the sum tree and its bookkeeping in device memory (about 8 + 4 + 8 bytes per slot
 /// plus 8.6 bytes of internal nodes and flags). Every call is stream-ordered and returns without
-/// synchronising, except the inspection calls (nodes, priorities, total, max_priority), which
-/// synchronise.
+/// synchronising, except the inspection calls (nodes, priorities, total, max_priority,
+/// stale_pairs, priority_range) and set_exponents with a new alpha, which synchronise; update()
+/// waits for the device when it outgrows its device copy of the pairs.
 ///
 /// Updates come two ways. update() takes host spans, checked on the host before anything is
 /// enqueued (it throws at once). update_from_device() takes keys and priorities in GPU-readable
@@ -173,9 +174,6 @@ class prioritized::state<exec::device> {
     GEAR_CUDA_TRY(cudaStreamSynchronize(stream.get()));
     return root;
   }
-  /// The priority new trajectories enter with: the largest given so far (by updates that
-  /// succeeded), 1 before any. Kept in device memory, folded by the update kernels; this reads it
-  /// after the stream's earlier work (synchronises).
   /// The smallest positive and the largest raw priority stored (infinity and 0 with none), reduced
   /// on the GPU; synchronises the stream.
   [[nodiscard]] std::pair<float, float> priority_range(cuda::stream_ref stream) const {
@@ -198,6 +196,9 @@ class prioritized::state<exec::device> {
     return {range[0], range[1]};
   }
 
+  /// The priority new trajectories enter with: the largest given so far (by updates that
+  /// succeeded), 1 before any. Kept in device memory, folded by the update kernels; this reads it
+  /// after the stream's earlier work (synchronises).
   [[nodiscard]] float max_priority(cuda::stream_ref stream) const {
     float largest = 0;
     GEAR_CUDA_TRY(cudaMemcpyAsync(&largest,

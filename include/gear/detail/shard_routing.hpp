@@ -36,6 +36,17 @@ inline routed_keys route_keys(std::size_t shards, std::span<const key> keys,
   return r;
 }
 
+/// Throws errc::key_out_of_range unless owner_of(s) owns every key routed to shard s (a key of
+/// another incarnation of its shard), before any shard is asked.
+template <class OwnerOf>
+void check_owners(const routed_keys& r, OwnerOf&& owner_of) {
+  for (std::size_t s = 0; s < r.keys.size(); ++s)
+    for (const key& k : r.keys[s])
+      GEAR_REQUIRE(owner_of(s).owns(k), errc::key_out_of_range,
+                   "a key of shard " + std::to_string(s) + " names incarnation " +
+                       std::to_string(k.incarnation) + ", not this buffer's shard's");
+}
+
 /// The shard an insert goes to on turn `turn`: one on device `here` (round robin among those),
 /// if any; else (or with `here` -1) every shard in turn.
 inline std::size_t route_insert(std::size_t turn, const std::vector<int>& devices, int here) {

@@ -272,6 +272,11 @@ class shard_streams {
   void synchronize_all() const {
     for (cudaStream_t s : streams_) GEAR_CUDA_TRY(cudaStreamSynchronize(s));
   }
+  /// synchronize_all for destructors: errors are ignored (a broken context has nothing left to
+  /// wait for).
+  void synchronize_all_noexcept() const noexcept {
+    for (cudaStream_t s : streams_) (void)cudaStreamSynchronize(s);
+  }
 
   /// Copies the double at `device_value` (shard s's root) to the host after shard s's work so far.
   void read_back(std::size_t s, const double* device_value) {

@@ -51,8 +51,9 @@
 //   std::optional<F> row_selector(const slot_table& table, const selection_request& request) const;
 //       F is trivially copyable with `__device__ gear::selected_row operator()(std::int64_t row)
 //       const`, giving the same row, probability and weight as select() would. sample() then
-//       draws inside the gather kernel, one launch instead of two: every block that copies part
-//       of a row draws that row itself, and one of them writes it to the request's outputs.
+//       draws inside the gather kernel when the gather fits tuning::fused_gather_max_waves waves
+//       of blocks, one launch instead of two: every block that copies part of a row draws that
+//       row itself, and one of them writes it to the request's outputs.
 //       std::nullopt (e.g. uniform without replacement, whose rows claim slots from each other)
 //       makes the buffer call select() as usual.
 //

@@ -139,7 +139,8 @@ class committed_slots {
 
   /// Moves the base up to next_ticket when weights would grow past 2^512; recomputes the weights
   /// of the slots that still matter (the newest 1100 half-lives, older ones weigh < 2^-1100 of
-  /// the newest). Amortised O(log N) per insertion.
+  /// the newest). Amortised O(log N + capacity / (512 h)) per insertion: a rebase visits every
+  /// slot, once every 512 half-lives.
   void keep_in_range(std::uint64_t next_ticket) {
     if (half_life_ > 0 && static_cast<double>(next_ticket - base_) > 512 * half_life_)
       rebase(next_ticket);
@@ -339,8 +340,8 @@ class recency_state_base {
     committed_.set_half_life(policy.half_life);
   }
 
-  /// Changes the half-life (0: uniform). O(capacity) once. Throws errc::invalid_argument for a
-  /// negative, NaN or infinite value.
+  /// Changes the half-life (0: uniform). O(capacity) once. Throws errc::invalid_argument unless
+  /// 0 or finite and >= 1/1024 (min_half_life).
   void set_half_life(double half_life) {
     validate_half_life(half_life);
     policy_.half_life = half_life;

@@ -1,7 +1,7 @@
 #pragma once
 // buffer_core: the state of one replay buffer and the steps every operation shares. The owner
 // (replay_buffer.hpp) keeps it behind a pointer, so moving the owner keeps writers valid; the
-// operations (insert_pipeline.hpp, consume.hpp, sample.hpp, priorities.hpp) act on it.
+// operations (insert_pipeline.hpp, slots.hpp, sample.hpp, priorities.hpp) act on it.
 //
 //   regions   slot bytes (regions.hpp)
 //   ring      which ticket each slot holds, host side (slot_ring.hpp): the state host queries read
@@ -70,6 +70,15 @@ inline void refuse_capture(cuda::stream_ref stream) {
                "replayed): of a buffer's calls only sample_async with a gear::device_rng and "
                "update_priorities_async from device memory can (replay_buffer only); make it "
                "outside the capture");
+}
+
+/// Throws errc::invalid_argument unless a buffer of `capacity` slots of `max_length` steps may
+/// be made.
+inline void check_buffer_shape(std::int64_t capacity, std::int64_t max_length) {
+  GEAR_REQUIRE(capacity >= 1 && capacity <= (std::int64_t{1} << 40), errc::invalid_argument,
+               "capacity must be in [1, 2^40], got " + std::to_string(capacity));
+  GEAR_REQUIRE(max_length >= 1, errc::invalid_argument,
+               "max_length must be at least 1, got " + std::to_string(max_length));
 }
 
 /// A process-wide number per buffer, stamped into its reservations.

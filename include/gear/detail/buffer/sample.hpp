@@ -33,8 +33,9 @@ void set_return_limit(Core& b, std::int64_t k) {
                "max_times_sampled must be >= 0, got " + std::to_string(k));
   const auto held = b.lock();
   GEAR_REQUIRE(k == 0 || !b.order_.bound(), errc::invalid_argument,
-               "max_times_sampled cannot be set on a buffer sampled with a gear::device_rng (its "
-               "replays would remove nothing)");
+               "max_times_sampled cannot be set on a buffer bound to one stream (sampled with a "
+               "gear::device_rng, whose replays would remove nothing, or updated from device "
+               "memory in a CUDA graph)");
   if (k > 0 && b.times_sampled_.empty())
     b.times_sampled_.assign(static_cast<std::size_t>(b.capacity_), 0);
   b.max_times_sampled_ = k;
