@@ -1038,3 +1038,81 @@ TEST_CASE("prioritized: refused updates leave the buffer usable and unchanged") 
   CHECK(r.applied == 1);
   CHECK(buf.selection_state().priority(keys[1].slot(8)) == 5.0f);
 }
+
+TEST_CASE(
+    "recency weights: rebases that visit only the slots weighted since and the newest tickets "
+    "leave every leaf equal to a full recomputation's, through evictions, removals, late "
+    "commits and half-life changes") {
+  using gear::detail::committed_slots;
+  constexpr std::int64_t capacity = 2000;
+  std::mt19937_64 gen(91);
+  committed_slots c(capacity);
+  // The reference: every weight recomputed over every slot at each rebase.
+  std::vector<int> flag(capacity, 0);
+  std::vector<std::uint64_t> ticket_of(capacity, 0);
+  std::vector<double> want(capacity, 0.0);
+  double h = 0;
+  std::uint64_t base = 0, next = 0, seen = 0;
+  auto weight = [&](std::uint64_t t) {
+    return std::exp2((static_cast<double>(t) - static_cast<double>(base)) / h);
+  };
+  auto rebase = [&](std::uint64_t at) {
+    base = at;
+    const auto span = static_cast<std::uint64_t>(std::min(1100.0 * h, 1e18));
+    for (std::int64_t s = 0; s < capacity; ++s)
+      want[std::size_t(s)] =
+          h > 0 && flag[std::size_t(s)] != 0 && ticket_of[std::size_t(s)] + span >= at
+              ? weight(ticket_of[std::size_t(s)])
+              : 0.0;
+  };
+  auto set = [&](std::uint64_t t, bool committed) {
+    c.set(t, 1, committed);
+    const auto s = static_cast<std::size_t>(t % capacity);
+    seen = std::max(seen, t + 1);
+    if (flag[s] == int(committed)) return;
+    flag[s] = committed;
+    if (committed) ticket_of[s] = t;
+    if (h > 0) want[s] = committed ? weight(t) : 0.0;
+  };
+  std::vector<std::uint64_t> pending;
+  std::int64_t rebases = 0, mismatches = 0, checks = 0;
+  // 1.75: more slots weighted between two rebases than the capacity (the whole tree cleared).
+  for (const double half_life : {0.01, 0.7, 1.75, 3.0, 0.0, 0.3, 500.0, 0.05}) {
+    h = half_life;
+    c.set_half_life(h);
+    rebase(seen);
+    for (int op = 0; op < 4000; ++op) {
+      const unsigned kind = static_cast<unsigned>(gen() % 10);
+      if (kind < 6) {  // a reservation: evicts the slot's occupant, commits now or later
+        const std::uint64_t t = next++;
+        const auto s = static_cast<std::size_t>(t % capacity);
+        if (flag[s] != 0) set(ticket_of[s], false);
+        if (gen() % 4 == 0)
+          pending.push_back(t);
+        else
+          set(t, true);
+      } else if (kind < 8 && !pending.empty()) {  // a late commit (a writer's), if still its slot
+        const std::size_t i = gen() % pending.size();
+        const std::uint64_t t = pending[i];
+        pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
+        if (t + capacity >= next) set(t, true);
+      } else if (next > 0) {  // a removal of one of the newest tickets, if committed
+        const std::uint64_t t = next - 1 - gen() % std::min<std::uint64_t>(next, capacity);
+        if (flag[std::size_t(t % capacity)] != 0 && ticket_of[std::size_t(t % capacity)] == t)
+          set(t, false);
+      }
+      const std::uint64_t before = c.base();
+      c.keep_in_range(next);
+      if (c.base() != before) {
+        ++rebases;
+        rebase(next);
+      }
+      for (std::int64_t s = 0; s < capacity && h > 0; ++s, ++checks)
+        mismatches += c.weights().at(std::size_t(s)) != want[std::size_t(s)];
+      if (h > 0) REQUIRE(c.weights().nodes() == c.weights().rebuilt());
+    }
+  }
+  MESSAGE(rebases << " rebases, " << checks << " leaves compared");
+  CHECK(rebases > 400);
+  CHECK(mismatches == 0);
+}

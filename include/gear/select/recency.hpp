@@ -71,6 +71,8 @@ class ring_sum_tree {
     for (k /= 2; k >= 1; k /= 2) nodes_[k] = nodes_[2 * k] + nodes_[2 * k + 1];
   }
   [[nodiscard]] T at(std::size_t slot) const noexcept { return nodes_[leaves_ + slot]; }
+  /// Every slot 0, keeping the memory.
+  void clear() noexcept { std::fill(nodes_.begin(), nodes_.end(), T{}); }
 
   /// Sum over the slots of the tickets [lo, hi) (hi - lo <= capacity).
   [[nodiscard]] T sum(std::uint64_t lo, std::uint64_t hi) const noexcept {
@@ -124,12 +126,22 @@ class committed_slots {
       flags_[slot] = static_cast<std::uint8_t>(committed);
       counts_.set(slot, committed ? 1 : 0);
       if (committed) tickets_[slot] = ticket;
-      if (half_life_ > 0) weights_.set(slot, committed ? weight(ticket) : 0.0);
+      if (half_life_ > 0) {
+        weights_.set(slot, committed ? weight(ticket) : 0.0);
+        if (committed) note_weighted(slot);
+      }
     }
   }
 
   /// Starts keeping age weights 2^((ticket - base) / h) of committed slots (h > 0), or stops (0).
+  /// Allocates first (the weights and their list, once): throws std::bad_alloc unchanged; later
+  /// rebases and commits allocate nothing.
   void set_half_life(double h) {
+    if (h > 0 && weights_.nodes().empty()) {
+      ring_sum_tree<double> fresh(capacity_);
+      weighted_.reserve(flags_.size());
+      weights_ = std::move(fresh);
+    }
     half_life_ = h;
     rebase(next_seen_);
   }
@@ -139,8 +151,9 @@ class committed_slots {
 
   /// Moves the base up to next_ticket when weights would grow past 2^512; recomputes the weights
   /// of the slots that still matter (the newest 1100 half-lives, older ones weigh < 2^-1100 of
-  /// the newest). Amortised O(log N + capacity / (512 h)) per insertion: a rebase visits every
-  /// slot, once every 512 half-lives.
+  /// the newest). Amortised O(log N) per insertion: a rebase visits the slots given a weight
+  /// since the last one and the newest 1100 half-lives of tickets (every slot only while 1100
+  /// half-lives span the capacity).
   void keep_in_range(std::uint64_t next_ticket) {
     if (half_life_ > 0 && static_cast<double>(next_ticket - base_) > 512 * half_life_)
       rebase(next_ticket);
@@ -162,14 +175,48 @@ class committed_slots {
   [[nodiscard]] double weight(std::uint64_t ticket) const noexcept {
     return std::exp2((static_cast<double>(ticket) - static_cast<double>(base_)) / half_life_);
   }
+  /// Records that `slot` may hold a non-zero weight, for the next rebase to clear; past capacity
+  /// entries, the next rebase clears the whole tree instead.
+  void note_weighted(std::size_t slot) {
+    if (weighted_all_) return;
+    if (weighted_.size() >= flags_.size()) {
+      weighted_all_ = true;
+      weighted_.clear();
+    } else {
+      weighted_.push_back(slot);
+    }
+  }
+  /// Weights relative to next_ticket: the committed slots of the newest 1100 half-lives of
+  /// tickets get theirs again, every other slot 0.
   void rebase(std::uint64_t next_ticket) {
     base_ = next_ticket;
-    weights_ = half_life_ > 0 ? ring_sum_tree<double>(capacity_) : ring_sum_tree<double>();
-    if (half_life_ <= 0) return;
+    if (half_life_ <= 0) {
+      weights_ = ring_sum_tree<double>();
+      weighted_.clear();
+      weighted_all_ = false;
+      return;
+    }
     const auto span = static_cast<std::uint64_t>(std::min(1100.0 * half_life_, 1e18));
-    for (std::size_t slot = 0; slot < flags_.size(); ++slot)
-      if (flags_[slot] != 0 && tickets_[slot] + span >= next_ticket)
+    if (weighted_all_ || span >= flags_.size()) {
+      weights_.clear();
+    } else {
+      for (const std::size_t slot : weighted_) weights_.set(slot, 0.0);
+    }
+    weighted_.clear();
+    weighted_all_ = false;
+    auto reweigh = [&](std::size_t slot) {
+      if (flags_[slot] != 0 && tickets_[slot] + span >= next_ticket) {
         weights_.set(slot, weight(tickets_[slot]));
+        note_weighted(slot);
+      }
+    };
+    if (span >= flags_.size()) {
+      for (std::size_t slot = 0; slot < flags_.size(); ++slot) reweigh(slot);
+    } else {
+      const auto cap = static_cast<std::uint64_t>(capacity_);
+      for (std::uint64_t t = next_ticket > span ? next_ticket - span : 0; t < next_ticket; ++t)
+        reweigh(static_cast<std::size_t>(t % cap));
+    }
   }
 
   std::int64_t capacity_;
@@ -178,8 +225,10 @@ class committed_slots {
   ring_sum_tree<std::int64_t> counts_;
   double half_life_ = 0;
   std::uint64_t base_ = 0;
-  std::uint64_t next_seen_ = 0;    // one past the newest ticket set so far
-  ring_sum_tree<double> weights_;  // age weights of committed slots (half_life_ > 0)
+  std::uint64_t next_seen_ = 0;        // one past the newest ticket set so far
+  ring_sum_tree<double> weights_;      // age weights of committed slots (half_life_ > 0)
+  std::vector<std::size_t> weighted_;  // slots given a weight since the last rebase
+  bool weighted_all_ = false;          // too many to list: the next rebase clears every slot
 };
 
 /// The ticket window of a recency draw.
@@ -344,8 +393,8 @@ class recency_state_base {
   /// 0 or finite and >= 1/1024 (min_half_life).
   void set_half_life(double half_life) {
     validate_half_life(half_life);
-    policy_.half_life = half_life;
     committed_.set_half_life(half_life);
+    policy_.half_life = half_life;
   }
   [[nodiscard]] double half_life() const noexcept { return policy_.half_life; }
 
