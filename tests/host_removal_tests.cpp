@@ -280,6 +280,43 @@ TEST_CASE("recency weighted by age: chi-square at 0.001 over 10^6 draws, power, 
         }) == gear::errc::invalid_argument);
 }
 
+TEST_CASE(
+    "recency with the newest tickets pending far past the candidates: finite probabilities, "
+    "draws by the exact law (weights relative to the newest candidate)") {
+  // 300 committed, ticket 300 reserved and committed last, 600 reserved after it and pending:
+  // the weights' base moves past ticket 900 while every candidate lies 600 and more below it,
+  // 1200 half-lives: relative to the base they all underflow.
+  using buffer = gear::replay_buffer<spec, gear::storage::host, gear::select::recency>;
+  const double h = 0.5;
+  buffer buf{gear::capacity{1000}, gear::max_length{1}, gear::select::recency{1000, h}};
+  model m;
+  for (int i = 0; i < 300; ++i) insert(buf, m, {1});
+  const gear::reservation late = buf.reserve(1);
+  const gear::reservation pending = buf.reserve(600);
+  const std::int64_t one[] = {1};
+  gear::key k{};
+  buf.commit(late, one, std::span<gear::key>(&k, 1));
+  auto out = buf.make_batch(gear::batch_size{4000}, gear::window_length{1});
+  gear::rng g{99};
+  buf.sample(out, gear::window{}, g);
+  const host_batch b = copy_host_batch(out);
+  // The law: ticket 300 - a weighs 2^(-a / h) = 4^-a, so P(300) = 3/4 / (1 - 4^-301) ~ 3/4.
+  std::int64_t newest = 0, next = 0, older = 0;
+  for (std::size_t r = 0; r < 4000; ++r) {
+    const double want = 0.75 * std::pow(0.25, double(300 - b.keys[r].ticket));
+    REQUIRE(std::isfinite(b.probabilities[r]));
+    CHECK(b.probabilities[r] == doctest::Approx(want).epsilon(1e-5));
+    (b.keys[r].ticket == 300 ? newest : b.keys[r].ticket == 299 ? next : older) += 1;
+  }
+  // Counts against 3000 / 750 / 250 expected (4000 rows): chi-square, 2 degrees of freedom, at
+  // significance 0.001 (critical 13.82); the newest alone every time (the old limit) gives 1333.
+  const double chi2 = std::pow(newest - 3000.0, 2) / 3000 + std::pow(next - 750.0, 2) / 750 +
+                      std::pow(older - 250.0, 2) / 250;
+  MESSAGE("newest " << newest << ", next " << next << ", older " << older << ": chi2 " << chi2);
+  CHECK(chi2 < 13.82);
+  (void)pending;
+}
+
 // ---- errors: each one named, each leaves the buffer as it was
 // ------------------------------------
 

@@ -251,6 +251,23 @@ inline recency_window make_recency_window(const slot_table& t, const committed_s
     w.half_life = c.half_life();
     w.base = c.base();
     w.total_weight = c.weight_sum(w.first, t.next_ticket);
+    // Every candidate far below the base (the newest tickets pending): their weights underflow
+    // relative to it. Summed again relative to the newest candidate (weight 1), on the host's
+    // copy of the slots: O(window), only then.
+    if (!(w.total_weight >= 0x1p-900) && w.candidates > 0) {
+      const auto cap = static_cast<std::uint64_t>(t.capacity);
+      w.total_weight = 0;
+      bool found = false;
+      for (std::uint64_t k = w.size; k > 0; --k) {
+        const std::uint64_t ticket = w.first + k - 1;
+        const auto slot = static_cast<std::size_t>(ticket % cap);
+        if (t.host_lengths[slot] <= 0 || t.host_tickets[slot] != ticket) continue;
+        if (!found) w.base = ticket;
+        found = true;
+        w.total_weight +=
+            std::exp2((static_cast<double>(ticket) - static_cast<double>(w.base)) / w.half_life);
+      }
+    }
   }
   return w;
 }
@@ -275,35 +292,27 @@ GEAR_HD inline float recency_probability(const slot_table& t, const recency_wind
 }
 
 /// The exact draw of one row by a scan of the window (recency_row's fallback): the candidates'
-/// weights (relative to the newest ticket, so they cannot all underflow) are summed, then the
-/// draw u in [0, 1) is found among them. O(window) per row; -1 only without any candidate.
+/// weights (relative to the newest candidate, weight 1, so they never all underflow) are summed,
+/// then the draw u in [0, 1) is found among them. O(window) per row; -1 only without any
+/// candidate.
 GEAR_HD inline std::int64_t recency_scan(const slot_table& t, const recency_window& w, double u) {
   const auto cap = static_cast<std::uint64_t>(t.capacity);
-  auto weight = [&](std::uint64_t ticket) -> double {
-    const auto slot = static_cast<std::int64_t>(ticket % cap);
-    if (t.lengths[slot] <= 0 || t.tickets[slot] != ticket) return 0.0;
-    if (w.half_life <= 0) return 1.0;
-    const double age = static_cast<double>(w.first + w.size - 1 - ticket);
-    return exp2(-age / w.half_life);
-  };
-  double total = 0;
-  std::int64_t newest = -1;
-  for (std::uint64_t k = w.size; k > 0; --k) {
-    const std::uint64_t ticket = w.first + k - 1;
-    const double x = weight(ticket);
-    if (x <= 0) continue;
-    if (newest < 0) newest = static_cast<std::int64_t>(ticket % cap);
-    total += x;
-  }
   const auto committed = [&](std::uint64_t ticket) {
     const auto slot = static_cast<std::int64_t>(ticket % cap);
     return t.lengths[slot] > 0 && t.tickets[slot] == ticket;
   };
-  if (!(total > 0)) {  // every candidate's weight underflowed: the limit is the newest one
-    for (std::uint64_t k = w.size; k > 0; --k)
-      if (committed(w.first + k - 1)) return static_cast<std::int64_t>((w.first + k - 1) % cap);
-    return -1;
-  }
+  std::uint64_t top = 0;  // one past the newest candidate
+  for (std::uint64_t k = w.size; k > 0 && top == 0; --k)
+    if (committed(w.first + k - 1)) top = w.first + k;
+  if (top == 0) return -1;
+  auto weight = [&](std::uint64_t ticket) -> double {
+    if (!committed(ticket)) return 0.0;
+    if (w.half_life <= 0) return 1.0;
+    return exp2(-static_cast<double>(top - 1 - ticket) / w.half_life);
+  };
+  double total = 0;
+  const std::int64_t newest = static_cast<std::int64_t>((top - 1) % cap);
+  for (std::uint64_t ticket = top; ticket > w.first; --ticket) total += weight(ticket - 1);
   const double target = u * total;
   double sum = 0;
   std::int64_t last = newest;
