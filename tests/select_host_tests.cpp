@@ -1077,7 +1077,8 @@ TEST_CASE(
   std::vector<std::uint64_t> pending;
   std::int64_t rebases = 0, mismatches = 0, checks = 0;
   // 1.75: more slots weighted between two rebases than the capacity (the whole tree cleared).
-  for (const double half_life : {0.01, 0.7, 1.75, 3.0, 0.0, 0.3, 500.0, 0.05}) {
+  // 1/1024: a span of one ticket, whose weight (2^-1024) is still above 0.
+  for (const double half_life : {0.01, 0.7, 1.75, 3.0, 0.0, 0.3, 500.0, 0.05, 1.0 / 1024}) {
     h = half_life;
     c.set_half_life(h);
     rebase(seen);

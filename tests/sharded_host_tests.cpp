@@ -178,7 +178,7 @@ TEST_CASE(
     CHECK(before() == roots);
     CHECK(gear_test::code_of([&] {
             buf.erase(std::vector<gear::key>{*first, other});
-          }) == gear::errc::stale_key);
+          }) == gear::errc::key_out_of_range);
     CHECK(buf.size() == 200);
   }
   {  // p^alpha out of the tree's range: refused before any shard is asked

@@ -163,7 +163,8 @@ class sharded_buffer {
   /// Samples out.batch_size() rows of window `w` from the union of the shards (see the top of
   /// this file), consuming one draw of g. Stream-ordered after `stream`'s earlier work; `stream`'s
   /// later work sees the batch. Does not synchronise (sample does) unless it reads every root
-  /// (prioritized GPU shards: the first sample, one after a failure) or grows the workspaces.
+  /// (prioritized GPU shards: the first sample, one after a failure), grows the workspaces, or a
+  /// shard removes after k returns (shard(s).set_max_times_sampled: it reads back its rows).
   /// Throws (g unchanged; the batch's contents unspecified): errc::empty_buffer (no shard holds a
   /// trajectory, or, prioritized, none has a positive priority mass in the snapshot: a union
   /// whose priorities are all 0 is not sampled, unlike one buffer, which then draws uniformly;
@@ -367,6 +368,7 @@ class sharded_buffer {
   void erase_async(std::span<const key> keys, cuda::stream_ref stream) {
     streams_.refuse_capture(stream);
     detail::routed_keys by_shard = detail::route_keys(shards_.size(), keys);
+    detail::check_owners(by_shard, [&](std::size_t s) { return shards_[s]->core().owner_; });
     const auto guard = host_tree_guard();
     detail::check_erase(by_shard,
                         [&](std::size_t s, const key& k) { return shards_[s]->contains(k); });

@@ -398,8 +398,8 @@ class recency_state_base {
     committed_.set_half_life(policy.half_life);
   }
 
-  /// Changes the half-life (0: uniform). O(capacity) once. Throws errc::invalid_argument unless
-  /// 0 or finite and >= 1/1024 (min_half_life).
+  /// Changes the half-life (0: uniform). O(capacity) at most. Throws errc::invalid_argument
+  /// unless 0 or finite and >= 1/1024 (min_half_life); std::bad_alloc, unchanged.
   void set_half_life(double half_life) {
     validate_half_life(half_life);
     committed_.set_half_life(half_life);
