@@ -241,6 +241,38 @@ struct recency_window {
   double total_weight = 0;      ///< weights of the candidates, relative to base
 };
 
+/// The candidates of a window in slot arrays (the device's or the host's copy), weighed
+/// relative to the newest one (weight 1: their sum never underflows).
+struct candidate_slots {
+  const std::int64_t* lengths = nullptr;
+  const std::uint64_t* tickets = nullptr;
+  std::uint64_t capacity = 0;
+
+  GEAR_HD bool committed(std::uint64_t ticket) const {
+    const auto slot = static_cast<std::int64_t>(ticket % capacity);
+    return lengths[slot] > 0 && tickets[slot] == ticket;
+  }
+  /// One past the ticket of w's newest candidate; 0 without any.
+  GEAR_HD std::uint64_t newest_end(const recency_window& w) const {
+    for (std::uint64_t k = w.size; k > 0; --k)
+      if (committed(w.first + k - 1)) return w.first + k;
+    return 0;
+  }
+  /// Weight of `ticket` relative to the newest candidate (ticket top - 1); 0 unless committed.
+  GEAR_HD double weight(const recency_window& w, std::uint64_t top, std::uint64_t ticket) const {
+    if (!committed(ticket)) return 0.0;
+    if (w.half_life <= 0) return 1.0;
+    return exp2(-static_cast<double>(top - 1 - ticket) / w.half_life);
+  }
+  /// Sum of the candidates' weights relative to the newest one (ticket top - 1).
+  GEAR_HD double sum_below(const recency_window& w, std::uint64_t top) const {
+    double total = 0;
+    for (std::uint64_t ticket = top; ticket > w.first; --ticket)
+      total += weight(w, top, ticket - 1);
+    return total;
+  }
+};
+
 inline recency_window make_recency_window(const slot_table& t, const committed_slots& c,
                                           std::int64_t newest) {
   recency_window w;
@@ -252,21 +284,14 @@ inline recency_window make_recency_window(const slot_table& t, const committed_s
     w.base = c.base();
     w.total_weight = c.weight_sum(w.first, t.next_ticket);
     // Every candidate far below the base (the newest tickets pending): their weights underflow
-    // relative to it. Summed again relative to the newest candidate (weight 1), on the host's
-    // copy of the slots: O(window), only then.
+    // relative to it. Summed again relative to the newest candidate, on the host's copy of the
+    // slots: O(window), only then.
     if (!(w.total_weight >= 0x1p-900) && w.candidates > 0) {
-      const auto cap = static_cast<std::uint64_t>(t.capacity);
-      w.total_weight = 0;
-      bool found = false;
-      for (std::uint64_t k = w.size; k > 0; --k) {
-        const std::uint64_t ticket = w.first + k - 1;
-        const auto slot = static_cast<std::size_t>(ticket % cap);
-        if (t.host_lengths[slot] <= 0 || t.host_tickets[slot] != ticket) continue;
-        if (!found) w.base = ticket;
-        found = true;
-        w.total_weight +=
-            std::exp2((static_cast<double>(ticket) - static_cast<double>(w.base)) / w.half_life);
-      }
+      const candidate_slots host{t.host_lengths, t.host_tickets,
+                                 static_cast<std::uint64_t>(t.capacity)};
+      const std::uint64_t top = host.newest_end(w);
+      w.base = top - 1;
+      w.total_weight = host.sum_below(w, top);
     }
   }
   return w;
@@ -296,31 +321,18 @@ GEAR_HD inline float recency_probability(const slot_table& t, const recency_wind
 /// then the draw u in [0, 1) is found among them. O(window) per row; -1 only without any
 /// candidate.
 GEAR_HD inline std::int64_t recency_scan(const slot_table& t, const recency_window& w, double u) {
-  const auto cap = static_cast<std::uint64_t>(t.capacity);
-  const auto committed = [&](std::uint64_t ticket) {
-    const auto slot = static_cast<std::int64_t>(ticket % cap);
-    return t.lengths[slot] > 0 && t.tickets[slot] == ticket;
-  };
-  std::uint64_t top = 0;  // one past the newest candidate
-  for (std::uint64_t k = w.size; k > 0 && top == 0; --k)
-    if (committed(w.first + k - 1)) top = w.first + k;
+  const candidate_slots c{t.lengths, t.tickets, static_cast<std::uint64_t>(t.capacity)};
+  const std::uint64_t top = c.newest_end(w);
   if (top == 0) return -1;
-  auto weight = [&](std::uint64_t ticket) -> double {
-    if (!committed(ticket)) return 0.0;
-    if (w.half_life <= 0) return 1.0;
-    return exp2(-static_cast<double>(top - 1 - ticket) / w.half_life);
-  };
-  double total = 0;
-  const std::int64_t newest = static_cast<std::int64_t>((top - 1) % cap);
-  for (std::uint64_t ticket = top; ticket > w.first; --ticket) total += weight(ticket - 1);
+  const double total = c.sum_below(w, top);
+  const std::int64_t newest = static_cast<std::int64_t>((top - 1) % c.capacity);
   const double target = u * total;
   double sum = 0;
   std::int64_t last = newest;
-  for (std::uint64_t k = w.size; k > 0; --k) {
-    const std::uint64_t ticket = w.first + k - 1;
-    const double x = weight(ticket);
+  for (std::uint64_t ticket = top; ticket-- > w.first;) {
+    const double x = c.weight(w, top, ticket);
     if (x <= 0) continue;
-    last = static_cast<std::int64_t>(ticket % cap);
+    last = static_cast<std::int64_t>(ticket % c.capacity);
     sum += x;
     if (target < sum) return last;
   }
