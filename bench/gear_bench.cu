@@ -1852,7 +1852,8 @@ void register_gpu_benchmarks() {
     bm_enqueue(s, gear::select::uniform{}, "1 launch: rows drawn in the gather");
   });
   add_once("enqueue/device/uniform_without_replacement/batch:256", [](benchmark::State& s) {
-    bm_enqueue(s, gear::select::uniform{.replacement = false}, "2 launches: select, gather");
+    bm_enqueue(s, gear::select::uniform{.replacement = false},
+               "1 launch: rows claimed in the gather, its last block clears the claims");
   });
   add_once("enqueue/device/prioritized/batch:256", [](benchmark::State& s) {
     bm_enqueue(s, gear::select::prioritized{}, "2 launches: select with weights, gather");

@@ -502,6 +502,82 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "uniform without replacement (device), rows drawn in the gather: a row's blocks copy one "
+    "trajectory; rows distinct; inclusion uniform (chi-square 0.001), with its power") {
+  // Rows of three blocks each (two 16 KiB chunks of column a, one of id): every block of a row
+  // claims the row's slot itself, and all must copy the same trajectory.
+  using wide = gear::spec<gear::column<"a", std::int32_t, 2048>, gear::column<"id", std::int32_t>>;
+  constexpr std::int64_t n = 300, len = 4, steps = n * len;
+  stream_holder s;
+  gear::replay_buffer<wide, gear::storage::device, gear::select::uniform> buf{
+      gear::capacity{n}, gear::max_length{len}, gear::select::uniform{.replacement = false}};
+  std::vector<std::int32_t> a(static_cast<std::size_t>(steps) * 2048), id(steps);
+  for (std::int64_t t = 0; t < steps; ++t) {
+    id[std::size_t(t)] = static_cast<std::int32_t>(t / len);
+    std::fill_n(a.begin() + t * 2048, 2048, static_cast<std::int32_t>(t / len));
+  }
+  std::vector<gear::key> keys(n);
+  buf.insert(
+      {std::vector<std::int64_t>(n, len), {gear::input(a.data(), {2048}), gear::input(id.data())}},
+      keys, s);
+  std::map<std::uint64_t, std::int32_t> id_of;
+  for (std::int64_t i = 0; i < n; ++i)
+    id_of[keys[std::size_t(i)].ticket] = static_cast<std::int32_t>(i);
+  gear::rng g{20261205};
+  // Every byte of `rows` rows agrees with the row's key; the keys are distinct. Returns the ids.
+  auto sample_checked = [&](auto& b, std::int64_t rows, bool every_byte) {
+    buf.sample(b, gear::window{len}, g, s);
+    const auto k = to_host(b.keys_data(), rows);
+    std::vector<std::int32_t> ids;
+    for (const gear::key& key : k) ids.push_back(id_of.at(key.ticket));
+    if (every_byte) {
+      const auto col_a = to_host(b.template column<"a">().data_handle(), rows * len * 2048);
+      const auto col_id = to_host(b.template column<"id">().data_handle(), rows * len);
+      std::int64_t wrong = 0;
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t e = 0; e < len * 2048; ++e)
+          wrong += col_a[std::size_t(r * len * 2048 + e)] != ids[std::size_t(r)];
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t t = 0; t < len; ++t)
+          wrong += col_id[std::size_t(r * len + t)] != ids[std::size_t(r)];
+      REQUIRE(wrong == 0);
+    }
+    std::vector<std::int32_t> sorted = ids;
+    std::sort(sorted.begin(), sorted.end());
+    REQUIRE(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end());
+    const auto& w = b.workspace();
+    const auto claims = to_host(w.claims(), w.size());
+    REQUIRE(std::count(claims.begin(), claims.end(), std::uint64_t{0}) == w.size());
+    REQUIRE(to_host(w.arrivals(), 1)[0] == 0u);
+    return ids;
+  };
+  SUBCASE("every trajectory in every sample: rows race for slots, and fall back to the scan") {
+    auto b = buf.make_batch(gear::batch_size{n}, gear::window_length{len});
+    for (int call = 0; call < 20; ++call)
+      CHECK(sample_checked(b, n, true).size() == std::size_t(n));
+  }
+  SUBCASE("64 of 300: inclusion uniform") {
+    constexpr std::int64_t rows = 64;
+    constexpr int calls = 3000;
+    auto b = buf.make_batch(gear::batch_size{rows}, gear::window_length{len});
+    std::vector<double> counts(n, 0.0);
+    for (int call = 0; call < calls; ++call)
+      for (const std::int32_t i : sample_checked(b, rows, call < 50)) counts[std::size_t(i)] += 1;
+    const std::vector<double> uniform(n, 1.0 / n);
+    const chi2_result fit = chi2_test(counts, uniform, double(calls) * rows);
+    MESSAGE("inclusion chi2 " << fit.statistic << " df " << fit.df << " critical(0.001) "
+                              << fit.critical);
+    CHECK_FALSE(fit.rejects());
+    // Power: the same counts against a law 10% off for every other trajectory are rejected.
+    std::vector<double> tilted(n);
+    for (std::int64_t i = 0; i < n; ++i) tilted[std::size_t(i)] = (i % 2 ? 1.1 : 0.9) / n;
+    const chi2_result planted = chi2_test(counts, tilted, double(calls) * rows);
+    MESSAGE("planted 10% tilt: chi2 " << planted.statistic);
+    CHECK(planted.rejects());
+  }
+}
+
 TEST_CASE("prioritized (device): duplicates (last write wins), stale keys, bad priorities") {
   stream_holder s;
   per_buffer buf{gear::capacity{8}, gear::max_length{1}, gear::select::prioritized{0.5, 0.5}};

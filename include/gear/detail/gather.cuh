@@ -17,6 +17,8 @@
 #include <gear/detail/last_block.cuh>
 #include <gear/detail/tuning.hpp>
 #include <gear/select/concept.hpp>
+#include <utility>
+#include <variant>
 
 namespace gear::detail {
 
@@ -68,6 +70,47 @@ __global__ void advance_draw_kernel(Counter* w) {
 struct no_epilogue {
   static constexpr bool present = false;
 };
+
+/// Two epilogues after one arrival (they count in the same word: the batch's arrivals).
+template <class First, class Second>
+struct both_epilogues {
+  First first;
+  Second second;
+  unsigned* arrivals = nullptr;
+  static constexpr bool present = true;
+  __device__ void operator()() const {
+    first();
+    __syncthreads();
+    second();
+  }
+};
+/// The epilogue of both: no_epilogue where neither has one, the one where one has.
+template <class First, class Second>
+auto combine_epilogues(const First& a, const Second& b) {
+  if constexpr (!First::present)
+    return b;
+  else if constexpr (!Second::present)
+    return a;
+  else
+    return both_epilogues<First, Second>{a, b, a.arrivals};
+}
+/// A row function's epilogue (row_selecting's F::epilogue()), or none.
+template <class F>
+auto epilogue_of(const F& f) {
+  if constexpr (requires { f.epilogue(); })
+    return f.epilogue();
+  else
+    return no_epilogue{};
+}
+/// Calls g with the row function, or with the alternative a std::variant of them holds.
+template <class F, class G>
+void with_row_function(const F& f, G&& g) {
+  g(f);
+}
+template <class... F, class G>
+void with_row_function(const std::variant<F...>& v, G&& g) {
+  std::visit(std::forward<G>(g), v);
+}
 
 // Kernels in gear's headers are templates (here on the argument type, always gather_args), so that
 // every translation unit that includes them can instantiate them without duplicate symbols.
@@ -173,12 +216,12 @@ void select_and_gather_on_device(State& state, const slot_table& table,
     using F = std::remove_cvref_t<decltype(draw)>;
     gather_on_device(a, g,
                      drawn_rows<F>{draw, request.slots, request.probabilities, request.weights},
-                     stream, prepare());
+                     stream, combine_epilogues(prepare(), epilogue_of(draw)));
   };
   if constexpr (row_selecting<State>) {
     if (fused) {
       if (auto draw = state.row_selector(table, request)) {
-        gather_drawn(*draw);
+        with_row_function(*draw, gather_drawn);
         return;
       }
     }

@@ -1,12 +1,54 @@
 #pragma once
-// Device side of gear::select::uniform: one thread per row, or, with replacement, drawn inside
-// the gather kernel (row_selector).
+// Device side of gear::select::uniform: drawn inside the gather kernel (row_selector; without
+// replacement for batches whose claim table one block clears), else one thread per row.
 
 #include <cuda/stream_ref>
 #include <gear/detail/cuda.hpp>
 #include <gear/detail/select_rows.cuh>
 #include <gear/select/uniform.hpp>
 #include <optional>
+#include <variant>
+
+namespace gear::detail {
+
+/// Clears a claim table (a power of two >= 2 words at a 16-byte boundary, zero between samples)
+/// in the last block of the gather that claimed in it (the gather's epilogue).
+struct claims_epilogue {
+  std::uint64_t* claims = nullptr;
+  std::int64_t words = 0;
+  unsigned* arrivals = nullptr;
+  static constexpr bool present = true;
+  __device__ void operator()() const {
+    auto* table = reinterpret_cast<uint4*>(claims);
+    for (std::int64_t i = threadIdx.x; i < words / 2; i += blockDim.x)
+      table[i] = make_uint4(0, 0, 0, 0);
+  }
+};
+
+/// Uniform rows without replacement drawn inside the gather kernel: in each block, thread 0 walks
+/// the row's candidates and claims one for the row in request.claims (uniform_row_claimed_for:
+/// the row's other blocks, columns and chunks, settle on the same slot); the block shares it.
+/// Block-cooperative: only for a kernel whose every thread calls it once (the gather).
+struct uniform_gather_claims {
+  slot_table table;
+  selection_request request;  // scratch: the claim table (request.claims)
+
+  __device__ selected_row operator()(std::int64_t row) const {
+    __shared__ std::int64_t chosen;
+    if (threadIdx.x == 0) chosen = uniform_row_claimed_for(table, request, row);
+    __syncthreads();
+    const std::int64_t slot = chosen;
+    return {slot, slot < 0 ? 0.0f : 1.0f / static_cast<float>(table.live), 1.0f};
+  }
+  /// In a kernel of a sample with a gear::device_rng: the live count and draw as they are now.
+  __device__ void read_device_counts() noexcept { detail::read_device_counts(table, request); }
+  /// The table is cleared by the gather's last block.
+  [[nodiscard]] claims_epilogue epilogue() const noexcept {
+    return {request.scratch, request.scratch_size, request.arrivals};
+  }
+};
+
+}  // namespace gear::detail
 
 namespace gear::select {
 
@@ -44,11 +86,19 @@ class uniform::state<exec::device> {
     }
   }
 
-  /// With replacement every row is drawn on its own, so sample() draws inside the gather kernel.
-  [[nodiscard]] std::optional<detail::uniform_rows> row_selector(const slot_table& t,
-                                                                 const selection_request& r) const {
-    if (!policy_.replacement) return std::nullopt;
-    return detail::uniform_rows{t, r, true};
+  /// The gather kernel draws the rows itself: with replacement each row on its own; without, each
+  /// row claims its slot in the request's claims, which the gather's last block clears (tables of
+  /// up to tuning::select_fused_claims_max_words; larger ones go through select()).
+  [[nodiscard]] std::optional<std::variant<detail::uniform_rows, detail::uniform_gather_claims>>
+  row_selector(const slot_table& t, const selection_request& r) const {
+    if (policy_.replacement) return detail::uniform_rows{t, r, true};
+    if (r.claims == nullptr || r.arrivals == nullptr ||
+        r.scratch_size > detail::tuning::select_fused_claims_max_words ||
+        r.batch >= detail::max_claiming_rows)
+      return std::nullopt;
+    selection_request claiming = r;
+    claiming.scratch = r.claims;
+    return detail::uniform_gather_claims{t, claiming};
   }
 
  private:

@@ -50,12 +50,15 @@
 //
 //   std::optional<F> row_selector(const slot_table& table, const selection_request& request) const;
 //       F is trivially copyable with `__device__ gear::selected_row operator()(std::int64_t row)
-//       const`, giving the same row, probability and weight as select() would. sample() then
-//       draws inside the gather kernel when the gather fits tuning::fused_gather_max_waves waves
-//       of blocks, one launch instead of two: every block that copies part of a row draws that
-//       row itself, and one of them writes it to the request's outputs.
-//       std::nullopt (e.g. uniform without replacement, whose rows claim slots from each other)
-//       makes the buffer call select() as usual.
+//       const`, giving the same row, probability and weight as select() would (or a
+//       std::variant of such types). sample() then draws inside the gather kernel when the gather
+//       fits tuning::fused_gather_max_waves waves of blocks, one launch instead of two: every
+//       block that copies part of a row draws that row itself (every thread of the block calls F
+//       once, so F may work as a block), and one of them writes it to the request's outputs. F
+//       may have `E epilogue() const`, work that the gather's last block runs once every block
+//       has drawn its row (uniform without replacement clears its claims there; E as
+//       detail::no_epilogue in gather.cuh: `present`, `arrivals`, and a `__device__ void
+//       operator()() const`). std::nullopt makes the buffer call select().
 //
 // A device state whose rows are chosen on the host (fifo, lifo) may provide
 //

@@ -68,6 +68,26 @@ GEAR_HD inline std::int64_t uniform_row(const slot_table& t, const selection_req
   return -1;
 }
 
+/// uniform_row without replacement, for row functions that several callers run for the same row
+/// (the gather's blocks): the same candidates in the same order, claimed for the row
+/// (claim_slot_for), so every caller settles on the same slot. Rows below 2^24 - 1.
+GEAR_HD inline std::int64_t uniform_row_claimed_for(const slot_table& t, const selection_request& r,
+                                                    std::int64_t row) {
+  const auto live = static_cast<std::uint64_t>(t.live);
+  const auto at = static_cast<std::uint64_t>(row);
+  if (live == 0) return -1;
+  for (std::uint32_t attempt = 0; attempt < max_uniform_attempts; ++attempt) {
+    const std::int64_t slot = t.dense[r.draw.below(live, at, attempt)];
+    if (claim_slot_for(r.scratch, r.scratch_size, slot, row)) return slot;
+  }
+  const std::uint64_t pick = r.draw.below(live, at, max_uniform_attempts);
+  for (std::uint64_t k = 0; k < live; ++k) {
+    const std::int64_t slot = t.dense[(pick + k) % live];
+    if (claim_slot_for(r.scratch, r.scratch_size, slot, row)) return slot;
+  }
+  return -1;
+}
+
 /// Row function of uniform selection (see selection_policy_for's row_selector). Without
 /// replacement it claims slots in request.scratch, so only the select() launch may use it then.
 struct uniform_rows {
