@@ -1856,7 +1856,8 @@ void register_gpu_benchmarks() {
                "1 launch: rows claimed in the gather, its last block clears the claims");
   });
   add_once("enqueue/device/prioritized/batch:256", [](benchmark::State& s) {
-    bm_enqueue(s, gear::select::prioritized{}, "2 launches: select with weights, gather");
+    bm_enqueue(s, gear::select::prioritized{},
+               "1 launch: rows drawn in the gather, its last block writes the weights");
   });
   add_once("enqueue/device/recency/batch:256", [](benchmark::State& s) {
     bm_enqueue(s, gear::select::recency{.newest = 4096}, "1 launch: rows drawn in the gather");

@@ -363,6 +363,61 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "prioritized (device), rows drawn in the gather: the rows, probabilities and weights "
+    "select() gives, bit for bit; a tree of zeros gives uniform rows of weight 1") {
+  stream_holder s;
+  const std::uint64_t seed = 2026120503;
+  INFO("seed " << seed);
+  const std::int64_t n = 5000;
+  for (const bool zeros : {false, true}) {
+    CAPTURE(zeros);
+    per_buffer buf{gear::capacity{n}, gear::max_length{1}, gear::select::prioritized{0.6, 0.4}};
+    const auto k = insert_ids(buf, 0, n, cuda::stream_ref{s});
+    buf.update_priorities(
+        k,
+        zeros ? std::vector<float>(std::size_t(n), 0.0f) : random_priorities(seed, std::size_t(n)),
+        s);
+    for (const std::int64_t rows : {1, 64, 600, 2048}) {
+      CAPTURE(rows);
+      // sample(): the gather draws the rows (at most two waves of blocks, an arrivals word).
+      auto fused = buf.make_batch(gear::batch_size{rows}, gear::window_length{1});
+      gear::rng g{seed + static_cast<std::uint64_t>(rows)};
+      GEAR_CUDA_TRY(cudaMemsetAsync(fused.weights_data(), 0xFF, std::size_t(rows) * 4, s.s));
+      buf.sample(fused, gear::window{1}, g, s);
+      // select() with the same draw, weights in a second launch.
+      auto apart = buf.make_batch(gear::batch_size{rows}, gear::window_length{1});
+      gear::selection_request r;
+      r.batch = rows;
+      r.slots = apart.slots_data();
+      r.probabilities = apart.probabilities_data();
+      r.weights = apart.weights_data();
+      apart.workspace().lend_to(r);
+      r.draw = gear::rng{seed + static_cast<std::uint64_t>(rows)}.next();
+      CHECK(buf.selection_state().select(buf.selection_table(), r, s,
+                                         gd::select_weights::second_launch) ==
+            gd::select_weights::second_launch);
+      GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
+      CHECK(to_host(fused.slots_data(), rows) == to_host(apart.slots_data(), rows));
+      const auto pf = to_host(fused.probabilities_data(), rows),
+                 pa = to_host(apart.probabilities_data(), rows);
+      const auto wf = to_host(fused.weights_data(), rows), wa = to_host(apart.weights_data(), rows);
+      CHECK(std::memcmp(pf.data(), pa.data(), std::size_t(rows) * 4) == 0);
+      CHECK(std::memcmp(wf.data(), wa.data(), std::size_t(rows) * 4) == 0);
+      if (zeros)
+        CHECK(std::count(wf.begin(), wf.end(), 1.0f) == rows);
+      else
+        CHECK(*std::max_element(wf.begin(), wf.end()) == doctest::Approx(1.0f));
+      CHECK(to_host(fused.workspace().arrivals(), 1)[0] == 0u);
+      // Every row names the trajectory whose bytes it holds.
+      const auto keys = to_host(fused.keys_data(), rows);
+      const auto ids = to_host(reinterpret_cast<const std::int32_t*>(fused.column_data(0)), rows);
+      for (std::int64_t i = 0; i < rows; ++i)
+        REQUIRE(keys[std::size_t(i)] == k[std::size_t(ids[std::size_t(i)])]);
+    }
+  }
+}
+
 TEST_CASE("prioritized (device): host and device select the same slots from the same tree") {
   stream_holder s;
   const std::uint64_t seed = 77;

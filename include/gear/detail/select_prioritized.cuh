@@ -47,6 +47,7 @@
 #include <cuda/stream_ref>
 #include <gear/detail/cuda.hpp>
 #include <gear/detail/memory.hpp>
+#include <gear/detail/prioritized_gather.cuh>
 #include <gear/detail/priority_kernels.cuh>
 #include <gear/detail/staging_ring.hpp>
 #include <gear/detail/sum_tree.hpp>
@@ -54,6 +55,7 @@
 #include <gear/detail/tuning.hpp>
 #include <gear/select/prioritized.hpp>
 #include <new>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -219,6 +221,16 @@ class prioritized::state<exec::device> {
                      ? w::last_block
                  : detail::tuning::select_weights_grid_sync ? w::grid_sync
                                                             : w::second_launch);
+  }
+  /// The gather kernel draws the rows itself (detail/prioritized_gather.cuh) where its last block
+  /// can write the weights: an arrivals word and at most select_fused_weights_max_rows rows.
+  [[nodiscard]] std::optional<detail::prioritized_gather_rows> row_selector(
+      const slot_table& t, const selection_request& r) const {
+    if (r.arrivals == nullptr || r.scratch_size < 2 * r.batch ||
+        r.batch > detail::tuning::select_fused_weights_max_rows)
+      return std::nullopt;
+    return detail::prioritized_gather_rows{t, r, nodes_.as<const double>(), shape_,
+                                           policy_.stratified, policy_.beta};
   }
   /// select(), with the weights written as `how` asks where it can be: last_block needs an
   /// arrivals word, grid_sync a grid resident on the GPU at once and a stream not capturing (a
