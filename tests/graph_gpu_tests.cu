@@ -327,7 +327,7 @@ TEST_CASE("a captured PER step (sample, TD errors, update from device memory) re
   gear::rng g(77);
   gear::device_rng dg(77);
   const captured graph(s.s, [&] { step(graph_buf, graph_batch, dg); });
-  CHECK(graph.kernels() == 5);  // select (with weights), gather; TD errors; mark, apply
+  CHECK(graph.kernels() == 4);  // the gather (rows and weights drawn there); TD errors; mark, apply
   int equal = 0;
   for (int k = 0; k < steps; ++k) {
     step(eager_buf, eager_batch, g);
@@ -360,7 +360,7 @@ TEST_CASE("pinned_host: a captured PER step binds the buffer; a host insert wait
   const gear::window w{len, 0, gear::anchor::random, gear::pad::tail};
   gear::device_rng dg(11);
   const captured graph(s.s, [&] { per_step(buf, batch, dg, w, td, s); });
-  CHECK(graph.kernels() == 5);
+  CHECK(graph.kernels() == 4);
   // Twenty replays queued behind a kernel; an insert then overwrites every slot with the CPU. It
   // must wait for the replays: each row of the last one holds one old trajectory, whole.
   gear_test::hold(s, 200);
@@ -533,7 +533,7 @@ TEST_CASE("a replay samples the buffer as it is when it runs") {
   }
 }
 
-TEST_CASE("a captured sample is one or two kernels") {
+TEST_CASE("a captured sample is one kernel, for each policy that draws on the GPU") {
   stream_holder s;
   buffer_of<gear::select::uniform> buf{gear::capacity{64}, gear::max_length{max_len}};
   (void)insert_numbered(buf, 0, 64, s);
@@ -541,6 +541,22 @@ TEST_CASE("a captured sample is one or two kernels") {
   gear::device_rng dg(1);
   const captured graph(s.s, [&] { buf.sample_async(b, gear::window{8}, dg, s); });
   CHECK(graph.kernels() == 1);  // rows drawn in the gather
+  // Without replacement (the gather's last block clears the claims) and prioritized (it writes
+  // the weights): one kernel each too.
+  buffer_of<gear::select::uniform> distinct{gear::capacity{64}, gear::max_length{max_len},
+                                            gear::select::uniform{.replacement = false}};
+  (void)insert_numbered(distinct, 0, 64, s);
+  auto bd = distinct.make_batch(gear::batch_size{64}, gear::window_length{8});
+  gear::device_rng dd(2);
+  const captured once(s.s, [&] { distinct.sample_async(bd, gear::window{8}, dd, s); });
+  CHECK(once.kernels() == 1);
+  buffer_of<gear::select::prioritized> per{gear::capacity{64}, gear::max_length{max_len},
+                                           gear::select::prioritized{}};
+  (void)insert_numbered(per, 0, 64, s);
+  auto bp = per.make_batch(gear::batch_size{64}, gear::window_length{8});
+  gear::device_rng dp(3);
+  const captured weighted(s.s, [&] { per.sample_async(bp, gear::window{8}, dp, s); });
+  CHECK(weighted.kernels() == 1);
 }
 
 TEST_CASE("misuse of a device_rng is refused and leaves the buffer as it was") {

@@ -535,8 +535,10 @@ TEST_CASE(
   // Batches of every trajectory, five times over: a claim left from one sample would make a row
   // of the next find no slot (-1). The claim table and the arrivals word must be all 0 after.
   stream_holder s;
-  // One block, one and a bit, three; 9000 rows take a memset and the selection launch instead.
-  for (const std::int64_t n : {1, 255, 256, 257, 600, 9000}) {
+  // Up to 600 rows the gather draws them (its last block clears the claims); 4096 rows (over two
+  // waves of gather blocks) a selection launch whose last block clears them; 9000 rows take a
+  // memset and the selection launch instead.
+  for (const std::int64_t n : {1, 255, 256, 257, 600, 4096, 9000}) {
     INFO("capacity and batch " << n);
     gear::replay_buffer<spec, gear::storage::device, gear::select::uniform> buf{
         gear::capacity{n}, gear::max_length{1}, gear::select::uniform{.replacement = false}};
@@ -620,15 +622,20 @@ TEST_CASE(
     for (int call = 0; call < calls; ++call)
       for (const std::int32_t i : sample_checked(b, rows, call < 50)) counts[std::size_t(i)] += 1;
     const std::vector<double> uniform(n, 1.0 / n);
-    const chi2_result fit = chi2_test(counts, uniform, double(calls) * rows);
-    MESSAGE("inclusion chi2 " << fit.statistic << " df " << fit.df << " critical(0.001) "
-                              << fit.critical);
+    // Inclusion counts of a sample without replacement vary less than multinomial counts, by
+    // the finite-population factor (N - B) / (N - 1): the statistic is scaled back by it.
+    const double scale = double(n - 1) / double(n - rows);
+    chi2_result fit = chi2_test(counts, uniform, double(calls) * rows);
+    fit.statistic *= scale;
+    MESSAGE("inclusion chi2 (scaled) " << fit.statistic << " df " << fit.df << " critical(0.001) "
+                                       << fit.critical);
     CHECK_FALSE(fit.rejects());
-    // Power: the same counts against a law 10% off for every other trajectory are rejected.
+    // Power: the same counts against a law 5% off for every other trajectory are rejected.
     std::vector<double> tilted(n);
-    for (std::int64_t i = 0; i < n; ++i) tilted[std::size_t(i)] = (i % 2 ? 1.1 : 0.9) / n;
-    const chi2_result planted = chi2_test(counts, tilted, double(calls) * rows);
-    MESSAGE("planted 10% tilt: chi2 " << planted.statistic);
+    for (std::int64_t i = 0; i < n; ++i) tilted[std::size_t(i)] = (i % 2 ? 1.05 : 0.95) / n;
+    chi2_result planted = chi2_test(counts, tilted, double(calls) * rows);
+    planted.statistic *= scale;
+    MESSAGE("planted 5% tilt: chi2 (scaled) " << planted.statistic);
     CHECK(planted.rejects());
   }
 }

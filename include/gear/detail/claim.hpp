@@ -27,8 +27,9 @@ GEAR_HD inline bool claim_slot(std::uint64_t* table, std::int64_t size, std::int
   }
 }
 
-/// Rows claim_slot_for can name: below 2^24 - 1.
+/// Rows and slots claim_slot_for can name: below 2^24 - 1 and 2^40 - 1.
 inline constexpr std::int64_t max_claiming_rows = (std::int64_t{1} << 24) - 1;
+inline constexpr std::int64_t max_claiming_slots = (std::int64_t{1} << 40) - 1;
 
 /// Claims `slot` for row `row` in `table` (as claim_slot; entries pack the row above the slot,
 /// (row + 1) << 40 | (slot + 1), so slots below 2^40 - 1 and rows below 2^24 - 1). Returns true

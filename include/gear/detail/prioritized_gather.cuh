@@ -32,13 +32,14 @@ struct prioritized_weights_epilogue {
   static constexpr bool present = true;
   __device__ void operator()() const {
     const double root = nodes[0];  // as the rows saw it: the sample orders itself after writes
+    if (!(root > 0)) return;       // uniform rows (weight 1), no log leaves; the whole block
     double smallest = INFINITY;
     for (std::int64_t row = threadIdx.x; row < request.batch; row += blockDim.x) {
       const double log_leaf = word_as_double(request.scratch + request.batch + row);
       smallest = log_leaf < smallest ? log_leaf : smallest;
     }
     const double log_min = block_min_to_all<tuning::copy_threads>(smallest);
-    if (root > 0) write_weights(request, log_min, beta, threadIdx.x, blockDim.x);
+    write_weights(request, log_min, beta, threadIdx.x, blockDim.x);
   }
 };
 

@@ -94,7 +94,7 @@ class uniform::state<exec::device> {
     if (policy_.replacement) return detail::uniform_rows{t, r, true};
     if (r.claims == nullptr || r.arrivals == nullptr ||
         r.scratch_size > detail::tuning::select_fused_claims_max_words ||
-        r.batch >= detail::max_claiming_rows)
+        r.batch >= detail::max_claiming_rows || t.capacity >= detail::max_claiming_slots)
       return std::nullopt;
     selection_request claiming = r;
     claiming.scratch = r.claims;
