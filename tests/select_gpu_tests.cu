@@ -62,6 +62,19 @@ std::vector<double> draw_counts(Buffer& buf, gear::rng& g, std::int64_t rows, in
   return counts;
 }
 
+/// A selection request of `draw` whose outputs and workspace are batch `out`'s.
+template <class Batch>
+gear::selection_request request_into(Batch& out, const gear::rng_draw& draw) {
+  gear::selection_request r;
+  r.batch = out.batch_size();
+  r.slots = out.slots_data();
+  r.probabilities = out.probabilities_data();
+  r.weights = out.weights_data();
+  out.workspace().lend_to(r);
+  r.draw = draw;
+  return r;
+}
+
 /// Where a test puts the arrays of an update from device memory.
 enum class gpu_memory { device, pinned, managed };
 
@@ -325,13 +338,7 @@ TEST_CASE(
     CAPTURE(rows);
     gear::batch<spec> out(gear::memory_kind::device, gear::batch_size{rows},
                           gear::window_length{1});
-    gear::selection_request r;
-    r.batch = rows;
-    r.slots = out.slots_data();
-    r.probabilities = out.probabilities_data();
-    r.weights = out.weights_data();
-    out.workspace().lend_to(r);
-    r.draw = gear::rng{seed}.next();
+    gear::selection_request r = request_into(out, gear::rng{seed}.next());
     struct result {
       std::vector<std::int64_t> slots;
       std::vector<float> probabilities, weights;
@@ -387,13 +394,8 @@ TEST_CASE(
       buf.sample(fused, gear::window{1}, g, s);
       // select() with the same draw, weights in a second launch.
       auto apart = buf.make_batch(gear::batch_size{rows}, gear::window_length{1});
-      gear::selection_request r;
-      r.batch = rows;
-      r.slots = apart.slots_data();
-      r.probabilities = apart.probabilities_data();
-      r.weights = apart.weights_data();
-      apart.workspace().lend_to(r);
-      r.draw = gear::rng{seed + static_cast<std::uint64_t>(rows)}.next();
+      const gear::selection_request r =
+          request_into(apart, gear::rng{seed + static_cast<std::uint64_t>(rows)}.next());
       CHECK(buf.selection_state().select(buf.selection_table(), r, s,
                                          gd::select_weights::second_launch) ==
             gd::select_weights::second_launch);

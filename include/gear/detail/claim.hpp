@@ -7,24 +7,34 @@
 
 namespace gear::detail {
 
-/// Claims `slot` in `table` (size a power of two, larger than the number of claims); returns true
-/// if this call claimed it, false if it was claimed before.
-GEAR_HD inline bool claim_slot(std::uint64_t* table, std::int64_t size, std::int64_t slot) {
-  const std::uint64_t tag = static_cast<std::uint64_t>(slot) + 1;  // 0 marks an empty entry
+/// Bits of an entry that hold its slot (+ 1); claim_slot_for puts the row above them.
+inline constexpr std::uint64_t claim_slot_bits = (std::uint64_t{1} << 40) - 1;
+
+/// Probes `table` (size a power of two) for the entry of slot tag `tag` from the tag's hash,
+/// writing `entry` into the first empty word: returns 0 if this call wrote it, else the entry
+/// found for the tag.
+GEAR_HD inline std::uint64_t claim_entry(std::uint64_t* table, std::int64_t size, std::uint64_t tag,
+                                         std::uint64_t entry) {
   const std::uint64_t mask = static_cast<std::uint64_t>(size) - 1;
   std::uint64_t at = (tag * 0x9E3779B97F4A7C15ull) >> 20 & mask;
   for (;;) {
 #if defined(__CUDA_ARCH__)
     const unsigned long long seen =
-        atomicCAS(reinterpret_cast<unsigned long long*>(table + at), 0ull, tag);
+        atomicCAS(reinterpret_cast<unsigned long long*>(table + at), 0ull, entry);
 #else
     const std::uint64_t seen = table[at];
-    if (seen == 0) table[at] = tag;
+    if (seen == 0) table[at] = entry;
 #endif
-    if (seen == 0) return true;
-    if (seen == tag) return false;
+    if (seen == 0 || (seen & claim_slot_bits) == tag) return seen;
     at = (at + 1) & mask;
   }
+}
+
+/// Claims `slot` in `table` (size a power of two, larger than the number of claims); returns true
+/// if this call claimed it, false if it was claimed before.
+GEAR_HD inline bool claim_slot(std::uint64_t* table, std::int64_t size, std::int64_t slot) {
+  const std::uint64_t tag = static_cast<std::uint64_t>(slot) + 1;  // 0 marks an empty entry
+  return claim_entry(table, size, tag, tag) == 0;
 }
 
 /// Rows and slots claim_slot_for can name: below 2^24 - 1 and 2^40 - 1.
@@ -38,23 +48,10 @@ inline constexpr std::int64_t max_claiming_slots = (std::int64_t{1} << 40) - 1;
 /// on its slot (the blocks of a gather that draw the same row).
 GEAR_HD inline bool claim_slot_for(std::uint64_t* table, std::int64_t size, std::int64_t slot,
                                    std::int64_t row) {
-  constexpr std::uint64_t slot_bits = (std::uint64_t{1} << 40) - 1;
   const std::uint64_t tag = static_cast<std::uint64_t>(slot) + 1;
   const std::uint64_t mine = static_cast<std::uint64_t>(row + 1) << 40 | tag;
-  const std::uint64_t mask = static_cast<std::uint64_t>(size) - 1;
-  std::uint64_t at = (tag * 0x9E3779B97F4A7C15ull) >> 20 & mask;
-  for (;;) {
-#if defined(__CUDA_ARCH__)
-    const unsigned long long seen =
-        atomicCAS(reinterpret_cast<unsigned long long*>(table + at), 0ull, mine);
-#else
-    const std::uint64_t seen = table[at];
-    if (seen == 0) table[at] = mine;
-#endif
-    if (seen == 0) return true;
-    if ((seen & slot_bits) == tag) return seen == mine;
-    at = (at + 1) & mask;
-  }
+  const std::uint64_t seen = claim_entry(table, size, tag, mine);
+  return seen == 0 || seen == mine;
 }
 
 /// The scratch size (a power of two >= 2 * batch) that claim_slot needs for `batch` claims.
