@@ -9,10 +9,12 @@
 // never makes a later call wait: a new entry is allocated instead, up to max_entries; only past
 // that does acquire wait for the oldest lease's work.
 //
-// Cost: entries handed back wait in a queue; an acquire asks at most `probe` at its head whether
-// their work has finished (a finished one becomes idle, an unfinished one goes to the back), then
-// takes the smallest idle entry large enough (asking `probe_more` before it makes a new one), so a
-// call makes a bounded number of driver queries however many entries are in flight.
+// Cost: entries handed back wait in a queue. An acquire takes the smallest idle entry large enough,
+// asking the driver nothing; only when none fits does it ask at most `probe` entries at the
+// queue's head whether their work has finished (a finished one becomes idle, an unfinished one
+// goes to the back), then `probe_more` before it makes a new one. So a call makes a bounded number
+// of driver queries however many entries are in flight, and none while idle entries fit (staging
+// reserved ahead, or collected two at a time by an earlier call).
 //
 // Threads: the pool has a mutex of its own, so that a landing insert (landing.hpp) can lease its
 // staging without holding the buffer's; every member takes it. A lease belongs to its holder.
@@ -54,8 +56,11 @@ class staging_pool {
   /// Throws errc::out_of_memory or errc::cuda_error, leasing nothing.
   lease acquire(std::size_t pinned_bytes, std::size_t device_bytes) {
     const std::lock_guard held(mutex_);
-    collect(probe);
-    entry* pick = take_idle(pinned_bytes, device_bytes);
+    entry* pick = take_idle(pinned_bytes, device_bytes);  // one that fits: no driver query
+    if (pick == nullptr) {
+      collect(probe);
+      pick = take_idle(pinned_bytes, device_bytes);
+    }
     if (pick == nullptr) {
       collect(probe_more);
       pick = take_idle(pinned_bytes, device_bytes);
