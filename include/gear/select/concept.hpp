@@ -56,9 +56,10 @@
 //       block that copies part of a row draws that row itself (every thread of the block calls F
 //       once, so F may work as a block), and one of them writes it to the request's outputs. F
 //       may have `E epilogue() const`, work that the gather's last block runs once every block
-//       has drawn its row (uniform without replacement clears its claims there; E as
-//       detail::no_epilogue in gather.cuh: `present`, `arrivals`, and a `__device__ void
-//       operator()() const`). std::nullopt makes the buffer call select().
+//       has drawn its row (uniform without replacement clears its claims there; E as the
+//       epilogues of gather.cuh: `static constexpr bool present = true`, the batch's `arrivals`
+//       word, and a `__device__ void operator()() const`). std::nullopt makes the buffer call
+//       select().
 //
 // A device state whose rows are chosen on the host (fifo, lifo) may provide
 //
