@@ -783,9 +783,15 @@ void bm_insert_device(benchmark::State& state, bool uneven) {
   const double bytes = double(steps) * StepBytes;
   const double s = time_gpu(state, 4, [&] { buf.insert_async(in, keys, c.stream); });
   GEAR_CUDA_TRY(cudaStreamSynchronize(c.stream));
-  // The last trajectory of the last insert (trajectory_steps long), byte for byte.
+  // One more insert, its last slot poisoned first: that trajectory (trajectory_steps long), byte
+  // for byte.
   {
     const auto ref = buf.ref(gear::op::write_steps{});
+    const std::int64_t next = (keys.back().slot(buf.capacity()) + count) % buf.capacity();
+    GEAR_CUDA_TRY(cudaMemsetAsync(ref.template step<0>(next, 0), 0xA5,
+                                  static_cast<std::size_t>(trajectory_bytes), c.stream));
+    buf.insert(in, keys, c.stream);
+    if (keys.back().slot(buf.capacity()) != next) return fail(state, "unexpected slot");
     std::vector<std::uint8_t> a(static_cast<std::size_t>(trajectory_bytes)), b(a.size());
     GEAR_CUDA_TRY(cudaMemcpy(a.data(), ref.template step<0>(keys.back().slot(buf.capacity()), 0),
                              a.size(), cudaMemcpyDeviceToHost));

@@ -150,8 +150,8 @@ TEST_CASE("packed copies split over threads write every byte once, where it belo
 TEST_CASE(
     "scatter blocks, planned and on the grid: every byte of every row's segment copied once, "
     "where it belongs; the plan has a block per chunk a row has") {
-  // The kernel's own mapping (scatter.hpp: scatter_column_of, scatter_piece_of), run block by
-  // block on the host, memcpy for block_copy.
+  // The kernel's own mapping (scatter.hpp: scatter_locate, scatter_piece_of), run block by block
+  // on the host, a byte loop for block_copy.
   using namespace gear::detail;
   std::mt19937_64 gen(31);
   const std::int64_t steps_of[] = {1, 12, 4104};  // 4104: chunks end mid-step
@@ -183,17 +183,20 @@ TEST_CASE(
       writes[c].assign(dst[c].size(), 0);
       a.columns[c] = {src[c].data(), dst[c].data(), stride, steps_of[c]};
     }
-    const std::int64_t grid = scatter_grid_blocks(a);
+    const column_blocks g = scatter_grid(a);
+    const std::int64_t grid = g.first_block[3];
     const std::int64_t planned = plan_scatter_blocks(a, lens.data(), nullptr);
     REQUIRE(planned <= scatter_plan_bound(count, steps, steps_of, 3));
     if (!uneven) CHECK(planned == grid);
-    CHECK(scatter_plan_pays(planned, grid) == (planned < grid && planned * 4 <= grid * 3));
-    CHECK(!scatter_plan_pays(0, 0));
     std::vector<scatter_block> plan(static_cast<std::size_t>(planned));
     REQUIRE(plan_scatter_blocks(a, lens.data(), plan.data()) == planned);
     CHECK(a.first_block[3] == planned);
 
-    auto copy = [&](int c, std::int64_t row, std::int64_t chunk) {
+    // Block `block` as the kernel sees it; false if it copies nothing.
+    auto copy = [&](std::int64_t block) {
+      int c;
+      std::int64_t row, chunk;
+      scatter_locate(a, g, block, c, row, chunk);
       const scatter_piece p = scatter_piece_of(a, rows[static_cast<std::size_t>(row)], c, chunk);
       for (std::int64_t k = 0; k < p.bytes; ++k) {
         p.dst[k] = p.src[k];
@@ -223,19 +226,32 @@ TEST_CASE(
       CHECK(wrong_byte == 0);
     };
     // Planned: every block copies bytes.
-    for (std::int64_t block = 0; block < planned; ++block) {
-      const scatter_block e = plan[static_cast<std::size_t>(block)];
-      REQUIRE(copy(scatter_column_of(a, block), e.row, e.chunk));
-    }
+    a.blocks = plan.data();
+    std::int64_t idle = 0;
+    for (std::int64_t block = 0; block < planned; ++block) idle += !copy(block);
+    CHECK(idle == 0);
     check_and_reset();
     // The grid: count x chunks(longest) per column, blocks past a row's end copy nothing.
-    for (int c = 0; c < 3; ++c) {
-      const std::int64_t chunks = copy_chunks(a.max_count_length * steps_of[c]);
-      for (std::int64_t i = 0; i < count; ++i)
-        for (std::int64_t k = 0; k < chunks; ++k) copy(c, i, k);
-    }
+    a.blocks = nullptr;
+    for (std::int64_t block = 0; block < grid; ++block) idle += !copy(block);
+    CHECK(idle == grid - planned);
     check_and_reset();
   }
+  // When a plan pays: lengths 1 and 40 of 1, 12 and 4104 bytes a step take 1 + 1, 1 + 1 and 1 + 11
+  // chunks (16 blocks) where the grid has 2 + 2 + 22 (26); equal lengths never.
+  scatter_args a;
+  a.num_columns = 3;
+  for (int c = 0; c < 3; ++c) a.columns[c].step_bytes = steps_of[c];
+  a.count = 2;
+  a.max_count_length = 40;
+  const std::int64_t uneven[] = {1, 40}, even[] = {40, 40};
+  CHECK(scatter_grid(a).first_block[3] == 26);
+  CHECK(plan_scatter_blocks(a, uneven, nullptr) == 16);
+  CHECK(scatter_plan_pays(16, 26));
+  CHECK(plan_scatter_blocks(a, even, nullptr) == 26);
+  CHECK_FALSE(scatter_plan_pays(26, 26));
+  CHECK_FALSE(scatter_plan_pays(20, 26));  // saves less than a quarter
+  CHECK_FALSE(scatter_plan_pays(0, 0));
 }
 
 TEST_CASE("copy workers are started once and shared: every part runs once, after fork too") {

@@ -19,14 +19,7 @@ __global__ void __launch_bounds__(tuning::copy_threads)
     scatter_kernel(const Args a, const column_blocks g) {
   int c;
   std::int64_t i, chunk;
-  if (a.blocks != nullptr) {  // planned: the block's row and chunk from the plan
-    const scatter_block e = a.blocks[blockIdx.x];
-    c = scatter_column_of(a, blockIdx.x);
-    i = e.row;
-    chunk = e.chunk;
-  } else {
-    g.locate(blockIdx.x, c, i, chunk);
-  }
+  scatter_locate(a, g, blockIdx.x, c, i, chunk);
   const scatter_piece p = scatter_piece_of(a, a.rows[i], c, chunk);
   if (p.bytes > 0) block_copy(p.dst, p.src, p.bytes);
 }
@@ -34,10 +27,7 @@ __global__ void __launch_bounds__(tuning::copy_threads)
 /// Launches the scatter on `stream` (planned or not, scatter.hpp); checks the launch, never
 /// synchronises.
 inline void scatter_on_device(const scatter_args& a, cuda::stream_ref stream) {
-  std::int64_t item_bytes[max_columns];
-  for (int c = 0; c < a.num_columns; ++c)
-    item_bytes[c] = a.max_count_length * a.columns[c].step_bytes;
-  const column_blocks g = column_blocks::make(a.num_columns, a.count, item_bytes);
+  const column_blocks g = scatter_grid(a);
   const std::int64_t blocks =
       a.blocks != nullptr ? a.first_block[a.num_columns] : g.first_block[a.num_columns];
   GEAR_REQUIRE(blocks < (std::int64_t{1} << 31), errc::invalid_argument,

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <gear/config.hpp>
+#include <gear/detail/column_blocks.hpp>
 #include <gear/detail/tuning.hpp>
 #include <gear/layout.hpp>
 #include <gear/spec.hpp>
@@ -79,6 +80,21 @@ GEAR_HD inline int scatter_column_of(const scatter_args& a, std::int64_t block) 
   return c;
 }
 
+/// The column c, row and chunk that block `block` copies: from the plan where a has one, else on
+/// the grid g (scatter_grid).
+GEAR_HD inline void scatter_locate(const scatter_args& a, const column_blocks& g,
+                                   std::int64_t block, int& c, std::int64_t& row,
+                                   std::int64_t& chunk) {
+  if (a.blocks != nullptr) {
+    const scatter_block e = a.blocks[block];
+    c = scatter_column_of(a, block);
+    row = e.row;
+    chunk = e.chunk;
+  } else {
+    g.locate(block, c, row, chunk);
+  }
+}
+
 /// Chunks of copy_chunk_bytes in `bytes` (0 for none).
 constexpr std::int64_t copy_chunks(std::int64_t bytes) noexcept {
   return (bytes + tuning::copy_chunk_bytes - 1) / tuning::copy_chunk_bytes;
@@ -93,12 +109,12 @@ inline std::int64_t scatter_plan_bound(std::int64_t count, std::int64_t steps,
   return n;
 }
 
-/// Blocks of the unplanned grid: count x chunks(longest) per column of a.
-inline std::int64_t scatter_grid_blocks(const scatter_args& a) noexcept {
-  std::int64_t n = 0;
+/// The unplanned grid: count x chunks(longest) blocks per column of a.
+inline column_blocks scatter_grid(const scatter_args& a) noexcept {
+  std::int64_t item_bytes[max_columns];
   for (int c = 0; c < a.num_columns; ++c)
-    n += a.count * copy_chunks(a.max_count_length * a.columns[c].step_bytes);
-  return n;
+    item_bytes[c] = a.max_count_length * a.columns[c].step_bytes;
+  return column_blocks::make(a.num_columns, a.count, item_bytes);
 }
 
 /// Plans a's scatter from the rows' lengths (host memory): one block per chunk each row's segment

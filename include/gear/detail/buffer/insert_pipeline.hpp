@@ -78,8 +78,9 @@ void check_insert(const Core& b, const trajectories<Spec>& in, std::span<key> ke
 }
 
 /// What an insert of `count` trajectories, `steps` steps in all, into a GPU buffer stages, in one
-/// lease: the scatter's rows table (also in device memory when it scatters), then the host data
-/// for GPU columns (one piece per column), then the commit records (journal_bytes(count)).
+/// lease: the scatter's rows table and room for its plan (both also in device memory when it
+/// scatters), then the host data for GPU columns (one piece per column), then the commit records
+/// (journal_bytes(count)).
 /// replay_buffer::reserve_staging sizes its entries by it too.
 template <class Core>
 struct insert_staging {
@@ -184,12 +185,14 @@ void insert_trajectories(Core& b, const trajectories<Spec>& in, std::span<key> k
                                             b.regions_.kernel[c].slot_stride,
                                             b.regions_.kernel[c].step_bytes};
       }
-      // Equal lengths, or rows of one chunk per column: the grid has no empty block.
-      const std::int64_t grid = scatter_grid_blocks(args);
+      // Equal lengths, or rows of one chunk per column: the grid has no empty block. A grid too
+      // large to launch takes the plan whenever the plan is smaller.
+      constexpr std::int64_t launchable = std::int64_t{1} << 31;
+      const std::int64_t grid = scatter_grid(args).first_block[args.num_columns];
       const bool even = shortest == args.max_count_length || grid == count * args.num_columns;
       const std::int64_t plan = even ? grid : plan_scatter_blocks(args, in.lengths.data(), nullptr);
-      planned = scatter_plan_pays(plan, grid);
-      GEAR_REQUIRE((planned ? plan : grid) < (std::int64_t{1} << 31), errc::invalid_argument,
+      planned = scatter_plan_pays(plan, grid) || (grid >= launchable && plan < grid);
+      GEAR_REQUIRE((planned ? plan : grid) < launchable, errc::invalid_argument,
                    "an insert this large needs more than 2^31 copy blocks; insert fewer at once");
     }
 
