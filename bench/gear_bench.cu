@@ -754,13 +754,15 @@ void bm_cpu_pipeline(benchmark::State& state) {
 
 // ---- insert -----------------------------------------------------------------------------------
 
-/// Insert from device memory into device storage: 256 MiB of trajectories per insert_async.
+/// Insert from device memory into device storage: 256 MiB of trajectories per insert_async, of
+/// trajectory_steps steps each, or (uneven) of 1 to trajectory_steps steps drawn uniformly (twice
+/// as many trajectories: the scatter plans its blocks, detail/scatter.hpp).
 template <std::int64_t StepBytes>
-void bm_insert_device(benchmark::State& state) {
+void bm_insert_device(benchmark::State& state, bool uneven) {
   release_cached_tables();
   using buffer_type = gear::replay_buffer<step_spec<StepBytes>, gear::storage::device>;
   constexpr std::int64_t trajectory_bytes = StepBytes * trajectory_steps;
-  const std::int64_t count = std::max<std::int64_t>(1, 256 * mib / trajectory_bytes);
+  const std::int64_t count = std::max<std::int64_t>(1, 256 * mib / trajectory_bytes) * (uneven ? 2 : 1);
   const double limit = d2d_limit();
   buffer_type buf{gear::capacity{4 * count}, gear::max_length{trajectory_steps}};
   gear::detail::allocation src(gear::memory_kind::device,
@@ -768,21 +770,35 @@ void bm_insert_device(benchmark::State& state) {
   auto& c = clock_();
   fill_device(src.as<std::uint8_t>(), 0, count, StepBytes, c.stream);
   std::vector<std::int64_t> lengths(static_cast<std::size_t>(count), trajectory_steps);
+  if (uneven) {
+    std::mt19937_64 gen(5);
+    for (auto& l : lengths) l = 1 + static_cast<std::int64_t>(gen() % trajectory_steps);
+    lengths.back() = trajectory_steps;
+  }
+  std::int64_t steps = 0;
+  for (auto l : lengths) steps += l;
   std::vector<gear::key> keys(static_cast<std::size_t>(count));
   const gear::trajectories<step_spec<StepBytes>> in{
       lengths, {gear::input(src.as<const std::uint8_t>(), {StepBytes})}, gear::memory_kind::device};
-  const double bytes = double(count) * trajectory_bytes;
+  const double bytes = double(steps) * StepBytes;
   const double s = time_gpu(state, 4, [&] { buf.insert_async(in, keys, c.stream); });
   GEAR_CUDA_TRY(cudaStreamSynchronize(c.stream));
-  // The last trajectory of the last insert, byte for byte.
+  // One more insert, its last slot poisoned first: that trajectory (trajectory_steps long), byte
+  // for byte.
   {
     const auto ref = buf.ref(gear::op::write_steps{});
+    const std::int64_t next = (keys.back().slot(buf.capacity()) + count) % buf.capacity();
+    GEAR_CUDA_TRY(cudaMemsetAsync(ref.template step<0>(next, 0), 0xA5,
+                                  static_cast<std::size_t>(trajectory_bytes), c.stream));
+    buf.insert(in, keys, c.stream);
+    if (keys.back().slot(buf.capacity()) != next) return fail(state, "unexpected slot");
     std::vector<std::uint8_t> a(static_cast<std::size_t>(trajectory_bytes)), b(a.size());
     GEAR_CUDA_TRY(cudaMemcpy(a.data(), ref.template step<0>(keys.back().slot(buf.capacity()), 0),
                              a.size(), cudaMemcpyDeviceToHost));
-    GEAR_CUDA_TRY(cudaMemcpy(b.data(), src.as<std::uint8_t>() + (count - 1) * trajectory_bytes,
+    GEAR_CUDA_TRY(cudaMemcpy(b.data(),
+                             src.as<std::uint8_t>() + (steps - trajectory_steps) * StepBytes,
                              b.size(), cudaMemcpyDeviceToHost));
-    if (a != b || b[8] != pattern_byte(count - 1, 0, 8))
+    if (a != b || (!uneven && b[8] != pattern_byte(count - 1, 0, 8)))
       return fail(state, "stored trajectory differs from its source");
   }
   record(state, {"", 2 * bytes / s / 1e9, "D2D copy (r+w)", limit, "P4 >= 85%", 0.85});
@@ -1533,7 +1549,13 @@ void register_window_axis() {
 
 template <std::int64_t StepBytes>
 void register_insert() {
-  add("insert/device_from_device/step:" + std::to_string(StepBytes), bm_insert_device<StepBytes>)
+  add("insert/device_from_device/step:" + std::to_string(StepBytes),
+      [](benchmark::State& st) { bm_insert_device<StepBytes>(st, false); })
+      ->UseManualTime()
+      ->MinTime(gpu_min_time)
+      ->Unit(benchmark::kMicrosecond);
+  add("insert/device_from_device/uneven/step:" + std::to_string(StepBytes),
+      [](benchmark::State& st) { bm_insert_device<StepBytes>(st, true); })
       ->UseManualTime()
       ->MinTime(gpu_min_time)
       ->Unit(benchmark::kMicrosecond);

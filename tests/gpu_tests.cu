@@ -377,9 +377,11 @@ TEST_CASE_TEMPLATE("writer and eviction on GPU storage", Storage, gear::storage:
 
 using big_spec = gear::spec<gear::column<"frame", std::uint8_t, 65536>, gear::column<"r", float>>;
 
-TEST_CASE_TEMPLATE("large host inserts (staged on several threads) land byte for byte", Storage,
-                   gear::storage::device, gear::storage::pinned_host,
-                   gear::storage::mixed<gear::storage::device, gear::storage::pinned_host>) {
+TEST_CASE_TEMPLATE(
+    "large inserts of uneven lengths (host data staged on several threads, then device data: "
+    "the scatter's planned blocks) land byte for byte",
+    Storage, gear::storage::device, gear::storage::pinned_host,
+    gear::storage::mixed<gear::storage::device, gear::storage::pinned_host>) {
   stream_holder s;
   gear::replay_buffer<big_spec, Storage> buf{gear::capacity{48}, gear::max_length{12}};
   std::mt19937_64 gen(6);
@@ -392,21 +394,37 @@ TEST_CASE_TEMPLATE("large host inserts (staged on several threads) land byte for
   std::vector<float> r(static_cast<std::size_t>(steps));
   for (auto& x : r) x = static_cast<float>(gen() % 1000);
   std::vector<gear::key> keys(lens.size());
-  for (int round = 0; round < 2; ++round)  // the second round reuses the staging memory
+  auto check_stored = [&] {
+    auto ref = buf.ref(gear::op::write_steps{});
+    std::vector<std::uint8_t> frame(65536);
+    float reward = 0;
+    std::int64_t at = 0;
+    for (std::size_t i = 0; i < lens.size(); ++i)
+      for (std::int64_t t = 0; t < lens[i]; ++t, ++at) {
+        const std::int64_t slot = keys[i].slot(buf.capacity());
+        GEAR_CUDA_TRY(
+            cudaMemcpy(frame.data(), ref.template step<0>(slot, t), 65536, cudaMemcpyDefault));
+        GEAR_CUDA_TRY(cudaMemcpy(&reward, ref.template step<1>(slot, t), 4, cudaMemcpyDefault));
+        REQUIRE(std::memcmp(frame.data(), frames.data() + at * 65536, 65536) == 0);
+        REQUIRE(reward == r[static_cast<std::size_t>(at)]);
+      }
+  };
+  // Lengths 1 to 12 of 64 KiB steps: a plan takes about half the grid's blocks (scatter.hpp).
+  // The second round reuses the staging memory; the third inserts the same data from the GPU.
+  // Capacity 48 for 40 a round: every round writes slots that held other trajectories.
+  for (int round = 0; round < 2; ++round)
     buf.insert({lens, {gear::input(frames.data(), {65536}), gear::input(r.data())}}, keys, s);
-  auto ref = buf.ref(gear::op::write_steps{});
-  std::vector<std::uint8_t> frame(65536);
-  float reward = 0;
-  std::int64_t at = 0;
-  for (std::size_t i = 0; i < lens.size(); ++i)
-    for (std::int64_t t = 0; t < lens[i]; ++t, ++at) {
-      const std::int64_t slot = keys[i].slot(buf.capacity());
-      GEAR_CUDA_TRY(
-          cudaMemcpy(frame.data(), ref.template step<0>(slot, t), 65536, cudaMemcpyDefault));
-      GEAR_CUDA_TRY(cudaMemcpy(&reward, ref.template step<1>(slot, t), 4, cudaMemcpyDefault));
-      REQUIRE(std::memcmp(frame.data(), frames.data() + at * 65536, 65536) == 0);
-      REQUIRE(reward == r[static_cast<std::size_t>(at)]);
-    }
+  check_stored();
+  gear::detail::allocation frames_d(gear::memory_kind::device, frames.size()),
+      r_d(gear::memory_kind::device, r.size() * sizeof(float));
+  GEAR_CUDA_TRY(cudaMemcpy(frames_d.data(), frames.data(), frames.size(), cudaMemcpyDefault));
+  GEAR_CUDA_TRY(cudaMemcpy(r_d.data(), r.data(), r.size() * sizeof(float), cudaMemcpyDefault));
+  buf.insert({lens,
+              {gear::input(frames_d.as<const std::uint8_t>(), {65536}),
+               gear::input(r_d.as<const float>())},
+              gear::memory_kind::device},
+             keys, s);
+  check_stored();
 }
 
 TEST_CASE("uniform on the device: chi-square at significance 0.001 over 10^6 draws") {

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <gear/detail/host_copy.hpp>
+#include <gear/detail/scatter.hpp>
 #include <map>
 #include <random>
 #include <set>
@@ -144,6 +145,113 @@ TEST_CASE("packed copies split over threads write every byte once, where it belo
   }
   CHECK(gear::detail::copy_threads_for(1) == 1);
   CHECK(gear::detail::copy_threads_for(std::int64_t{1} << 40) >= 1);
+}
+
+TEST_CASE(
+    "scatter blocks, planned and on the grid: every byte of every row's segment copied once, "
+    "where it belongs; the plan has a block per chunk a row has") {
+  // The kernel's own mapping (scatter.hpp: scatter_locate, scatter_piece_of), run block by block
+  // on the host, a byte loop for block_copy.
+  using namespace gear::detail;
+  std::mt19937_64 gen(31);
+  const std::int64_t steps_of[] = {1, 12, 4104};  // 4104: chunks end mid-step
+  for (int trial = 0; trial < 12; ++trial) {
+    const bool uneven = trial % 3 != 0;
+    const std::int64_t count = 1 + static_cast<std::int64_t>(gen() % 40);
+    const std::int64_t max_len = 40;
+    std::vector<std::int64_t> lens(static_cast<std::size_t>(count));
+    for (auto& l : lens) l = uneven ? 1 + static_cast<std::int64_t>(gen() % max_len) : max_len;
+    if (uneven) lens[gen() % lens.size()] = max_len;
+    std::int64_t steps = 0;
+    std::vector<scatter_row> rows;
+    for (std::int64_t i = 0; i < count; ++i) {
+      // Slots in reverse, one spare slot between rows: the gaps must stay untouched.
+      rows.push_back({2 * (count - 1 - i), steps, lens[static_cast<std::size_t>(i)], 0});
+      steps += lens[static_cast<std::size_t>(i)];
+    }
+    scatter_args a;
+    a.count = count;
+    a.max_count_length = *std::max_element(lens.begin(), lens.end());
+    a.num_columns = 3;
+    std::vector<std::vector<std::byte>> src(3), dst(3);
+    std::vector<std::vector<int>> writes(3);
+    for (int c = 0; c < 3; ++c) {
+      src[c].resize(static_cast<std::size_t>(steps * steps_of[c]));
+      for (auto& b : src[c]) b = std::byte(gen());
+      const std::int64_t stride = max_len * steps_of[c];
+      dst[c].assign(static_cast<std::size_t>(stride * 2 * count), std::byte{0xEE});
+      writes[c].assign(dst[c].size(), 0);
+      a.columns[c] = {src[c].data(), dst[c].data(), stride, steps_of[c]};
+    }
+    const column_blocks g = scatter_grid(a);
+    const std::int64_t grid = g.first_block[3];
+    const std::int64_t planned = plan_scatter_blocks(a, lens.data(), nullptr);
+    REQUIRE(planned <= scatter_plan_bound(count, steps, steps_of, 3));
+    if (!uneven) CHECK(planned == grid);
+    std::vector<scatter_block> plan(static_cast<std::size_t>(planned));
+    REQUIRE(plan_scatter_blocks(a, lens.data(), plan.data()) == planned);
+    CHECK(a.first_block[3] == planned);
+
+    // Block `block` as the kernel sees it; false if it copies nothing.
+    auto copy = [&](std::int64_t block) {
+      int c;
+      std::int64_t row, chunk;
+      scatter_locate(a, g, block, c, row, chunk);
+      const scatter_piece p = scatter_piece_of(a, rows[static_cast<std::size_t>(row)], c, chunk);
+      for (std::int64_t k = 0; k < p.bytes; ++k) {
+        p.dst[k] = p.src[k];
+        ++writes[c][static_cast<std::size_t>(p.dst + k - dst[c].data())];
+      }
+      return p.bytes > 0;
+    };
+    auto check_and_reset = [&] {
+      std::int64_t wrong_count = 0, wrong_byte = 0;
+      for (int c = 0; c < 3; ++c) {
+        for (std::size_t b = 0; b < dst[c].size(); ++b) {
+          const std::int64_t slot = static_cast<std::int64_t>(b) / a.columns[c].slot_stride;
+          const std::int64_t off = static_cast<std::int64_t>(b) % a.columns[c].slot_stride;
+          const std::int64_t i = slot % 2 == 0 ? count - 1 - slot / 2 : -1;
+          const bool in_row = i >= 0 && off < lens[static_cast<std::size_t>(i)] * steps_of[c];
+          wrong_count += writes[c][b] != (in_row ? 1 : 0);
+          const std::byte want =
+              in_row ? src[c][static_cast<std::size_t>(rows[static_cast<std::size_t>(i)].src_step *
+                                                        steps_of[c] + off)]
+                     : std::byte{0xEE};
+          wrong_byte += dst[c][b] != want;
+        }
+        std::fill(dst[c].begin(), dst[c].end(), std::byte{0xEE});
+        std::fill(writes[c].begin(), writes[c].end(), 0);
+      }
+      CHECK(wrong_count == 0);  // bytes written other than once (in a row) or never (outside)
+      CHECK(wrong_byte == 0);
+    };
+    // Planned: every block copies bytes.
+    a.blocks = plan.data();
+    std::int64_t idle = 0;
+    for (std::int64_t block = 0; block < planned; ++block) idle += !copy(block);
+    CHECK(idle == 0);
+    check_and_reset();
+    // The grid: count x chunks(longest) per column, blocks past a row's end copy nothing.
+    a.blocks = nullptr;
+    for (std::int64_t block = 0; block < grid; ++block) idle += !copy(block);
+    CHECK(idle == grid - planned);
+    check_and_reset();
+  }
+  // When a plan pays: lengths 1 and 40 of 1, 12 and 4104 bytes a step take 1 + 1, 1 + 1 and 1 + 11
+  // chunks (16 blocks) where the grid has 2 + 2 + 22 (26); equal lengths never.
+  scatter_args a;
+  a.num_columns = 3;
+  for (int c = 0; c < 3; ++c) a.columns[c].step_bytes = steps_of[c];
+  a.count = 2;
+  a.max_count_length = 40;
+  const std::int64_t uneven[] = {1, 40}, even[] = {40, 40};
+  CHECK(scatter_grid(a).first_block[3] == 26);
+  CHECK(plan_scatter_blocks(a, uneven, nullptr) == 16);
+  CHECK(scatter_plan_pays(16, 26));
+  CHECK(plan_scatter_blocks(a, even, nullptr) == 26);
+  CHECK_FALSE(scatter_plan_pays(26, 26));
+  CHECK_FALSE(scatter_plan_pays(20, 26));  // saves less than a quarter
+  CHECK_FALSE(scatter_plan_pays(0, 0));
 }
 
 TEST_CASE("copy workers are started once and shared: every part runs once, after fork too") {

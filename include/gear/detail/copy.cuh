@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <gear/detail/column_blocks.hpp>
 #include <gear/detail/tuning.hpp>
 #include <gear/spec.hpp>
 
@@ -10,34 +11,6 @@ namespace gear::detail {
 
 __device__ constexpr std::int64_t min64(std::int64_t a, std::int64_t b) { return a < b ? a : b; }
 __device__ constexpr std::int64_t max64(std::int64_t a, std::int64_t b) { return a < b ? b : a; }
-
-/// How the blocks of a copy launch are shared out: every item (a sampled row, an inserted
-/// trajectory) of column c is split into chunks[c] chunks of tuning::copy_chunk_bytes, one block
-/// each, column after column.
-struct column_blocks {
-  std::int64_t chunks[max_columns];
-  std::int64_t first_block[max_columns + 1];
-
-  /// Blocks for `items` items per column, column c's items being at most item_bytes[c] long.
-  static column_blocks make(int num_columns, std::int64_t items, const std::int64_t* item_bytes) {
-    column_blocks g{};
-    for (int c = 0; c < num_columns; ++c) {
-      g.chunks[c] = (item_bytes[c] + tuning::copy_chunk_bytes - 1) / tuning::copy_chunk_bytes;
-      g.first_block[c + 1] = g.first_block[c] + items * g.chunks[c];
-    }
-    return g;
-  }
-
-  /// The column, item and chunk of block `block`.
-  __device__ void locate(std::int64_t block, int& column, std::int64_t& item,
-                         std::int64_t& chunk) const {
-    column = 0;
-    while (block >= first_block[column + 1]) ++column;
-    const std::int64_t local = block - first_block[column];
-    item = local / chunks[column];
-    chunk = local % chunks[column];
-  }
-};
 
 /// The block copies n bytes from src to dst (16-, 4- or 1-byte accesses by alignment).
 __device__ inline void block_copy(std::byte* dst, const std::byte* src, std::int64_t n) {

@@ -3,10 +3,10 @@
 // allocated at once instead of during the run.
 //
 // The buffer's staging pool (staging.hpp) gets `in_flight` + `writers` large entries, each with
-// room for the largest insert (its rows table, its host data, its commit records) or a writer's
-// chunk, and 2 x `in_flight` small ones for the rest (the records of a batch's removals, an erase
-// or a commit; the rows a consuming sample reads back: a sample under max_times_sampled holds two
-// at once); the selection state its own staging (select::fifo / lifo's chosen rows,
+// room for the largest insert (its rows table and plan, its host data, its commit records) or a
+// writer's chunk, and 2 x `in_flight` small ones for the rest (the records of a batch's removals,
+// an erase or a commit; the rows a consuming sample reads back: a sample under max_times_sampled
+// holds two at once); the selection state its own staging (select::fifo / lifo's chosen rows,
 // select::prioritized's host-span updates); a consuming policy its return counts. Leases take the
 // smallest idle entry that fits, so small calls keep to the small entries.
 

@@ -78,15 +78,17 @@ void check_insert(const Core& b, const trajectories<Spec>& in, std::span<key> ke
 }
 
 /// What an insert of `count` trajectories, `steps` steps in all, into a GPU buffer stages, in one
-/// lease: the scatter's rows table (also in device memory when it scatters), then the host data
-/// for GPU columns (one piece per column), then the commit records (journal_bytes(count)).
+/// lease: the scatter's rows table and room for its plan (both also in device memory when it
+/// scatters), then the host data for GPU columns (one piece per column), then the commit records
+/// (journal_bytes(count)).
 /// replay_buffer::reserve_staging sizes its entries by it too.
 template <class Core>
 struct insert_staging {
   std::array<std::int64_t, Core::num_columns> staged_at{};  ///< host data for GPU column c
   std::int64_t staged_bytes = 0;                            ///< host data for GPU columns
   std::int64_t cpu_bytes = 0;   ///< host data the CPU writes into host-resident columns
-  std::size_t table_bytes = 0;  ///< the scatter's rows
+  std::size_t rows_bytes = 0;   ///< the scatter's rows
+  std::size_t table_bytes = 0;  ///< the scatter's rows, then room for its plan (scatter.hpp)
   bool scatters = false;        ///< device data, or host data for a GPU column
 
   insert_staging(std::int64_t count, std::int64_t steps, bool from_host) {
@@ -101,8 +103,12 @@ struct insert_staging {
       }
     }
     scatters = !from_host || staged_bytes > 0;
-    table_bytes = static_cast<std::size_t>(
+    rows_bytes = static_cast<std::size_t>(
         align_up(count * std::int64_t{sizeof(scatter_row)}, segment_alignment));
+    const std::int64_t plan = scatter_plan_bound(count, steps, Core::spec_type::step_bytes.data(),
+                                                 static_cast<int>(Core::num_columns));
+    table_bytes = rows_bytes + static_cast<std::size_t>(align_up(
+                                   plan * std::int64_t{sizeof(scatter_block)}, segment_alignment));
   }
   /// Where the commit records start.
   [[nodiscard]] std::size_t records_at() const noexcept {
@@ -159,6 +165,37 @@ void insert_trajectories(Core& b, const trajectories<Spec>& in, std::span<key> k
     }
     const std::size_t records_at = layout.records_at();
 
+    // The scatter's shape: the GPU columns it writes (host data leaves host-resident columns to
+    // the CPU) and its blocks, planned where the rows differ in length (scatter.hpp). An insert
+    // too large for one launch is refused here, before anything is acquired.
+    scatter_args args;
+    std::array<std::size_t, Core::num_columns> scatter_columns{};
+    bool planned = false;
+    if (layout.scatters) {
+      args.count = count;
+      std::int64_t shortest = in.lengths.empty() ? 0 : in.lengths[0];
+      for (std::int64_t len : in.lengths) {
+        args.max_count_length = std::max(args.max_count_length, len);
+        shortest = std::min(shortest, len);
+      }
+      for (std::size_t c = 0; c < columns; ++c) {
+        if (from_host && host_accessible(Core::placement[c])) continue;
+        scatter_columns[static_cast<std::size_t>(args.num_columns)] = c;
+        args.columns[args.num_columns++] = {nullptr, b.regions_.kernel[c].base,
+                                            b.regions_.kernel[c].slot_stride,
+                                            b.regions_.kernel[c].step_bytes};
+      }
+      // Equal lengths, or rows of one chunk per column: the grid has no empty block. A grid too
+      // large to launch takes the plan whenever the plan is smaller.
+      constexpr std::int64_t launchable = std::int64_t{1} << 31;
+      const std::int64_t grid = scatter_grid(args).first_block[args.num_columns];
+      const bool even = shortest == args.max_count_length || grid == count * args.num_columns;
+      const std::int64_t plan = even ? grid : plan_scatter_blocks(args, in.lengths.data(), nullptr);
+      planned = scatter_plan_pays(plan, grid) || (grid >= launchable && plan < grid);
+      GEAR_REQUIRE((planned ? plan : grid) < launchable, errc::invalid_argument,
+                   "an insert this large needs more than 2^31 copy blocks; insert fewer at once");
+    }
+
     // Acquire: the staging lease, then (with the mutex let go) the host data for GPU columns
     // copied into it by the CPU.
     const staging_pool::lease lease =
@@ -188,14 +225,30 @@ void insert_trajectories(Core& b, const trajectories<Spec>& in, std::span<key> k
       throw;
     }
 
-    // The scatter's rows.
+    // The scatter's rows and sources, and its plan where it has one.
     auto* rows = reinterpret_cast<scatter_row*>(lease.host);
-    std::int64_t at = 0, longest = 0;
+    std::int64_t at = 0;
     for (std::int64_t i = 0; i < count; ++i) {
       const std::int64_t len = in.lengths[static_cast<std::size_t>(i)];
       rows[i] = {slot(static_cast<std::size_t>(i)), at, len, first + static_cast<std::uint64_t>(i)};
       at += len;
-      longest = std::max(longest, len);
+    }
+    std::size_t staged_table = static_cast<std::size_t>(count) * sizeof(scatter_row);
+    if (layout.scatters) {
+      args.rows = reinterpret_cast<const scatter_row*>(lease.device);
+      for (int k = 0; k < args.num_columns; ++k) {
+        const std::size_t c = scatter_columns[static_cast<std::size_t>(k)];
+        args.columns[k].src = from_host ? lease.mapped + layout.table_bytes + layout.staged_at[c]
+                                        : static_cast<const std::byte*>(in.columns[c].data);
+      }
+      if (planned) {
+        plan_scatter_blocks(args, in.lengths.data(),
+                            reinterpret_cast<scatter_block*>(lease.host + layout.rows_bytes));
+        args.blocks = reinterpret_cast<const scatter_block*>(lease.device + layout.rows_bytes);
+        staged_table =
+            layout.rows_bytes +
+            static_cast<std::size_t>(args.first_block[args.num_columns]) * sizeof(scatter_block);
+      }
     }
 
     // Change: from here a failure leaves the buffer unusable.
@@ -207,23 +260,9 @@ void insert_trajectories(Core& b, const trajectories<Spec>& in, std::span<key> k
             [&](std::size_t c, std::size_t i) { return b.regions_.host[c].at(slot(i), 0); });
       run_evict_hook(b, first, count, stream);
       if (layout.scatters) {
-        // Every block reads its row: from device memory, not over PCIe.
-        GEAR_CUDA_TRY(cudaMemcpyAsync(lease.device, lease.host,
-                                      static_cast<std::size_t>(count) * sizeof(scatter_row),
+        // Every block reads its row (and plan entry): from device memory, not over PCIe.
+        GEAR_CUDA_TRY(cudaMemcpyAsync(lease.device, lease.host, staged_table,
                                       cudaMemcpyHostToDevice, stream.get()));
-        scatter_args args;
-        args.count = count;
-        args.max_count_length = longest;
-        args.rows = reinterpret_cast<const scatter_row*>(lease.device);
-        for (std::size_t c = 0; c < columns; ++c) {
-          // Device data for a host-resident column: the scatter writes it through the mapping.
-          if (from_host && host_accessible(Core::placement[c])) continue;
-          const std::byte* src = from_host ? lease.mapped + layout.table_bytes + layout.staged_at[c]
-                                           : static_cast<const std::byte*>(in.columns[c].data);
-          args.columns[args.num_columns++] = {src, b.regions_.kernel[c].base,
-                                              b.regions_.kernel[c].slot_stride,
-                                              b.regions_.kernel[c].step_bytes};
-        }
         scatter_on_device(args, stream);
       }
       // The commit, after the bytes in stream order: one apply of the ring's commit records.
