@@ -114,6 +114,12 @@ TEST_CASE("claim_slot claims each slot exactly once") {
     REQUIRE(gear::detail::claim_slot(table.data(), std::int64_t(table.size()), slot) == fresh);
     seen.insert(slot);
   }
+  // The largest slots of the largest buffer (capacity 2^40), whose tags need 41 bits.
+  std::fill(table.begin(), table.end(), 0);
+  const std::int64_t top = (std::int64_t{1} << 40) - 1;
+  for (const auto& [slot, fresh] : std::vector<std::pair<std::int64_t, bool>>{
+           {top, true}, {top - 1, true}, {0, true}, {top, false}, {top - 1, false}, {0, false}})
+    CHECK(gear::detail::claim_slot(table.data(), std::int64_t(table.size()), slot) == fresh);
 }
 
 TEST_CASE("packed copies split over threads write every byte once, where it belongs") {

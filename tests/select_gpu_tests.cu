@@ -385,7 +385,11 @@ TEST_CASE(
         k,
         zeros ? std::vector<float>(std::size_t(n), 0.0f) : random_priorities(seed, std::size_t(n)),
         s);
-    for (const std::int64_t rows : {1, 64, 600, 2048}) {
+    // A row of one 4-byte column is one gather block: the largest batch the gather draws itself.
+    const std::int64_t fused_rows = std::int64_t{gd::tuning::fused_gather_max_waves} *
+                                    gd::multiprocessors() * gd::tuning::copy_blocks_per_sm;
+    for (const std::int64_t rows : {std::int64_t{1}, std::int64_t{64}, std::int64_t{600},
+                                    std::min<std::int64_t>(2048, fused_rows)}) {
       CAPTURE(rows);
       // sample(): the gather draws the rows (at most two waves of blocks, an arrivals word).
       auto fused = buf.make_batch(gear::batch_size{rows}, gear::window_length{1});
@@ -540,6 +544,9 @@ TEST_CASE(
   // Up to 600 rows the gather draws them (its last block clears the claims); 4096 rows (over two
   // waves of gather blocks) a selection launch whose last block clears them; 9000 rows take a
   // memset and the selection launch instead.
+  REQUIRE(std::int64_t{gd::tuning::fused_gather_max_waves} * gd::multiprocessors() *
+              gd::tuning::copy_blocks_per_sm <
+          4096);  // so that 4096 rows of one block each take the selection launch
   for (const std::int64_t n : {1, 255, 256, 257, 600, 4096, 9000}) {
     INFO("capacity and batch " << n);
     gear::replay_buffer<spec, gear::storage::device, gear::select::uniform> buf{

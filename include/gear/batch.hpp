@@ -12,10 +12,10 @@
 // into one batch from two streams must be ordered by the caller (an event, or one stream), or
 // each stream given its own batch. Two at once would race on its bytes and share its workspace,
 // whose arrivals word could then stay non-zero: every later sample into the batch would finish
-// its last-block work (weights, removals) early. Views are mdspans into it: pass them to kernels
-// by value, or copy the bytes out. Make one batch per (B, L) and reuse it; sample() allocates
-// nothing in it (a sample that removes what it returned leases pinned staging from the buffer for
-// its readback, allocated the first time).
+// its last-block work (weights, removals, clearing the claims of draws without replacement)
+// early. Views are mdspans into it: pass them to kernels by value, or copy the bytes out. Make
+// one batch per (B, L) and reuse it; sample() allocates nothing in it (a sample that removes what
+// it returned leases pinned staging from the buffer for its readback, allocated the first time).
 
 #include <array>
 #include <cstddef>

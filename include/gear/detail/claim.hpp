@@ -12,9 +12,9 @@ inline constexpr std::uint64_t claim_slot_bits = (std::uint64_t{1} << 40) - 1;
 
 /// Probes `table` (size a power of two) for the entry of slot tag `tag` from the tag's hash,
 /// writing `entry` into the first empty word: returns 0 if this call wrote it, else the entry
-/// found for the tag.
+/// found for the tag (the word whose bits `tag_bits` equal the tag).
 GEAR_HD inline std::uint64_t claim_entry(std::uint64_t* table, std::int64_t size, std::uint64_t tag,
-                                         std::uint64_t entry) {
+                                         std::uint64_t entry, std::uint64_t tag_bits) {
   const std::uint64_t mask = static_cast<std::uint64_t>(size) - 1;
   std::uint64_t at = (tag * 0x9E3779B97F4A7C15ull) >> 20 & mask;
   for (;;) {
@@ -25,16 +25,16 @@ GEAR_HD inline std::uint64_t claim_entry(std::uint64_t* table, std::int64_t size
     const std::uint64_t seen = table[at];
     if (seen == 0) table[at] = entry;
 #endif
-    if (seen == 0 || (seen & claim_slot_bits) == tag) return seen;
+    if (seen == 0 || (seen & tag_bits) == tag) return seen;
     at = (at + 1) & mask;
   }
 }
 
-/// Claims `slot` in `table` (size a power of two, larger than the number of claims); returns true
-/// if this call claimed it, false if it was claimed before.
+/// Claims `slot` (any slot below 2^63 - 1) in `table` (size a power of two, larger than the
+/// number of claims); returns true if this call claimed it, false if it was claimed before.
 GEAR_HD inline bool claim_slot(std::uint64_t* table, std::int64_t size, std::int64_t slot) {
   const std::uint64_t tag = static_cast<std::uint64_t>(slot) + 1;  // 0 marks an empty entry
-  return claim_entry(table, size, tag, tag) == 0;
+  return claim_entry(table, size, tag, tag, ~std::uint64_t{0}) == 0;
 }
 
 /// Rows and slots claim_slot_for can name: below 2^24 - 1 and 2^40 - 1.
@@ -50,7 +50,7 @@ GEAR_HD inline bool claim_slot_for(std::uint64_t* table, std::int64_t size, std:
                                    std::int64_t row) {
   const std::uint64_t tag = static_cast<std::uint64_t>(slot) + 1;
   const std::uint64_t mine = static_cast<std::uint64_t>(row + 1) << 40 | tag;
-  const std::uint64_t seen = claim_entry(table, size, tag, mine);
+  const std::uint64_t seen = claim_entry(table, size, tag, mine, claim_slot_bits);
   return seen == 0 || seen == mine;
 }
 

@@ -8,7 +8,8 @@
 // resolves the row's window (plan_window, the same function as the host loop), copies the
 // chunk's part of the valid steps and zero-fills the chunk's padding. The first block of each row
 // in column 0 also writes the row's mask and key, and, when it drew the row, its slot,
-// probability and weight.
+// probability and weight (for prioritized rows a placeholder weight, which the last block's
+// weights epilogue overwrites once every row's leaf is known).
 
 #include <cuda/stream_ref>
 #include <gear/detail/copy.cuh>

@@ -4,7 +4,9 @@
 // Selection: a group of 16 lanes per row descends the tree (D - 1 coalesced line reads, D =
 // levels), and the last block to finish writes the weights (for batches over 2048 rows, every
 // block after a grid-wide barrier where the grid fits on the GPU, else a second launch):
-// O(B log N), stream-ordered, no synchronisation (sum_tree_select.cuh).
+// O(B log N), stream-ordered, no synchronisation (sum_tree_select.cuh). Batches the gather draws
+// itself (prioritized_gather.cuh) descend the same way inside the gather, whose last block
+// writes the weights.
 //
 // Update of B (slot, priority) pairs, O(B log N), two launches:
 //   mark:  (pairs from device memory only) checks its key against the slot metadata and its

@@ -29,8 +29,9 @@ inline constexpr std::int64_t select_fused_weights_max_rows = 2048;
 /// launch.
 inline constexpr bool select_weights_grid_sync = true;
 /// Largest claim table (words) that uniform selection without replacement clears in its own last
-/// block (one block's stores); larger tables are cleared by a memset before the selection, spread
-/// over the GPU. The table of a batch of B rows is the power of two >= 2B: this is B = 8192.
+/// block (one block's stores), in the selection launch or in the gather that draws its rows (its
+/// claims epilogue); larger tables are cleared by a memset before the selection, spread over the
+/// GPU. The table of a batch of B rows is the power of two >= 2B: this is B = 8192.
 inline constexpr std::int64_t select_fused_claims_max_words = 16384;
 /// Threads per block of the priority update kernels (one thread per updated key) and of the sum
 /// tree rebuild (one thread per node).

@@ -9,11 +9,12 @@
 // never makes a later call wait: a new entry is allocated instead, up to max_entries; only past
 // that does acquire wait for the oldest lease's work.
 //
-// Cost: entries handed back wait in a queue. An acquire takes the smallest idle entry large enough,
-// asking the driver nothing; only when none fits does it ask at most `probe` entries at the
-// queue's head whether their work has finished (a finished one becomes idle, an unfinished one
-// goes to the back), then `probe_more` before it makes a new one. So a call makes a bounded number
-// of driver queries however many entries are in flight, and none while idle entries fit (staging
+// Cost: entries handed back wait in a queue. An acquire takes the smallest idle entry large enough
+// if it is about the size asked for (pick_from::snug), asking the driver nothing; otherwise it
+// asks at most `probe` entries at the queue's head whether their work has finished (a finished one
+// becomes idle, an unfinished one goes to the back) and takes the smallest idle entry that fits,
+// then asks `probe_more` before it makes a new one. So a call makes a bounded number of driver
+// queries however many entries are in flight, and none while snug idle entries wait (staging
 // reserved ahead, or collected two at a time by an earlier call).
 //
 // Threads: the pool has a mutex of its own, so that a landing insert (landing.hpp) can lease its
@@ -56,7 +57,10 @@ class staging_pool {
   /// Throws errc::out_of_memory or errc::cuda_error, leasing nothing.
   lease acquire(std::size_t pinned_bytes, std::size_t device_bytes) {
     const std::lock_guard held(mutex_);
-    entry* pick = take_idle(pinned_bytes, device_bytes);  // one that fits: no driver query
+    // An idle entry of about the size asked for is taken without a driver query; a much larger
+    // one only after the queries, so that small calls do not take the entries reserved for
+    // inserts while their own are finished but not yet collected.
+    entry* pick = take_idle(pinned_bytes, device_bytes, pick_from::snug);
     if (pick == nullptr) {
       collect(probe);
       pick = take_idle(pinned_bytes, device_bytes);
@@ -80,7 +84,7 @@ class staging_pool {
         in_flight_.erase(in_flight_.begin());
         idle_.push_back(oldest.index);
       }
-      pick = take_idle(pinned_bytes, device_bytes, /*any=*/true);  // grown below if small
+      pick = take_idle(pinned_bytes, device_bytes, pick_from::any);  // grown below if small
     }
     if (pick == nullptr) {
       // Every entry is in one of leased, idle_ or in_flight_: with room for all of them in both
@@ -235,9 +239,14 @@ class staging_pool {
     }
   }
 
-  /// Takes the smallest idle entry with room for the sizes, or, with `any` and none that fits,
-  /// the largest idle entry (to grow); null if none.
-  entry* take_idle(std::size_t pinned_bytes, std::size_t device_bytes, bool any = false) {
+  /// Which idle entries take_idle may pick: `snug` ones fit and hold at most twice the bytes
+  /// asked for (or snug_floor); `fitting` ones fit; with `any`, if none fits, the largest.
+  enum class pick_from { snug, fitting, any };
+  static constexpr std::size_t snug_floor = std::size_t{64} << 10;
+
+  /// Takes the smallest idle entry with room for the sizes (see pick_from); null if none.
+  entry* take_idle(std::size_t pinned_bytes, std::size_t device_bytes,
+                   pick_from from = pick_from::fitting) {
     auto size_of = [&](std::size_t i) {
       const entry& e = *entries_[idle_[i]];
       return e.pinned.size() + e.device.size();
@@ -249,7 +258,10 @@ class staging_pool {
           (best == idle_.size() || size_of(i) < size_of(best)))
         best = i;
     }
-    if (best == idle_.size() && any)
+    if (from == pick_from::snug && best != idle_.size() &&
+        size_of(best) > std::max(2 * (pinned_bytes + device_bytes), snug_floor))
+      return nullptr;
+    if (best == idle_.size() && from == pick_from::any)
       for (std::size_t i = 0; i < idle_.size(); ++i)
         if (best == idle_.size() || size_of(i) > size_of(best)) best = i;
     if (best == idle_.size()) return nullptr;
