@@ -1347,6 +1347,31 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "sharded (device): prioritized, a shard empty at one sample and filled before the next "
+    "takes its share of the next (its mass read again, not the read-back from when it was "
+    "empty)") {
+  stream_holder s;
+  int here = 0;
+  GEAR_CUDA_TRY(cudaGetDevice(&here));
+  using per_shards = gear::sharded_buffer<spec, gear::storage::device, gear::select::prioritized>;
+  per_shards buf({here, here}, gear::capacity{64}, gear::max_length{1},
+                 gear::select::prioritized{0.6, 0.4}, gear::insert_route::round_robin);
+  (void)insert_ids(buf, 0, 20, cuda::stream_ref{s});  // shard 0; shard 1 empty
+  auto out = buf.make_batch(gear::batch_size{4096}, gear::window_length{1});
+  gear::rng g{2026120601};
+  buf.sample(out, gear::window{1}, g, s);  // reads both masses; shard 1's read-back says 0
+  (void)insert_ids(buf, 20, 20, cuda::stream_ref{s});  // shard 1, priority 1 like shard 0's
+  GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
+  buf.sample(out, gear::window{1}, g, s);
+  const auto keys = to_host(out.keys_data(), 4096);
+  const auto from_1 = std::count_if(keys.begin(), keys.end(), [](auto& k) { return k.shard == 1; });
+  MESSAGE("rows from the shard filled after the first sample: " << from_1 << " of 4096");
+  // Equal masses: Binomial(4096, 1/2), sd 32; 0 rows before the fix.
+  CHECK(from_1 > 2048 - 6 * 32);
+  CHECK(from_1 < 2048 + 6 * 32);
+}
+
+TEST_CASE(
     "rank_sampler (device): two ranks on their own streams, one held busy, take disjoint "
     "rows of each step; a staging is drawn again only after the last rank's copy from it") {
   stream_holder s0, s1;

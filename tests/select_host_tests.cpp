@@ -346,7 +346,7 @@ TEST_CASE("prioritized: the GPU's pair check agrees with check_key and the host 
   for (std::size_t i = 0; i < probes.size(); ++i) {
     const gear::key& k = probes[i];
     INFO("probe " << i << ": ticket " << k.ticket << " shard " << k.shard);
-    const auto verdict = gear::detail::check_priority_pair(k, 1.0f, i, t.lengths, t.tickets,
+    const auto verdict = gear::detail::check_priority_pair(k, 1.0f, 0.6, i, t.lengths, t.tickets,
                                                            t.capacity, gear::key_owner{});
     const gear::errc host = gear_test::code_of([&] { buf.check_key(k); });
     if (host == gear::errc{}) {
@@ -358,12 +358,40 @@ TEST_CASE("prioritized: the GPU's pair check agrees with check_key and the host 
     CHECK(gear::detail::priority_verdict_index(verdict) == i);
   }
   for (float p : {0.0f, -0.0f, 1e-30f, 3.0f, 0x1.fffffep127f})
-    CHECK(gear::detail::check_priority_pair(keys[0], p, 0, t.lengths, t.tickets, 40,
+    CHECK(gear::detail::check_priority_pair(keys[0], p, 0.6, 0, t.lengths, t.tickets, 40,
                                             gear::key_owner{}) == gear::detail::priority_ok);
   for (float p : {-1e-30f, -1.0f, INFINITY, -INFINITY, std::nanf("")})
     CHECK(gear::detail::priority_verdict_code(gear::detail::check_priority_pair(
-              keys[0], p, 7, t.lengths, t.tickets, 40, gear::key_owner{})) ==
+              keys[0], p, 0.6, 7, t.lengths, t.tickets, 40, gear::key_owner{})) ==
           gear::errc::invalid_priority);
+  // p^alpha as the host checks it (validate_priorities): a leaf whose capacity-fold overflows
+  // (3.2e38^8 is about 1.1e308: one fits, two could not be added), or 0 for p > 0 (1e-33^10),
+  // is refused on the GPU too.
+  const auto pair_code = [&](float p, double alpha, std::int64_t capacity) {
+    const auto v = gear::detail::check_priority_pair(keys[0], p, alpha, 0, t.lengths, t.tickets,
+                                                     capacity, gear::key_owner{});
+    return v == gear::detail::priority_ok ? gear::errc{} : gear::detail::priority_verdict_code(v);
+  };
+  const auto host_code = [&](float p, double alpha, std::int64_t capacity) {
+    return gear_test::code_of([&] {
+      const float ps[1] = {p};
+      (void)gear::detail::validate_priorities(std::span(keys).first(1), ps, alpha, capacity);
+    });
+  };
+  for (const auto& [p, alpha, capacity, ok] :
+       std::vector<std::tuple<float, double, std::int64_t, bool>>{{3.2e38f, 8.0, 1, true},
+                                                                  {3.2e38f, 8.0, 2, false},
+                                                                  {1e38f, 9.0, 1, false},
+                                                                  {1e-33f, 10.0, 1, false},
+                                                                  {1e-33f, 1.0, 1, true},
+                                                                  {0.0f, 10.0, 40, true}}) {
+    CAPTURE(p);
+    CAPTURE(alpha);
+    CAPTURE(capacity);
+    const gear::errc want = ok ? gear::errc{} : gear::errc::invalid_priority;
+    CHECK(pair_code(p, alpha, capacity) == want);
+    CHECK(host_code(p, alpha, capacity) == want);
+  }
   // The minimum of verdicts names the first bad key, else the first bad priority.
   using gear::errc;
   using gear::detail::priority_verdict;
@@ -384,8 +412,8 @@ TEST_CASE("prioritized: the GPU's pair check refuses keys of another incarnation
   gear::key reborn = keys[2];
   reborn.incarnation = 1;
   REQUIRE(gear_test::code_of([&] { buf.check_key(reborn); }) == gear::errc::key_out_of_range);
-  const auto verdict = gear::detail::check_priority_pair(reborn, 1.0f, 4, t.lengths, t.tickets,
-                                                         t.capacity, gear::key_owner{});
+  const auto verdict = gear::detail::check_priority_pair(reborn, 1.0f, 0.6, 4, t.lengths,
+                                                         t.tickets, t.capacity, gear::key_owner{});
   CHECK(verdict != gear::detail::priority_ok);
   CHECK(gear::detail::priority_verdict_code(verdict) == gear::errc::key_out_of_range);
 }

@@ -489,7 +489,7 @@ TEST_CASE(
   const std::uint64_t tickets[4] = {0, 1, 2, 3};
   const gear::key_owner shard1{1, 0};
   auto verdict = [&](gear::key k, float p, std::uint32_t siblings) {
-    return check_priority_pair(k, p, 9, lengths, tickets, 4, shard1, siblings);
+    return check_priority_pair(k, p, 0.6, 9, lengths, tickets, 4, shard1, siblings);
   };
   const auto code = [](unsigned long long v) { return gear::detail::priority_verdict_code(v); };
   CHECK(verdict({1, 1, 0}, 2.0f, 3) == gear::detail::priority_ok);
@@ -555,6 +555,64 @@ TEST_CASE(
   CHECK(on3 == std::vector<std::size_t>{0, 1, 2, 3, 4, 0});
   CHECK(none == on3);
   CHECK(route_insert(7, {2}, 2) == 0);
+}
+
+TEST_CASE(
+    "sharded prioritized: set_exponents sets every shard or none; the weights use the shards' "
+    "beta; shards whose exponents differ are refused by name, changing nothing") {
+  per_shards buf({0, 0}, gear::capacity{8}, gear::max_length{1},
+                 gear::select::prioritized{0.6, 0.4}, gear::insert_route::round_robin);
+  const auto a = insert_ids(buf, 0, 4), b = insert_ids(buf, 4, 4);  // shard 0, shard 1
+  REQUIRE(a[0].shard == 0);
+  REQUIRE(b[0].shard == 1);
+  std::vector<gear::key> ks(a.begin(), a.end());
+  ks.insert(ks.end(), b.begin(), b.end());
+  (void)buf.update_priorities(ks, std::vector<float>{1, 2, 3, 4, 3e38f, 6, 7, 8});
+  const auto state = [&] {
+    std::vector<double> v;
+    for (std::size_t s = 0; s < 2; ++s) {
+      const auto& st = buf.shard(s).selection_state();
+      v.insert(v.end(), {st.total(), st.alpha(), st.beta()});
+    }
+    return v;
+  };
+  const auto before = state();
+  // alpha 10 suits shard 0 (4^10) but not shard 1 (3e38^10 overflows): shard 0 is set back.
+  CHECK(gear_test::code_of([&] { buf.set_exponents(10.0, 1.0, gear::detail::no_stream()); }) ==
+        gear::errc::invalid_argument);
+  CHECK(state() == before);
+  // beta annealed on every shard: each row's weight is (P_min / P_i)^1 over the batch.
+  (void)buf.update_priorities(std::vector<gear::key>{b[0]}, std::vector<float>{5.0f});
+  buf.set_exponents(0.6, 1.0, gear::detail::no_stream());
+  CHECK(buf.shard(0).selection_state().beta() == 1.0);
+  CHECK(buf.shard(1).selection_state().beta() == 1.0);
+  auto out = buf.make_batch(gear::batch_size{64}, gear::window_length{1});
+  gear::rng g{5};
+  buf.sample(out, gear::window{1}, g);
+  const float* p = out.probabilities_data();
+  const float p_min = *std::min_element(p, p + 64);
+  CHECK(*std::max_element(p, p + 64) > 2 * p_min);  // rows of several priorities
+  for (std::int64_t r = 0; r < 64; ++r)
+    REQUIRE(out.weights_data()[r] == doctest::Approx(p_min / p[r]).epsilon(1e-5));
+  // One shard's exponents set alone: samples and updates name the shard and change nothing.
+  buf.shard(1).selection_state().set_exponents(0.6, 0.5);
+  const auto now = state();
+  gear::rng kept = g;
+  std::string message;
+  try {
+    buf.sample(out, gear::window{1}, g);
+  } catch (const gear::error& e) {
+    CHECK(e.code() == gear::errc::invalid_argument);
+    message = e.what();
+  }
+  CHECK(message.rfind("gear: invalid_argument: shard 1 has exponents alpha 0.6", 0) == 0);
+  CHECK(g.next().call == kept.next().call);  // not advanced
+  CHECK(gear_test::code_of([&] {
+          (void)buf.update_priorities(std::vector<gear::key>{a[0]}, std::vector<float>{9.0f});
+        }) == gear::errc::invalid_argument);
+  CHECK(state() == now);
+  buf.set_exponents(0.6, 0.5, gear::detail::no_stream());  // agreeing again
+  buf.sample(out, gear::window{1}, g);
 }
 
 TEST_CASE("reserve_staging reaches every shard, and a bad limit is refused by name") {

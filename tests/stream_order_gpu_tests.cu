@@ -768,6 +768,72 @@ TEST_CASE_TEMPLATE("pinned_host: a host insert over an open reservation waits fo
   }
 }
 
+// A review finding: on device storage, a call taking over an open reservation (the ring came
+// round to it uncommitted) did not wait for the user's kernel that may still fill it: the insert's
+// scatter or copy, or the next reservation's kernel, ran first and the late kernel's steps then
+// stood under the new key.
+TEST_CASE("device: an insert or reserve over an open reservation waits for its kernel") {
+  stream_holder s, other;
+  vbuffer<gear::storage::device> buf{gear::capacity{1}, gear::max_length{4}};
+  int how = 0;
+  SUBCASE("insert from host memory") { how = 0; }
+  SUBCASE("insert from device memory") { how = 1; }
+  SUBCASE("reserve, its own kernel on the caller's stream") { how = 2; }
+  const gear::reservation r = buf.reserve(1, s);
+  GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
+  hold(other.s, 300);  // a buffer_ref kernel fills the reservation late, from another stream
+  write_steps<<<1, 1, 0, other.s>>>(buf.ref(gear::op::write_steps{}), r.slot(0), 30, 4);
+  GEAR_CHECK_LAUNCH("write_steps");
+  gear::key kb{};
+  const std::vector<std::int32_t> values{20, 21, 22, 23};
+  const std::int64_t four[] = {4};
+  double waited = 0;
+  if (how == 0) {
+    waited = seconds_of([&] { kb = insert_values(buf, values, s); });
+  } else if (how == 1) {
+    gear::detail::allocation src(gear::memory_kind::device, 16);
+    GEAR_CUDA_TRY(cudaMemcpy(src.data(), values.data(), 16, cudaMemcpyHostToDevice));
+    gear::trajectories<vspec> in{
+        four, {gear::input(src.as<const std::int32_t>())}, gear::memory_kind::device};
+    waited = seconds_of([&] { buf.insert_async(in, std::span<gear::key>(&kb, 1), s); });
+    GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
+  } else {
+    waited = seconds_of([&] {
+      const gear::reservation again = buf.reserve(1, s);
+      write_steps<<<1, 1, 0, s.s>>>(buf.ref(gear::op::write_steps{}), again.slot(0), 20, 4);
+      GEAR_CHECK_LAUNCH("write_steps");
+      buf.commit_async(again, four, std::span<gear::key>(&kb, 1), s);
+    });
+  }
+  CHECK(waited > 0.2);
+  GEAR_CUDA_TRY(cudaDeviceSynchronize());
+  auto batch = buf.make_batch(gear::batch_size{16}, gear::window_length{4});
+  gear::rng g{29};
+  buf.sample(batch, gear::window{.length = 4}, g, s);
+  for (const row& got : rows_of(batch, s)) {  // the new trajectory's steps, not the late kernel's
+    CHECK(got.k == kb);
+    CHECK(got.v == values);
+  }
+}
+
+TEST_CASE("a per-thread default stream is refused by name, changing nothing") {
+  stream_holder s;
+  vbuffer<gear::storage::device> buf{gear::capacity{4}, gear::max_length{4}};
+  const gear::key k = insert_values(buf, {1, 2, 3, 4}, s);
+  GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
+  std::string message;
+  try {
+    (void)insert_values(buf, {5, 6, 7, 8}, cuda::stream_ref{cudaStreamPerThread});
+  } catch (const gear::error& e) {
+    CHECK(e.code() == gear::errc::invalid_argument);
+    message = e.what();
+  }
+  CHECK(message.rfind("gear: invalid_argument: a per-thread default stream", 0) == 0);
+  CHECK(buf.size() == 1);
+  CHECK(buf.contains(k));
+  CHECK(buf.tickets_issued() == 1);
+}
+
 // Review finding E4: a launch check reads the thread's last error, so a failed launch of the
 // caller's that nobody checked was reported by the buffer's next launch, after the buffer had
 // changed, leaving it unusable. The buffer now refuses to start, changing nothing, and stays

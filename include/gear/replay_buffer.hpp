@@ -21,8 +21,9 @@
 // Every call that touches GPU memory takes a cuda::stream_ref last. Plain names (insert, sample,
 // commit, erase, update_priorities) synchronise that stream before returning; _async names do not.
 //
-//   Host state is current when a call returns: size(), contains(), length(), tickets_issued()
-//   report every call that returned (contains(k) once insert_async returns, bytes in flight).
+//   Host state is current when a call returns: size(), contains(), tickets_issued() report every
+//   call that returned (contains(k) once insert_async returns, bytes in flight); length() a
+//   trajectory's once it is committed (a landing insert's once a later call publishes it).
 //
 //   Device work is stream-ordered: every _async call acts as if it ran at its place in its
 //   stream's order. Its metadata changes are slot records snapshotted during the call and applied
@@ -39,12 +40,13 @@
 //
 //   Waits: an _async call never waits for its stream, except (1) an insert of host data into
 //   pinned_host or mixed storage waits on the host for the gathers that may read the slots it
-//   evicts and the writes in flight to them (bound, below: for the stream; taking over an open
-//   reservation: for the device); (2) a sample under set_max_times_sampled whose rows were drawn
-//   on the GPU reads them back (fifo / lifo draw on the host); (3) staging is reused once the work
-//   that read it finished (512 entries; 4 areas for queue rows, 4 for host-span priorities): a
-//   call waits only when that many are in flight, or for the device when a host-span priority
-//   update outgrows its device copy (freeing the old one).
+//   evicts and the writes in flight to them (bound, below: for the stream), and an insert or
+//   reserve taking over an open reservation waits for the device (a kernel may still fill it);
+//   (2) a sample under set_max_times_sampled whose rows were drawn on the GPU reads them back
+//   (fifo / lifo draw on the host); (3) staging is reused once the work that read it finished
+//   (512 entries; 4 areas for queue rows, 4 for host-span priorities): a call waits only when
+//   that many are in flight, or for the device when a host-span priority update outgrows its
+//   device copy (freeing the old one).
 //
 //   Threads and streams: any number of threads may call one buffer at once, each on its own
 //   stream (or sharing streams), with no lock or event of the caller's. The buffer serialises its
@@ -365,8 +367,7 @@ class replay_buffer {
   /// With a limit set, sample_async synchronises the stream (it reads back the rows it drew),
   /// unless the policy chooses rows on the host (fifo, lifo). Counts start with the next sample.
   /// Throws errc::invalid_argument for k < 0, or k > 0 on a buffer bound to one stream (sampled
-  /// with a gear::device_rng, whose replays remove nothing, or updated from device memory in a
-  /// CUDA graph).
+  /// with a device_rng, whose replays remove nothing, or updated from device memory in a graph).
   void set_max_times_sampled(std::int64_t k) { detail::set_return_limit(core(), k); }
   [[nodiscard]] std::int64_t max_times_sampled() const noexcept {
     const auto held = core().lock();
@@ -407,8 +408,7 @@ class replay_buffer {
   /// run. No copy; does not synchronise. A key named twice takes its last priority.
   /// Throws at once (changing nothing): errc::invalid_argument (sizes differ), errc::null_pointer,
   /// errc::misaligned_pointer, errc::wrong_memory (memory the GPU cannot read, a source other than
-  /// host or device, a buffer or policy that takes host memory only), errc::out_of_memory,
-  /// errc::cuda_error.
+  /// host or device, a host-memory-only buffer or policy), errc::out_of_memory, errc::cuda_error.
   /// Checked on the GPU, against the slots as the stream's earlier work left them: a stale key is
   /// skipped and counted; a key of another shard (errc::key_out_of_range) or a bad priority
   /// (errc::invalid_priority) fails the update, which then changes nothing. Its error names the

@@ -37,6 +37,7 @@
 #include <gear/detail/claim.hpp>
 #include <gear/detail/remote/split.hpp>
 #include <gear/detail/shard_routing.hpp>
+#include <gear/detail/shard_snapshot.hpp>
 #include <gear/detail/shard_streams.hpp>
 #include <gear/replay_buffer.hpp>
 #include <gear/select/prioritized.hpp>
@@ -169,8 +170,9 @@ class sharded_buffer {
   /// trajectory, or, prioritized, none has a positive priority mass in the snapshot: a union
   /// whose priorities are all 0 is not sampled, unlike one buffer, which then draws uniformly;
   /// also a shard emptied since the snapshot, after which the next sample reads every mass
-  /// again), errc::not_enough_items (without replacement, fewer in the union than rows), and what
-  /// replay_buffer::sample_async throws. A shard's removals after k returns
+  /// again), errc::not_enough_items (without replacement, fewer in the union than rows),
+  /// errc::invalid_argument (prioritized shards whose exponents differ: see set_exponents), and
+  /// what replay_buffer::sample_async throws. A shard's removals after k returns
   /// (shard(s).set_max_times_sampled) stand when a later shard's share fails.
   void sample_async(batch_type& out, const window& w, rng& g, cuda::stream_ref stream) {
     streams_.refuse_capture(stream);
@@ -178,8 +180,11 @@ class sharded_buffer {
     rng advanced = g;
     const rng_draw draw = advanced.next();
     const std::int64_t rows = out.batch_size();
+    const double beta = detail::beta_of(detail::common_selection(selection_, shards_));
     try {
-      take_snapshot(stream);
+      detail::take_shard_snapshot<prioritized, on_device>(shards_, devices_, streams_, snapshot_,
+                                                          fresh_, stream);
+      fresh_ = true;
       if (detail::draws_without_replacement(selection_))
         share_ = detail::remote::split_without_replacement(snapshot_, rows, draw);
       else
@@ -228,7 +233,7 @@ class sharded_buffer {
       throw;
     }
     streams_.join(stream);
-    make_global(out, stream);
+    make_global(out, beta, stream);
     g = advanced;
   }
   /// sample_async, then synchronises the stream.
@@ -242,18 +247,42 @@ class sharded_buffer {
 
   // ---- priorities and erase ------------------------------------------------------------------
 
+  /// Sets alpha and beta on every shard (as select::prioritized's state does; beta annealing),
+  /// all or none: a shard that refuses the alpha (a stored p^alpha out of range) or fails has the
+  /// shards before it set back. Samples and updates use the shards' exponents, which must agree
+  /// (else they throw errc::invalid_argument). Call it while no other thread uses the buffer.
+  /// Throws errc::invalid_argument, errc::cuda_error.
+  void set_exponents(double alpha, double beta, cuda::stream_ref stream) requires prioritized {
+    std::vector<Selection> was;  // each shard's own (they may differ: this call mends that)
+    for (const auto& sh : shards_) was.push_back(sh->selection_state().policy());
+    const auto set = [&](std::size_t s, double a, double b) {
+      streams_.run(s, stream, [&](cuda::stream_ref on) {
+        const detail::device_scope scope(devices_[s]);
+        shards_[s]->selection_state().set_exponents(a, b, on);
+      });
+    };
+    for (std::size_t s = 0; s < shards_.size(); ++s) try {
+        set(s, alpha, beta);
+      } catch (...) {
+        for (std::size_t r = 0; r < s; ++r) set(r, was[r].alpha, was[r].beta);
+        throw;
+      }
+  }
+
   /// Sets the priorities of `keys` (host spans) at the shards they name: stale keys are skipped
   /// and counted, as by replay_buffer::update_priorities_async. Every key's shard and every
-  /// priority (as a shard checks it, with the alpha given at construction) are checked before
-  /// any shard is asked. Throws (changing nothing) an earlier failed update from device memory
-  /// (see below), errc::invalid_argument (sizes differ), errc::key_out_of_range (a shard this
-  /// buffer does not have, or another incarnation of one), errc::invalid_priority;
+  /// priority (as a shard checks it, with the shards' alpha now) are checked before any shard is
+  /// asked. Throws (changing nothing) an earlier failed update from device memory (see below),
+  /// errc::invalid_argument (sizes differ; shards whose exponents differ), errc::key_out_of_range
+  /// (a shard this buffer does not have, or another incarnation of one), errc::invalid_priority;
   /// errc::out_of_memory, errc::cuda_error (shards asked before it keep their updates).
   priority_update_result update_priorities_async(std::span<const key> keys,
                                                  std::span<const float> priorities,
                                                  cuda::stream_ref stream) requires prioritized {
     streams_.refuse_capture(stream);
-    (void)detail::validate_priorities(keys, priorities, selection_.alpha);
+    (void)detail::validate_priorities(keys, priorities,
+                                      detail::common_selection(selection_, shards_).alpha,
+                                      shards_[0]->capacity());
     const detail::routed_keys by_shard = detail::route_keys(shards_.size(), keys, priorities);
     detail::check_owners(by_shard, [&](std::size_t s) { return shards_[s]->core().owner_; });
     const auto guard = host_tree_guard();
@@ -300,9 +329,10 @@ class sharded_buffer {
   /// then changes nothing; check_priority_updates raises it.
   /// Throws at once (changing nothing): an earlier failed update from device memory, once every
   /// update from device memory enqueued before has finished on the GPU (every shard's record of
-  /// it raised as one error; this call then does nothing), errc::invalid_argument,
-  /// errc::null_pointer, errc::misaligned_pointer, errc::wrong_memory (memory a shard cannot read;
-  /// host storage); errc::cuda_error (shards asked before it keep their updates).
+  /// it raised as one error; this call then does nothing), errc::invalid_argument (shards whose
+  /// exponents differ), errc::null_pointer, errc::misaligned_pointer, errc::wrong_memory (memory a
+  /// shard cannot read; host storage); errc::cuda_error (shards asked before it keep their
+  /// updates).
   void update_priorities_async(std::span<const key> keys, std::span<const float> priorities,
                                memory_kind source, cuda::stream_ref stream) requires prioritized {
     if (source == memory_kind::host) {
@@ -314,6 +344,7 @@ class sharded_buffer {
     GEAR_REQUIRE(on_device, errc::wrong_memory,
                  "host shards take priorities from host memory only: use memory_kind::host");
     streams_.refuse_capture(stream);
+    (void)detail::common_selection(selection_, shards_);  // every shard checks with one alpha
     const std::lock_guard<std::mutex> held(updates_);
     raise_update_failures();
     GEAR_REQUIRE(keys.size() == priorities.size(), errc::invalid_argument,
@@ -414,35 +445,6 @@ class sharded_buffer {
       return {};
   }
 
-  /// The masses to split by: sizes (uniform); the host tree's root (storage::host); on the GPU,
-  /// the root each shard's last sample read back once it has arrived (until then the one
-  /// before), read at once (synchronising with `stream`) only by the first sample and after a
-  /// failed one.
-  void take_snapshot(cuda::stream_ref stream) {
-    bool forked = false;
-    for (std::size_t s = 0; s < shards_.size(); ++s) {
-      const std::int64_t size = shards_[s]->size();
-      if constexpr (!prioritized) {
-        snapshot_[s] = {static_cast<double>(size), size, true};
-      } else if constexpr (!on_device) {
-        snapshot_[s] = {size > 0 ? shards_[s]->selection_state().total() : 0.0, size, true};
-      } else {
-        double mass = snapshot_[s].mass;  // kept while a newer read-back is on its way
-        if (size == 0) {
-          mass = 0;
-        } else if (!fresh_ || (!streams_.mass_read(s, mass) && !streams_.mass_sent(s))) {
-          if (!forked) streams_.fork(stream);  // on the caller's device, before any scope
-          forked = true;
-          streams_.start(s);
-          const detail::device_scope scope(devices_[s]);
-          mass = shards_[s]->selection_state().total(streams_.of(s));  // synchronises
-        }
-        snapshot_[s] = {mass, size, true};
-      }
-    }
-    fresh_ = true;
-  }
-
   /// Reads shard s's root back after its sample, for the next snapshot (prioritized, GPU).
   void read_mass(std::size_t s) {
     if constexpr (prioritized && on_device) {
@@ -463,8 +465,7 @@ class sharded_buffer {
   }
 
   /// Turns the shards' local probabilities into global ones and writes the union's weights.
-  void make_global(batch_type& out, cuda::stream_ref stream) {
-    const double beta = detail::beta_of(selection_);
+  void make_global(batch_type& out, double beta, cuda::stream_ref stream) {
     if constexpr (on_device) {
 #if defined(GEAR_DEVICE_BACKEND)
       detail::globalize_on_device(out.probabilities_data(), out.weights_data(), parts_, beta,

@@ -88,7 +88,7 @@ inline constexpr int priority_mark_pooled = 512;
 /// the apply and the next update (so the count lives on the device, and replays of a captured
 /// update advance it as eager calls do).
 template <class Tree>  // always priority_tree; a template so that headers define it once per use
-__global__ void priority_mark_kernel(priority_source src, Tree t) {
+__global__ void priority_mark_kernel(priority_source src, Tree t, double alpha) {
   const unsigned long long epoch = t.status->epoch + 1;
   __shared__ unsigned pooled[priority_mark_pooled];
   std::int64_t top = t.shape.internal();  // nodes below `top` are pooled
@@ -104,7 +104,7 @@ __global__ void priority_mark_kernel(priority_source src, Tree t) {
   bool marks = i < src.count;  // lanes past the pairs stay for the barriers
   if (marks && src.keys != nullptr) {
     const unsigned long long verdict =
-        check_priority_pair(src.keys[i], src.priorities[i], static_cast<std::uint64_t>(i),
+        check_priority_pair(src.keys[i], src.priorities[i], alpha, static_cast<std::uint64_t>(i),
                             src.lengths, src.tickets, src.capacity, src.owner, src.siblings);
     if (verdict != priority_ok) {
       // A stale pair is skipped (counted by the apply, if the update stands), a sibling shard's
@@ -194,8 +194,8 @@ __global__ void priority_apply_kernel(priority_source src, Tree t, double alpha)
   // is a sibling shard's.
   const unsigned long long own =
       src.keys == nullptr ? priority_ok
-                          : check_priority_pair(src.keys[i], 0.0f, 0, src.lengths, src.tickets,
-                                                src.capacity, src.owner, src.siblings);
+                          : check_priority_pair(src.keys[i], 0.0f, alpha, 0, src.lengths,
+                                                src.tickets, src.capacity, src.owner, src.siblings);
   if (leader && !failed && own == priority_ok && src.priorities != nullptr)
     priority_fold_max(t, src.priorities[i]);
   if (own != priority_ok) {

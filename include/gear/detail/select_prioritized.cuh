@@ -277,7 +277,7 @@ class prioritized::state<exec::device> {
   /// Throws errc::invalid_priority / errc::invalid_argument before changing anything.
   void update(const slot_table& table, std::span<const key> keys, std::span<const float> priorities,
               cuda::stream_ref stream) {
-    detail::validate_priorities(keys, priorities, policy_.alpha);
+    detail::validate_priorities(keys, priorities, policy_.alpha, capacity_);
     const auto n = static_cast<std::int64_t>(keys.size());
     if (n == 0) return;
     std::byte* const host = prepare_update(keys.size());
@@ -459,7 +459,7 @@ class prioritized::state<exec::device> {
     constexpr int threads = detail::tuning::priority_update_threads;
     detail::
         priority_mark_kernel<<<detail::blocks_for(src.count, threads), threads, 0, stream.get()>>>(
-            src, tree());
+            src, tree(), policy_.alpha);
     GEAR_CHECK_LAUNCH("priority_mark_kernel");
     detail::priority_apply_kernel<<<detail::blocks_for(src.count * detail::sum_tree_group, threads),
                                     threads, 0, stream.get()>>>(src, tree(), policy_.alpha);

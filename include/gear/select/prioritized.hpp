@@ -10,8 +10,9 @@
 //   w_i = (N * P(i))^-beta / max_{rows k of this batch} (N * P(k))^-beta  =  (P_min / P(i))^beta
 //
 // normalised by the largest weight *of the batch* (as in the paper's algorithm 1), so weights lie
-// in (0, 1] and the row with the smallest probability has weight 1; N is the number of committed
-// trajectories.
+// in [0, 1] (0 only where (P_min / P(i))^beta underflows a float: a large beta over a wide range
+// of priorities) and the row with the smallest probability has weight 1; N is the number of
+// committed trajectories.
 //
 // - New trajectories enter with the largest priority given so far (1 before any update).
 // - replay_buffer::update_priorities(keys, priorities) sets priorities in batches and returns
@@ -30,10 +31,12 @@
 //   beta costs nothing, a new alpha recomputes every leaf (O(capacity), once). The buffer does
 //   not order this call against its other streams: make it while no other thread uses the
 //   buffer, on the stream that samples, or after synchronising the buffer's streams.
-// - A trajectory of priority 0 is never drawn while some other has a positive priority. If every
-//   committed priority is 0 (with alpha > 0), selection falls back to uniform, with weights 1.
-//   A priority whose p^alpha overflows to infinity, or underflows to 0 for p > 0, is refused
-//   (errc::invalid_priority) rather than taking every draw or none.
+// - With alpha > 0, a trajectory of priority 0 is never drawn while some other has a positive
+//   priority, and if every committed priority is 0, selection falls back to uniform, with
+//   weights 1. With alpha = 0 every trajectory weighs 1 (0^0 = 1): uniform, priority 0 included.
+//   A priority whose p^alpha could make the tree's sum overflow (p^alpha x capacity not finite),
+//   or underflows to 0 for p > 0, is refused (errc::invalid_priority) rather than taking every
+//   draw or none; on the GPU too, for updates from device memory.
 // - stratified = true draws row r from the r-th of B equal slices of the total mass (the paper's
 //   stratified sampling): lower variance, same marginal distribution for a row picked at random.
 //
@@ -86,6 +89,15 @@ inline constexpr float no_priority = -1.0f;
 /// The leaf value of a raw priority: p^alpha, or 0 for a slot without a committed trajectory.
 GEAR_HD inline double priority_leaf(float priority, double alpha) noexcept {
   return priority >= 0 ? ::pow(static_cast<double>(priority), alpha) : 0.0;
+}
+
+/// Whether a sum tree of `capacity` leaves may take priority p (finite and >= 0) under `alpha`:
+/// p^alpha times the capacity finite (so the leaves' sum is, whichever they are), and p^alpha > 0
+/// for p > 0 (else it could never be drawn).
+GEAR_HD inline bool priority_in_range(float p, double alpha, std::int64_t capacity) noexcept {
+  if (!(p >= 0 && p <= 0x1.fffffep127f)) return false;  // NaN, negative or infinite
+  const double leaf = priority_leaf(p, alpha);
+  return leaf * static_cast<double>(capacity) <= 0x1.fffffffffffffp1023 && (p == 0 || leaf > 0);
 }
 
 /// The uniform variate in [0, root) that row `row` descends the tree with.
@@ -156,8 +168,8 @@ inline constexpr unsigned long long priority_sibling = ~0ull - 1;
 /// against slot metadata (lengths: committed length, 0 unless committed; tickets): returns
 /// priority_ok, priority_sibling (a key of shard [0, siblings) other than the owner's, of its
 /// incarnation, with a good priority) or the pair's verdict. Runs unchanged in the update kernel.
-GEAR_HD constexpr unsigned long long check_priority_pair(const key& k, float priority,
-                                                         std::uint64_t index,
+GEAR_HD inline unsigned long long check_priority_pair(const key& k, float priority, double alpha,
+                                                      std::uint64_t index,
                                                          const std::int64_t* lengths,
                                                          const std::uint64_t* tickets,
                                                          std::int64_t capacity, key_owner owner,
@@ -166,7 +178,7 @@ GEAR_HD constexpr unsigned long long check_priority_pair(const key& k, float pri
       k.incarnation == owner.incarnation && k.shard != owner.shard && k.shard < siblings;
   if (!owner.owns(k) && !sibling)  // another buffer's shard, or another incarnation
     return priority_verdict(errc::key_out_of_range, index);
-  if (!(priority >= 0 && priority <= 0x1.fffffep127f))  // NaN, negative or infinite
+  if (!priority_in_range(priority, alpha, capacity))  // NaN, negative, infinite; p^alpha
     return priority_verdict(errc::invalid_priority, index);
   if (sibling) return priority_sibling;
   const std::int64_t slot = k.slot(capacity);
@@ -245,21 +257,19 @@ inline void raise_priority_failures(priority_report& report, std::uint64_t& rais
 
 /// Throws (changing nothing) unless there is one priority per key and each is finite and >= 0.
 /// Returns the largest priority.
-/// With `alpha`, also refuses a priority whose p^alpha is infinite (it would take every draw) or
-/// 0 while p > 0 (it could never be drawn). p^alpha rises with p (alpha >= 0), so only the
-/// smallest positive and the largest priority are raised to alpha; a pair found bad that way is
-/// then looked for from the first, so that the error names the first bad pair.
+/// Also refuses a priority out of range for a tree of `capacity` leaves under `alpha`
+/// (priority_in_range: p^alpha so large that the leaves' sum could overflow, or 0 while p > 0).
+/// p^alpha rises with p (alpha >= 0), so only the smallest positive and the largest priority are
+/// raised to alpha; a pair found bad that way is then looked for from the first, so that the
+/// error names the first bad pair.
 inline float validate_priorities(std::span<const key> keys, std::span<const float> priorities,
-                                 double alpha) {
+                                 double alpha, std::int64_t capacity) {
   GEAR_REQUIRE(keys.size() == priorities.size(), errc::invalid_argument,
                "update_priorities needs one priority per key: " + std::to_string(keys.size()) +
                    " keys, " + std::to_string(priorities.size()) + " priorities");
   GEAR_REQUIRE(keys.size() < (std::size_t{1} << 32), errc::invalid_argument,
                "update_priorities takes fewer than 2^32 keys at once");
-  const auto in_range = [&](float p) {
-    const double leaf = priority_leaf(p, alpha);
-    return std::isfinite(leaf) && (p == 0 || leaf > 0);
-  };
+  const auto in_range = [&](float p) { return priority_in_range(p, alpha, capacity); };
   float largest = 0, smallest = std::numeric_limits<float>::infinity();  // smallest positive
   bool finite = true;
   for (const float p : priorities) {  // one branch-free pass: NaN fails `p >= 0`
@@ -277,7 +287,8 @@ inline float validate_priorities(std::span<const key> keys, std::span<const floa
                  "priority " + std::to_string(i) + " is " + std::to_string(p) +
                      ": p^alpha (alpha " + std::to_string(alpha) + ") is " +
                      std::to_string(priority_leaf(p, alpha)) +
-                     ", outside the range a sum tree can draw from");
+                     ", outside the range a sum tree of " + std::to_string(capacity) +
+                     " leaves can draw from (p^alpha x capacity finite, > 0 for p > 0)");
   }
   return largest;  // not reached: a pair failed above
 }
@@ -384,7 +395,8 @@ class prioritized::state<exec::host> {
   /// twice. Throws errc::invalid_priority / errc::invalid_argument before changing anything.
   void update(const slot_table&, std::span<const key> keys, std::span<const float> priorities,
               cuda::stream_ref) {
-    const float largest = detail::validate_priorities(keys, priorities, policy_.alpha);
+    const float largest = detail::validate_priorities(
+        keys, priorities, policy_.alpha, static_cast<std::int64_t>(priorities_.size()));
     for (std::size_t i = 0; i < keys.size(); ++i)
       set(keys[i].slot(static_cast<std::int64_t>(priorities_.size())), priorities[i]);
     max_priority_ = std::max(max_priority_, largest);

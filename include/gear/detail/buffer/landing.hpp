@@ -3,8 +3,10 @@
 //
 // Such an insert copies its trajectories into pinned staging with the CPU (during the call, as
 // every host insert does), reserves their slots (the evicted occupants leave the host view at
-// once) and returns: unless it settles (below), it makes no CUDA call, so it waits for no stream
-// and no stream waits for it. Its bytes are *published* later, by calls that settle, in two steps:
+// once) and returns: unless it settles or starts copies (below), or must lease new staging, it
+// makes no CUDA call, so it waits for no stream and no stream waits for it (taking over an open
+// reservation, it waits for the device first). Its bytes are *published* later, by calls that
+// settle, in two steps:
 //   copy    from the pinned staging straight into the slots, by the copy engines, on the buffer's
 //           own stream (publisher_), after the reads enqueued before the insert evicted the
 //           slots' occupants (each insert keeps those read marks) and the last write of slot
@@ -35,7 +37,10 @@
 // has already given away. So a sample on another stream sees a host insert once a settle has
 // copied it, and never waits for bytes still crossing PCIe; a sample on the insert's own stream,
 // or any call naming its keys, sees it as stream order says. Host queries (size, contains) count
-// landing inserts as stored.
+// landing inserts as stored; length() counts a trajectory once published. A call that settles
+// and then fails (a sample finding too few trajectories, an allocation) keeps what its settle
+// published: inserts that had returned already, so what it changed is when they became visible
+// to sampling and length(), nothing a call has seen.
 
 #include <algorithm>
 #include <array>
@@ -398,7 +403,9 @@ void land_trajectories(Core& b, std::unique_lock<std::mutex>& held, const trajec
   try {
     b.check_usable();
     refuse_capture(stream);
+    check_stream_handle(stream.get());
     b.order_.check_bound(stream.get());  // a device_rng sample may have bound it meanwhile
+    b.wait_for_takeovers(count);          // its copies will write the slots
     b.landing_.reserve(b.landing_.size() + 1);
     b.landing_records_.reserve(b.landing_records_.size() + static_cast<std::size_t>(count));
     b.landing_evictions_.reserve(b.landing_evictions_.size() + 1);

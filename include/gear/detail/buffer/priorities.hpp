@@ -53,7 +53,7 @@ priority_update_result update_from_host(Core& b, std::span<const key> keys,
   // The values, before anything changes: the policy's own check where it has an exponent (also
   // p^alpha in range), else finite and >= 0.
   if constexpr (requires { b.selection_->alpha(); }) {
-    validate_priorities(keys, priorities, b.selection_->alpha());
+    validate_priorities(keys, priorities, b.selection_->alpha(), b.capacity_);
   } else {
     for (std::size_t i = 0; i < priorities.size(); ++i)
       GEAR_REQUIRE(std::isfinite(priorities[i]) && priorities[i] >= 0, errc::invalid_priority,

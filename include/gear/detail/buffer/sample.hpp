@@ -265,7 +265,9 @@ void sample_into(Core& b, Batch& out, const window& w, Draws& g, cuda::stream_re
         b.order_before(stream, Core::read, /*capturable=*/device_draws, /*binding=*/device_draws);
         select_and_gather_on_device(*b.selection_, drawn_from, request, args, stream,
                                     [] { return no_epilogue{}; });
-        b.order_after(stream, Core::read, /*bytes=*/true, /*binding=*/device_draws);
+        // The gather is enqueued: a write on another stream must wait for its read event, so a
+        // failure to record it makes the buffer unusable rather than leaving it unordered.
+        b.enqueue([&] { b.order_after(stream, Core::read, /*bytes=*/true, device_draws); });
       }
       if constexpr (rows_on_host) slots = b.selection_->host_rows().data();
       if constexpr (device_draws) {  // once nothing can be refused (checked: neither throws)

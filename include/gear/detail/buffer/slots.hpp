@@ -17,7 +17,8 @@
 namespace gear::detail {
 
 /// Reserves `count` slots; their occupants are evicted in stream order (work enqueued earlier
-/// still sees them). Never synchronises.
+/// still sees them). Does not synchronise, except to take over an open reservation (it waits
+/// for the device: wait_for_takeovers) and on a buffer's first call from a second stream.
 template <class Core>
 reservation reserve_slots(Core& b, std::int64_t count, cuda::stream_ref stream) {
   const auto held = b.lock();
@@ -32,6 +33,7 @@ reservation reserve_slots(Core& b, std::int64_t count, cuda::stream_ref stream) 
   b.order_write(lease, stream);
   try {
     b.wait_for_landing_copies(stream);  // the caller's kernel writes the slots after this
+    b.wait_for_takeovers(count);
   } catch (...) {
     b.give_back(lease);
     throw;

@@ -8,13 +8,18 @@
 //            streams enqueued before it.
 //
 // So each sample sees exactly the writes whose calls returned before it started, whatever their
-// stream, and no slot is overwritten while a gather that may read it has not finished. Calls are
+// stream (a landing insert's once published: landing.hpp), and no slot is overwritten while a
+// gather that may read it has not finished. Calls are
 // serialised by the buffer's mutex; positions are events recorded after each access. While one
 // stream is all a buffer has seen, nothing is recorded or waited for (unless the buffer is
 // tracked for the host, below): the first call on a second stream waits once, on the host, for
 // the whole device (the first stream may be gone by then). A stream may be destroyed while the
-// buffer lives: its events stay valid. Events are made only once a second stream comes (or, when
-// tracked, on the first): an untracked buffer used from one stream has none.
+// buffer lives: its events stay valid. Streams are told apart by their handles: a handle that
+// names another stream in each thread is refused (check_stream_handle), and a stream destroyed
+// with the buffer's work still queued on it must not be followed by a new stream given the same
+// handle value before that work finishes (synchronise it first). Events are made only once a
+// second stream comes (or, when tracked, on the first): an untracked buffer used from one stream
+// has none.
 //
 // A buffer sampled with a gear::device_rng, or updated inside a CUDA graph capture, is bound to
 // that call's stream (bind): CUDA graphs replay such calls, and a replay records and waits for no
@@ -40,6 +45,23 @@
 #include <vector>
 
 namespace gear::detail {
+
+/// Throws errc::invalid_argument for a handle that names another stream in each thread
+/// (cudaStreamPerThread, or stream 0 in code built with --default-stream per-thread): the buffer
+/// tells streams apart by their handles, and two threads' streams taken for one would go
+/// unordered. Cheap: no CUDA call.
+inline void check_stream_handle(cudaStream_t s) {
+#if defined(CUDA_API_PER_THREAD_DEFAULT_STREAM)
+  const bool per_thread = s == cudaStreamPerThread || s == cudaStream_t{};
+#else
+  const bool per_thread = s == cudaStreamPerThread;
+#endif
+  GEAR_REQUIRE(!per_thread, errc::invalid_argument,
+               "a per-thread default stream (cudaStreamPerThread, or stream 0 built with "
+               "--default-stream per-thread) names another stream in each thread, and a buffer "
+               "tells its streams apart by their handles: pass a stream of your own "
+               "(cudaStreamCreate)");
+}
 
 class stream_order {
  public:
@@ -209,6 +231,7 @@ class stream_order {
   lane& lane_of(cudaStream_t s) {
     for (auto& l : lanes_)
       if (l->stream == s) return *l;
+    check_stream_handle(s);
     check_bound(s);
     auto fresh = std::make_unique<lane>();
     fresh->stream = s;
