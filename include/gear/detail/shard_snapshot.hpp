@@ -38,7 +38,10 @@ Selection common_selection(const Selection& built, const Shards& shards) {
   }
 }
 
-/// sharded_buffer's masses to split a sample by, into `snapshot`: sizes (uniform); the host
+/// sharded_buffer's masses to split a sample by, into `snapshot`: sizes (uniform: size() counts
+/// a device shard's landing inserts, which its sample draws from only once published, so until
+/// then such a shard gets rows in proportion to more than it draws from; each row's reported
+/// probability is still exact for how it was drawn); the host
 /// tree's root (storage::host); on the GPU, the root each shard's last sample read back once it
 /// has arrived (until then the one before), read at once (synchronising with `stream`) by the
 /// first sample, after a failed one (`fresh` false), and for a shard whose last snapshot found

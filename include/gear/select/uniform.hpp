@@ -6,7 +6,11 @@
 // live costs what a full one does). Without replacement a row redraws while it hits a slot
 // another row of the batch already claimed: uniform over subsets of the batch's size, a batch of
 // B from N costing O(B * N / (N - B)) draws in all; every row stops after 64 draws and falls back
-// to the first unclaimed position from a uniform start, so no loop is unbounded.
+// to the first unclaimed position from a uniform start, so no loop is unbounded. That fallback is
+// not exactly uniform: it favours positions just after long claimed runs. A row reaches it with
+// probability (c / N)^64 (c: rows claimed before it), so only batches close to N feel it: at
+// B = N - 2 = 98, the two positions left out were adjacent in 2.22% of 200,000 simulated batches
+// against 2.02% for uniform subsets. Draw fewer rows than about 0.9 N where that matters.
 //
 // The host and device states draw the same numbers from the same rng_draw, so with replacement
 // they select the same slots. Without replacement on the GPU, when two rows draw the same slot,
