@@ -1153,6 +1153,36 @@ TEST_CASE_TEMPLATE("reserve_staging: calls within the declared limits allocate n
   }
 }
 
+// A review finding: the small entries had no room for the journal of a settle publishing the
+// landing inserts in flight (a commit and a reservation record per trajectory), and the large
+// ones are held by those inserts until then, so each such settle allocated.
+TEST_CASE("reserve_staging: landing inserts from an actor and the settles publishing them "
+          "allocate nothing") {
+  const gear::call_limits limits{
+      .insert_trajectories = 8, .insert_steps = 16, .batch = 16, .in_flight = 4, .writers = 0};
+  stream_holder learner, actor;
+  vbuffer<gear::storage::device> buf{gear::capacity{256}, gear::max_length{2}};
+  buf.reserve_staging(limits);
+  auto batch = buf.make_batch(gear::batch_size{8}, gear::window_length{2});
+  gear::rng g{31};
+  const auto round = [&](int r) {
+    for (int i = 0; i < 4; ++i) {  // four inserts of 8 trajectories in flight, then a sample
+      std::vector<std::int32_t> values(16, r);
+      const std::int64_t lengths[] = {2, 2, 2, 2, 2, 2, 2, 2};
+      gear::trajectories<vspec> in{lengths, {gear::input(values.data())}};
+      std::vector<gear::key> keys(8);
+      buf.insert_async(in, keys, actor);
+    }
+    buf.sample_async(batch, gear::window{.length = 2}, g, learner);
+    GEAR_CUDA_TRY(cudaStreamSynchronize(learner.s));
+    GEAR_CUDA_TRY(cudaStreamSynchronize(actor.s));
+  };
+  round(0);  // the second stream's first call: its lane and events
+  const std::uint64_t before = gear::detail::gpu_allocations.load();
+  for (int r = 1; r <= 40; ++r) round(r);
+  CHECK(gear::detail::gpu_allocations.load() - before == 0);
+}
+
 TEST_CASE("reserve_staging: a limit out of range is refused by name, changing nothing") {
   using B = vbuffer<gear::storage::device>;
   stream_holder s;
