@@ -47,6 +47,9 @@ Selection common_selection(const Selection& built, const Shards& shards) {
 /// first sample, after a failed one (`fresh` false), and for a shard whose last snapshot found
 /// it empty or without mass (a read-back from before its first trajectories would otherwise
 /// keep them out of the next sample; a shard whose priorities are all 0 is read every time).
+/// The other way round stays approximate: a shard whose priorities all became 0 since its last
+/// read-back still gets rows by its old mass for one sample, and a tree of zeros draws those
+/// uniformly (probabilities reported as drawn).
 template <bool Prioritized, bool OnDevice, class Shards>
 void take_shard_snapshot(Shards& shards, const std::vector<int>& devices, shard_streams& streams,
                          std::vector<remote::shard_share>& snapshot, bool fresh,
