@@ -14,12 +14,12 @@
 //              follow the local formula over the union. The snapshot: sizes for uniform (the
 //              host's own count, always current); for prioritized, each shard's root as its last
 //              sample left it (read back without waiting; the first sample reads it at once).
-//   update, erase  routed to the shard each key names; every key is checked first, so bad
-//              input changes nothing.
+//   update, erase  routed to the shard each key names; every key checked first (bad input
+//              changes nothing). Exponents: set_exponents sets every shard's.
 //
-// Selection: select::uniform and select::prioritized (the policies whose union law the split
-// reproduces). Threads: every call may come from any thread at once; samples are enqueued one at
-// a time (each shard's selection workspace is reused in its stream's order).
+// Selection: select::uniform and select::prioritized (whose union law the split reproduces).
+// Threads: any call from any thread at once; samples are enqueued one at a time (each shard's
+// selection workspace is reused in its stream's order).
 //
 // A shard on another device than the caller's stream: the call's work on it is ordered after the
 // caller's stream (an event) and the caller's stream after it. A sample's batch is on the caller's
@@ -76,8 +76,7 @@ class sharded_buffer {
   /// One shard of `per_shard` slots of up to `length` steps per entry of `devices`, made on that
   /// device (repeat a device to put several shards on it; for storage::host only the number of
   /// entries counts). Shard s issues keys with key.shard == s. Throws errc::invalid_argument (no
-  /// devices, more than max_shards, a device that does not exist), and as replay_buffer's
-  /// constructor does.
+  /// devices, more than max_shards, a device that does not exist), and as replay_buffer's does.
   sharded_buffer(std::span<const int> devices, gear::capacity per_shard, gear::max_length length,
                  Selection selection = {}, insert_route route = insert_route::device_first)
       : selection_(selection), route_(route) {
@@ -222,8 +221,7 @@ class sharded_buffer {
         open = false;
       }
     } catch (...) {
-      // What a shard enqueued into `out` comes before the caller's next work, the failing one's
-      // included.
+      // What a shard enqueued into `out` (the failing one's too) precedes the caller's next work.
       try {
         if (open) streams_.finish_any();
         streams_.join(stream);
@@ -247,11 +245,11 @@ class sharded_buffer {
 
   // ---- priorities and erase ------------------------------------------------------------------
 
-  /// Sets alpha and beta on every shard (as select::prioritized's state does; beta annealing),
-  /// all or none: a shard that refuses the alpha (a stored p^alpha out of range) or fails has the
-  /// shards before it set back. Samples and updates use the shards' exponents, which must agree
-  /// (else they throw errc::invalid_argument). Call it while no other thread uses the buffer.
-  /// Throws errc::invalid_argument, errc::cuda_error.
+  /// Sets alpha and beta on every shard (as select::prioritized's state does), all or none: if a
+  /// shard refuses the alpha (a stored p^alpha out of range) or fails, those before it are set
+  /// back. Samples and updates use the shards' exponents, which must agree (else they throw
+  /// errc::invalid_argument). Call it while no other thread uses the buffer. Throws
+  /// errc::invalid_argument, errc::cuda_error.
   void set_exponents(double alpha, double beta, cuda::stream_ref stream) requires prioritized {
     std::vector<Selection> was;  // each shard's own (they may differ: this call mends that)
     for (const auto& sh : shards_) was.push_back(sh->selection_state().policy());
@@ -267,6 +265,8 @@ class sharded_buffer {
         for (std::size_t r = 0; r < s; ++r) set(r, was[r].alpha, was[r].beta);
         throw;
       }
+    const std::lock_guard<std::mutex> held(streams_.mutex());
+    fresh_ = false;  // the masses read back so far weigh the old alpha
   }
 
   /// Sets the priorities of `keys` (host spans) at the shards they name: stale keys are skipped

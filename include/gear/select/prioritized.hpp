@@ -30,7 +30,9 @@
 // - alpha and beta change at run time with state::set_exponents (buf.selection_state()):
 //   beta costs nothing, a new alpha recomputes every leaf (O(capacity), once). The buffer does
 //   not order this call against its other streams: make it while no other thread uses the
-//   buffer, on the stream that samples, or after synchronising the buffer's streams.
+//   buffer, on the stream that samples, or after synchronising the buffer's streams. A CUDA
+//   graph captured before keeps the exponents it was captured with (its kernels take them as
+//   arguments): capture it again after changing them.
 // - With alpha > 0, a trajectory of priority 0 is never drawn while some other has a positive
 //   priority, and if every committed priority is 0, selection falls back to uniform, with
 //   weights 1. With alpha = 0 every trajectory weighs 1 (0^0 = 1): uniform, priority 0 included.

@@ -4,9 +4,10 @@
 //
 // The buffer's staging pool (staging.hpp) gets `in_flight` + `writers` large entries, each with
 // room for the largest insert (its rows table and plan, its host data, its commit records) or a
-// writer's chunk, and 2 x `in_flight` small ones for the rest (the records of a batch's removals,
-// an erase or a commit, or of a settle publishing `in_flight` landing inserts; the rows a
-// consuming sample reads back: a sample under max_times_sampled holds two at once); the selection state its own staging (select::fifo / lifo's chosen rows,
+// writer's chunk, `in_flight` for the journals of settles publishing landing inserts (where those
+// are larger than the small ones), and 2 x `in_flight` small ones for the rest (the records of a
+// batch's removals, an erase or a commit; the rows a consuming sample reads back: a sample under
+// max_times_sampled holds two at once); the selection state its own staging (select::fifo / lifo's chosen rows,
 // select::prioritized's host-span updates); a consuming policy its return counts. Leases take the
 // smallest idle entry that fits, so small calls keep to the small entries.
 
@@ -58,18 +59,24 @@ void reserve_call_staging(Core& b, const call_limits& l) {
     const insert_staging<Core> insert(l.insert_trajectories, l.insert_steps, /*from_host=*/true);
     const auto batch = static_cast<std::size_t>(l.batch);
     const auto in_flight = static_cast<std::size_t>(l.in_flight);
-    // A settle that publishes every landing insert in flight at once: a commit and a reservation
-    // record per trajectory, and as many dense-index changes pending (landing.hpp).
-    const std::int64_t landed = 2 * l.in_flight * l.insert_trajectories;
     const std::size_t small =
-        std::max({records(l.batch), records(l.insert_trajectories), batch * sizeof(std::int64_t),
-                  Core::journal_bytes(landed, landed)});
+        std::max({records(l.batch), records(l.insert_trajectories), batch * sizeof(std::int64_t)});
     const std::size_t large = std::max({insert.records_at() + records(l.insert_trajectories),
                                         writer<Core>::staging_bytes(b.max_length_), small});
-    // Counted from the largest down: every large entry also fits a small lease.
+    // A settle publishing the landing inserts in flight (landing.hpp): a record and a dense-index
+    // change per trajectory, for twice `in_flight` inserts (a sample publishes only what it must
+    // see; the rest stay in flight beside the next inserts). Entries of their own, so that the
+    // small ones stay small.
+    const std::int64_t landed = 2 * l.in_flight * l.insert_trajectories;
+    const std::size_t settle = Core::journal_bytes(landed, landed);
+    // Counted from the largest down: every larger entry also fits a smaller lease (an insert's
+    // needs its device part, which only the large entries have).
     const auto large_count = in_flight + static_cast<std::size_t>(l.writers);
+    const std::size_t settles = settle > small ? in_flight : 0;
+    if (settle > large) b.staging_.reserve(settles, settle, 0);
     b.staging_.reserve(large_count, large, insert.table_bytes);
-    b.staging_.reserve(large_count + 2 * in_flight, small, 0);
+    if (settle > small && settle <= large) b.staging_.reserve(large_count + settles, settle, 0);
+    b.staging_.reserve(large_count + settles + 2 * in_flight, small, 0);
     if constexpr (staging_reserving<typename Core::state_type>)
       b.selection_->reserve_staging(l.batch);
     b.drawn_slots_.reserve(batch);

@@ -235,19 +235,11 @@ class buffer_core {
   /// Waits, on the host, until the CPU may overwrite the host-resident bytes of the slots the
   /// next reservation takes: for every gather that may read them and every write of slot bytes
   /// in flight (stream_order::wait_on_host), not for the rest of the caller's stream. A bound
-  /// buffer records no event: it waits for its stream. Call wait_for_takeovers first.
+  /// buffer records no event: it waits for its stream. Call wait_for_takeovers (landing.hpp)
+  /// first.
   void wait_before_cpu_write(cuda::stream_ref stream) {
     if constexpr (on_device) order_.bound() ? synchronize(stream) : order_.wait_on_host();
     (void)stream;
-  }
-  /// Before the next reservation of `count` slots takes over an open reservation (the ring came
-  /// round to it uncommitted), waits for the device: a buffer_ref kernel on any stream may still
-  /// be filling it, and neither the CPU nor a stream's copy or scatter may write under it (a
-  /// kernel that never ends, holding a reservation, would hold this call and the buffer too). A
-  /// bound buffer's reservations are filled on its stream, which orders the writes already.
-  void wait_for_takeovers(std::int64_t count) {
-    if constexpr (on_device)
-      if (!order_.bound() && ring_.takeovers(count) > 0) GEAR_CUDA_TRY(cudaDeviceSynchronize());
   }
   static constexpr auto read = stream_order::access::read;
   static constexpr auto write = stream_order::access::write;

@@ -219,7 +219,7 @@ void insert_trajectories(Core& b, const trajectories<Spec>& in, std::span<key> k
       settle_landing(b, landing_force{}, stream);
       b.order_before(stream, Core::write);
       b.wait_for_landing_copies(stream);
-      b.wait_for_takeovers(count);
+      wait_for_takeovers(b, count);
       if (layout.cpu_bytes > 0) b.wait_before_cpu_write(stream);
     } catch (...) {
       b.staging_.give_back(lease);

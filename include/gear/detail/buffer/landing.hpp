@@ -366,6 +366,30 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
   }
 }
 
+/// Before the next reservation of `count` slots takes over an open reservation (the ring came
+/// round to it uncommitted), waits for the device: a buffer_ref kernel on any stream may still
+/// be filling it, and neither the CPU nor a stream's copy or scatter may write under it (a kernel
+/// that never ends, holding a reservation, would hold this call and the buffer too). A landing
+/// insert's slots need no wait (their copies are ordered on the buffer's stream:
+/// wait_for_landing_copies), nor do a bound buffer's (filled on its stream).
+template <class Core>
+void wait_for_takeovers(Core& b, std::int64_t count) {
+  if constexpr (Core::on_device) {
+    if (b.order_.bound() || b.ring_.takeovers(count) == 0) return;
+    for (std::int64_t i = 0; i < count; ++i) {
+      const std::uint64_t t =
+          b.ring_.ticket(b.ring_.slot_of(b.ring_.next_ticket() + static_cast<std::uint64_t>(i)));
+      const auto lands = [&](const auto& l) { return l.names(t); };
+      if (b.ring_.is_pending(t) && std::none_of(b.landing_.begin(), b.landing_.end(), lands)) {
+        GEAR_CUDA_TRY(cudaDeviceSynchronize());
+        return;
+      }
+    }
+  } else {
+    (void)b, (void)count;
+  }
+}
+
 /// The landing insert (see the top of this file), after check_insert, with the mutex `held`.
 /// `staged_at[c]` / `staged_bytes`: the packed layout of every column (each aligned to
 /// segment_alignment, as settle_landing reads it).
@@ -405,7 +429,7 @@ void land_trajectories(Core& b, std::unique_lock<std::mutex>& held, const trajec
     refuse_capture(stream);
     check_stream_handle(stream.get());
     b.order_.check_bound(stream.get());  // a device_rng sample may have bound it meanwhile
-    b.wait_for_takeovers(count);          // its copies will write the slots
+    wait_for_takeovers(b, count);  // its copies will write the slots
     b.landing_.reserve(b.landing_.size() + 1);
     b.landing_records_.reserve(b.landing_records_.size() + static_cast<std::size_t>(count));
     b.landing_evictions_.reserve(b.landing_evictions_.size() + 1);

@@ -33,7 +33,7 @@ reservation reserve_slots(Core& b, std::int64_t count, cuda::stream_ref stream) 
   b.order_write(lease, stream);
   try {
     b.wait_for_landing_copies(stream);  // the caller's kernel writes the slots after this
-    b.wait_for_takeovers(count);
+    wait_for_takeovers(b, count);
   } catch (...) {
     b.give_back(lease);
     throw;
