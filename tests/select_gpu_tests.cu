@@ -1351,8 +1351,7 @@ TEST_CASE(
     "takes its share of the next (its mass read again, not the read-back from when it was "
     "empty)") {
   stream_holder s;
-  int here = 0;
-  GEAR_CUDA_TRY(cudaGetDevice(&here));
+  const int here = gear::detail::current_device_ordinal();
   using per_shards = gear::sharded_buffer<spec, gear::storage::device, gear::select::prioritized>;
   per_shards buf({here, here}, gear::capacity{64}, gear::max_length{1},
                  gear::select::prioritized{0.6, 0.4}, gear::insert_route::round_robin);

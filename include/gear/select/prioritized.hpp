@@ -98,8 +98,9 @@ GEAR_HD inline double priority_leaf(float priority, double alpha) noexcept {
 /// for p > 0 (else it could never be drawn).
 GEAR_HD inline bool priority_in_range(float p, double alpha, std::int64_t capacity) noexcept {
   if (!(p >= 0 && p <= 0x1.fffffep127f)) return false;  // NaN, negative or infinite
+  if (p == 0) return true;  // leaf 0, or 1 at alpha 0 (the apply kernel's key-only check too)
   const double leaf = priority_leaf(p, alpha);
-  return leaf * static_cast<double>(capacity) <= 0x1.fffffffffffffp1023 && (p == 0 || leaf > 0);
+  return leaf * static_cast<double>(capacity) <= 0x1.fffffffffffffp1023 && leaf > 0;
 }
 
 /// The uniform variate in [0, root) that row `row` descends the tree with.

@@ -379,8 +379,7 @@ void wait_for_takeovers(Core& b, std::int64_t count) {
     for (std::int64_t i = 0; i < count; ++i) {
       const std::uint64_t t =
           b.ring_.ticket(b.ring_.slot_of(b.ring_.next_ticket() + static_cast<std::uint64_t>(i)));
-      const auto lands = [&](const auto& l) { return l.names(t); };
-      if (b.ring_.is_pending(t) && std::none_of(b.landing_.begin(), b.landing_.end(), lands)) {
+      if (b.ring_.is_pending(t) && !b.is_landing(t)) {
         GEAR_CUDA_TRY(cudaDeviceSynchronize());
         return;
       }
