@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <gear/detail/buffer/mirror.hpp>
 #include <gear/detail/buffer/slot_ring.hpp>
+#include <gear/detail/modulus.hpp>
 #include <gear/error.hpp>
 #include <gear/key.hpp>
 #include <gear/ref.hpp>
@@ -451,6 +452,35 @@ std::int64_t slot_of(const slot_record& r, std::int64_t capacity) {
 }  // namespace
 
 // ---- records ----------------------------------------------------------------------------------
+
+TEST_CASE("modulus: quotient and remainder equal / and % for every divisor shape") {
+  // Divisors: small, powers of two and their neighbours, capacities, the top of the range; and
+  // random ones of every bit length. Dividends: around multiples of the divisor, the ends of the
+  // range, and random ones of every bit length.
+  std::mt19937_64 g(11);
+  std::vector<std::uint64_t> divisors = {1, 2, 3, 7, 1000, 16384, 16385, 1'000'003};
+  for (int k = 1; k < 64; ++k) {
+    const std::uint64_t p = std::uint64_t{1} << k;
+    divisors.insert(divisors.end(), {p - 1, p, p + 1});
+  }
+  divisors.insert(divisors.end(), {~std::uint64_t{0}, ~std::uint64_t{0} - 1});
+  for (int i = 0; i < 2000; ++i) divisors.push_back(std::max<std::uint64_t>(1, g() >> (g() % 64)));
+  std::int64_t wrong = 0, checked = 0;
+  for (const std::uint64_t d : divisors) {
+    const gear::detail::modulus m(d);
+    std::vector<std::uint64_t> ns = {0, 1, d - 1, d, d + 1, 2 * d - 1, 2 * d, ~std::uint64_t{0},
+                                     ~std::uint64_t{0} - 1, ~std::uint64_t{0} - d};
+    for (int i = 0; i < 300; ++i) ns.push_back(g() >> (g() % 64));
+    for (const std::uint64_t n : ns) {
+      ++checked;
+      if (m(n) != n % d || m.quotient(n) != n / d) {
+        if (wrong++ < 5) MESSAGE("d = " << d << ", n = " << n << ": " << m(n) << " vs " << n % d);
+      }
+    }
+  }
+  CHECK(checked > 600'000);
+  CHECK(wrong == 0);
+}
 
 TEST_CASE("slot records carry ticket, rank and length, ordered by (ticket, rank)") {
   for (std::uint64_t t : {std::uint64_t{0}, std::uint64_t{1}, std::uint64_t{12345},

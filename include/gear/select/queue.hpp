@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cuda/stream_ref>
+#include <gear/detail/modulus.hpp>
 #include <gear/error.hpp>
 #include <gear/select/concept.hpp>
 #include <string>
@@ -37,23 +38,29 @@ struct lifo_link {
 /// table, in that order, to slots (host memory). Requires batch <= t.live. `cursor` (fifo): no
 /// ticket below it can be returned any more; advanced here. `links` (lifo, [capacity]): see
 /// lifo_link.
-inline void queue_rows(const slot_table& t, bool oldest_first, std::int64_t batch,
-                       std::int64_t* slots, std::uint64_t& cursor, lifo_link* links = nullptr) {
-  const auto cap = static_cast<std::uint64_t>(t.capacity);
+inline void queue_rows(const slot_table& t, const modulus& slot_of, bool oldest_first,
+                       std::int64_t batch, std::int64_t* slots, std::uint64_t& cursor,
+                       lifo_link* links = nullptr) {
+  const auto cap = static_cast<std::size_t>(t.capacity);
   const std::uint64_t begin =
       std::max(cursor, t.next_ticket - static_cast<std::uint64_t>(t.occupied));
   std::int64_t n = 0;
   if (oldest_first) {
     // Tickets whose slot was reserved again, or that were removed, are gone for good.
+    // The slot walks with the ticket (one division, not one per ticket: see modulus.hpp).
     cursor = begin;
+    auto slot = static_cast<std::size_t>(slot_of(cursor));
+    const auto next_slot = [&] {
+      if (++slot == cap) slot = 0;
+    };
     while (cursor < t.next_ticket) {
-      const auto slot = static_cast<std::size_t>(cursor % cap);
       if (t.host_tickets[slot] == cursor && t.host_states[slot] != 0) break;
       ++cursor;
+      next_slot();
     }
     for (std::uint64_t ticket = cursor; n < batch && ticket < t.next_ticket; ++ticket) {
-      const auto slot = static_cast<std::int64_t>(ticket % cap);
-      if (t.host_lengths[slot] > 0) slots[n++] = slot;
+      if (t.host_lengths[slot] > 0) slots[n++] = static_cast<std::int64_t>(slot);
+      next_slot();
     }
   } else {
     // Scan down from the newest ticket. A run of removed tickets is crossed by its links; once
@@ -64,20 +71,21 @@ inline void queue_rows(const slot_table& t, bool oldest_first, std::int64_t batc
     auto close_run = [&](std::uint64_t resume) {
       if (links == nullptr) return;
       for (std::uint64_t r = run_top; r > resume;) {
-        lifo_link& l = links[static_cast<std::size_t>(--r % cap)];
+        --r;
+        const auto slot = static_cast<std::size_t>(slot_of(r));
+        lifo_link& l = links[slot];
         if (l.ticket == r) {  // linked before: follow it (its targets are at most r)
           const std::uint64_t next = l.resume;
           l.resume = resume;
           r = std::max(next, resume);
-        } else if (t.host_tickets[static_cast<std::size_t>(r % cap)] == r &&
-                   t.host_states[static_cast<std::size_t>(r % cap)] == 0) {
+        } else if (t.host_tickets[slot] == r && t.host_states[slot] == 0) {
           l = {r, resume};
         }
       }
     };
     while (n < batch && top > begin) {
       const std::uint64_t ticket = top - 1;
-      const auto slot = static_cast<std::size_t>(ticket % cap);
+      const auto slot = static_cast<std::size_t>(slot_of(ticket));
       const bool removed = t.host_tickets[slot] == ticket && t.host_states[slot] == 0;
       if (removed) {
         const lifo_link* l = links != nullptr ? &links[slot] : nullptr;
@@ -105,16 +113,18 @@ template <bool OldestFirst>
 class queue_order {
  public:
   explicit queue_order(std::int64_t capacity)
-      : links_(OldestFirst ? 0 : static_cast<std::size_t>(capacity)) {}
+      : slot_of_(static_cast<std::uint64_t>(capacity)),
+        links_(OldestFirst ? 0 : static_cast<std::size_t>(capacity)) {}
   void validate(const slot_table& t, std::int64_t batch) const { validate_queue(t, batch); }
 
  protected:
   /// Writes the slots of the next `batch` rows to `slots` (host memory) and moves past them.
   void choose(const slot_table& t, std::int64_t batch, std::int64_t* slots) {
-    queue_rows(t, OldestFirst, batch, slots, cursor_, links_.data());
+    queue_rows(t, slot_of_, OldestFirst, batch, slots, cursor_, links_.data());
   }
 
  private:
+  modulus slot_of_;
   std::uint64_t cursor_ = 0;
   std::vector<lifo_link> links_;
 };

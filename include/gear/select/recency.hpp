@@ -27,6 +27,7 @@
 #include <cuda/stream_ref>
 #include <gear/config.hpp>
 #include <gear/detail/claim.hpp>
+#include <gear/detail/modulus.hpp>
 #include <gear/detail/select_rows.hpp>
 #include <gear/error.hpp>
 #include <gear/select/concept.hpp>
@@ -113,6 +114,7 @@ class committed_slots {
  public:
   explicit committed_slots(std::int64_t capacity)
       : capacity_(capacity),
+        slot_of_(static_cast<std::uint64_t>(capacity)),
         flags_(static_cast<std::size_t>(capacity), 0),
         tickets_(static_cast<std::size_t>(capacity), 0),
         counts_(capacity) {}
@@ -120,7 +122,7 @@ class committed_slots {
   void set(std::uint64_t first_ticket, std::int64_t count, bool committed) {
     for (std::int64_t i = 0; i < count; ++i) {
       const std::uint64_t ticket = first_ticket + static_cast<std::uint64_t>(i);
-      const auto slot = static_cast<std::size_t>(ticket % static_cast<std::uint64_t>(capacity_));
+      const auto slot = static_cast<std::size_t>(slot_of_(ticket));
       next_seen_ = std::max(next_seen_, ticket + 1);
       if (flags_[slot] == static_cast<std::uint8_t>(committed)) continue;
       flags_[slot] = static_cast<std::uint8_t>(committed);
@@ -213,13 +215,13 @@ class committed_slots {
     if (span >= flags_.size()) {
       for (std::size_t slot = 0; slot < flags_.size(); ++slot) reweigh(slot);
     } else {
-      const auto cap = static_cast<std::uint64_t>(capacity_);
       for (std::uint64_t t = next_ticket > span ? next_ticket - span : 0; t < next_ticket; ++t)
-        reweigh(static_cast<std::size_t>(t % cap));
+        reweigh(static_cast<std::size_t>(slot_of_(t)));
     }
   }
 
   std::int64_t capacity_;
+  modulus slot_of_;  // ticket -> slot without a division
   std::vector<std::uint8_t> flags_;
   std::vector<std::uint64_t> tickets_;  // ticket of each committed slot
   ring_sum_tree<std::int64_t> counts_;

@@ -7,6 +7,7 @@
 #include <concepts>
 #include <cstdint>
 #include <cuda/stream_ref>
+#include <functional>
 #include <gear/batch.hpp>
 #include <gear/detail/buffer/core.hpp>
 #include <gear/detail/buffer/slots.hpp>
@@ -94,7 +95,12 @@ void plan_returns(Core& b, const std::int64_t* slots, std::int64_t rows) {
       i = end;
     }
   }
-  std::sort(b.removal_tickets_.begin(), b.removal_tickets_.end());
+  // A queue's rows come in ticket order, a stack's in reverse: sorted in O(rows) then.
+  std::vector<std::uint64_t>& tickets = b.removal_tickets_;
+  if (std::is_sorted(tickets.begin(), tickets.end(), std::greater<>{}))
+    std::reverse(tickets.begin(), tickets.end());
+  else if (!std::is_sorted(tickets.begin(), tickets.end()))
+    std::sort(tickets.begin(), tickets.end());
   b.removal_tickets_.erase(std::unique(b.removal_tickets_.begin(), b.removal_tickets_.end()),
                            b.removal_tickets_.end());
 }

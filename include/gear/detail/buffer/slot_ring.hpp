@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <gear/detail/buffer/mirror.hpp>
+#include <gear/detail/modulus.hpp>
 #include <gear/error.hpp>
 #include <gear/key.hpp>
 #include <gear/ref.hpp>
@@ -39,6 +40,7 @@ class slot_ring {
   /// `buffer_id` is stamped into reservations so that another buffer's are refused.
   slot_ring(std::int64_t capacity, std::uint64_t buffer_id)
       : capacity_(capacity),
+        slot_of_(static_cast<std::uint64_t>(capacity)),
         buffer_id_(buffer_id),
         lengths_(static_cast<std::size_t>(capacity), 0),
         tickets_(static_cast<std::size_t>(capacity), 0),
@@ -64,7 +66,7 @@ class slot_ring {
         std::min<std::uint64_t>(next_ticket_, static_cast<std::uint64_t>(capacity_)));
   }
   [[nodiscard]] std::int64_t slot_of(std::uint64_t ticket) const noexcept {
-    return static_cast<std::int64_t>(ticket % static_cast<std::uint64_t>(capacity_));
+    return static_cast<std::int64_t>(slot_of_(ticket));
   }
   [[nodiscard]] std::int64_t length(std::int64_t slot) const noexcept { return lengths_[at(slot)]; }
   [[nodiscard]] std::uint64_t ticket(std::int64_t slot) const noexcept {
@@ -220,6 +222,7 @@ class slot_ring {
   }
 
   std::int64_t capacity_;
+  modulus slot_of_;  // ticket -> slot without a division
   std::uint64_t buffer_id_;
   std::vector<std::int64_t> lengths_;
   std::vector<std::uint64_t> tickets_;
