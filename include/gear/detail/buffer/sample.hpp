@@ -156,6 +156,7 @@ void remove_in_gather(Core& b, const slot_table& table, const selection_request&
                       cuda::stream_ref stream) {
   b.order_before(stream, Core::write);
   bool changed = false;
+  const staging_pool::signal done = b.staging_.signal_of(*removal);
   try {
     select_and_gather_on_device(*b.selection_, table, request, args, stream, [&] {
       plan_returns(b, b.selection_->host_rows().data(), request.batch);
@@ -163,17 +164,23 @@ void remove_in_gather(Core& b, const slot_table& table, const selection_request&
       changed = true;  // from the policy's eviction hook on (it may change its state)
       remove_in_ring(b, b.removal_tickets_, b.records_of(removal), stream);
       note_returns(b);
-      return journal_epilogue{b.journal_of(*removal, 0, n), request.arrivals,
-                              b.staging_.signal_of(*removal)};
+      return journal_epilogue{b.journal_of(*removal, 0, n), request.arrivals, done};
     });
     // The gather's last block signals when it reads the records and the rows no more.
     const staging_pool::lease handed = *removal;
     removal.reset();
-    b.staging_.release_on_signal(handed);
+    if (done.word != nullptr)
+      b.staging_.release_on_signal(handed);
+    else
+      b.staging_.release_after(handed, stream.get());
     b.order_after(stream, Core::write, /*bytes=*/false);
     b.order_after(stream, Core::read);
   } catch (const std::exception& e) {
     if (changed) b.failure_ = e.what();
+    // A kernel enqueued before the failure (a select launch ahead of the gather) may read the
+    // rows in the lease: it is reused only after a device-wide wait.
+    if (removal) b.staging_.give_back_unsafe(*removal);
+    removal.reset();
     throw;
   }
 }

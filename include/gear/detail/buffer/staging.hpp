@@ -28,6 +28,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -37,6 +38,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace gear::detail {
@@ -91,7 +93,9 @@ class staging_pool {
       // make another.
       if (!in_flight_.empty()) {
         entry& oldest = *entries_[in_flight_.front()];
-        if (oldest.unsafe || oldest.signalled) {  // a signal is waited for as the device is
+        if (oldest.signalled && !oldest.unsafe) {
+          wait_for_signal(oldest);
+        } else if (oldest.unsafe) {
           GEAR_CUDA_TRY(cudaDeviceSynchronize());
           oldest.unsafe = false;
           oldest.signalled = false;
@@ -174,15 +178,18 @@ class staging_pool {
     GEAR_CUDA_TRY(recorded);
   }
 
-  /// The signal a kernel that reads lease `l` writes once it reads it no more (see signal).
+  /// The signal a kernel that reads lease `l` writes once it reads it no more (see signal); a
+  /// null word for an entry past max_entries (made while every entry was leased), which has
+  /// none: its lease is ended with release_after.
   [[nodiscard]] signal signal_of(const lease& l) const noexcept {
     const std::lock_guard held(mutex_);
+    if (l.entry >= max_entries) return {};
     return {reinterpret_cast<std::uint64_t*>(words_.device_data()) + l.entry, l.generation};
   }
 
-  /// Ends a lease whose memory only kernels that write its signal (signal_of) read, once they
-  /// are enqueued: the entry is reused once the signal is written. Records nothing, never
-  /// throws.
+  /// Ends a lease whose memory only kernels that write its signal (signal_of, a word not null)
+  /// read, once they are enqueued: the entry is reused once the signal is written. Records
+  /// nothing, never throws.
   void release_on_signal(const lease& l) noexcept {
     const std::lock_guard held(mutex_);
     entry& e = *entries_[l.entry];
@@ -257,10 +264,7 @@ class staging_pool {
   /// True when the entry's last recorded work has finished. Throws errc::cuda_error.
   bool finished(entry& e) {
     if (e.signalled && !e.unsafe) {
-      const auto* word = reinterpret_cast<const std::uint64_t*>(words_.data()) + e.index;
-      if (std::atomic_ref<const std::uint64_t>(*word).load(std::memory_order_acquire) <
-          e.generation)
-        return false;
+      if (!signalled(e)) return false;
       e.signalled = false;
       return true;
     }
@@ -271,6 +275,21 @@ class staging_pool {
       return true;
     }
     return event_reached(e.done.get());
+  }
+
+  /// True once the kernel that reads the signalled entry `e` has written its lease's number.
+  bool signalled(const entry& e) const noexcept {
+    auto* word = reinterpret_cast<std::uint64_t*>(words_.data()) + e.index;
+    return std::atomic_ref<std::uint64_t>(*word).load(std::memory_order_acquire) >= e.generation;
+  }
+  /// Waits on the host for the signal of `e` (every entry is in flight): polls its word for up
+  /// to a second, then waits for the whole device (after which the kernel has run, or never
+  /// will: its launch failed). Throws errc::cuda_error.
+  void wait_for_signal(entry& e) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while (!signalled(e) && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+    if (!signalled(e)) GEAR_CUDA_TRY(cudaDeviceSynchronize());
+    e.signalled = false;
   }
 
   /// Makes the signal words, one per entry there may be, on first use (the pool of a buffer
