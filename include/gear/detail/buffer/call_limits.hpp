@@ -4,12 +4,13 @@
 //
 // The buffer's staging pool (staging.hpp) gets `in_flight` + `writers` large entries, each with
 // room for the largest insert (its rows table and plan, its host data, its commit records) or a
-// writer's chunk, `in_flight` for the journals of settles publishing landing inserts (where those
-// are larger than the small ones), and 2 x `in_flight` small ones for the rest (the records of a
-// batch's removals, an erase or a commit; the rows a consuming sample reads back: a sample under
-// max_times_sampled holds two at once); the selection state its own staging (select::fifo / lifo's chosen rows,
-// select::prioritized's host-span updates); a consuming policy its return counts. Leases take the
-// smallest idle entry that fits, so small calls keep to the small entries.
+// writer's chunk, 2 x `in_flight` for the journals of settles publishing landing inserts (one per
+// call in flight, of the size of the largest settle, or small), and 2 x `in_flight` small ones
+// for the rest (the records of a batch's removals, an erase or a commit; the rows a consuming
+// sample reads back: a sample under max_times_sampled holds two at once); the selection state its
+// own staging (select::fifo / lifo's chosen rows, select::prioritized's host-span updates); a
+// consuming policy its return counts. Leases take the smallest idle entry that fits, so small
+// calls keep to the small entries.
 
 #include <algorithm>
 #include <cstddef>
@@ -65,14 +66,15 @@ void reserve_call_staging(Core& b, const call_limits& l) {
                                         writer<Core>::staging_bytes(b.max_length_), small});
     // A settle publishing the landing inserts in flight (landing.hpp): a record and a dense-index
     // change per trajectory, for twice `in_flight` inserts (a sample publishes only what it must
-    // see; the rest stay in flight beside the next inserts). Entries of their own, so that the
-    // small ones stay small.
+    // see; the rest stay in flight beside the next inserts). Any call may settle first, so each
+    // call in flight, insert or other, may hold a settle's journal beside its own staging:
+    // entries of their own, so that the small ones stay small.
     const std::int64_t landed = 2 * l.in_flight * l.insert_trajectories;
     const std::size_t settle = Core::journal_bytes(landed, landed);
     // Counted from the largest down: every larger entry also fits a smaller lease (an insert's
     // needs its device part, which only the large entries have).
     const auto large_count = in_flight + static_cast<std::size_t>(l.writers);
-    const std::size_t settles = settle > small ? in_flight : 0;
+    const std::size_t settles = 2 * in_flight;
     if (settle > large) b.staging_.reserve(settles, settle, 0);
     b.staging_.reserve(large_count, large, insert.table_bytes);
     if (settle > small && settle <= large) b.staging_.reserve(large_count + settles, settle, 0);
