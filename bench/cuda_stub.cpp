@@ -6,17 +6,25 @@
 //
 // It reports one device (compute capability 9.0, 132 multiprocessors) and does, on the host and
 // at once, what the host can: allocations are malloc, copies and memsets are memcpy and memset,
-// events and streams are handles that are always complete. Kernels are not run: launches return
+// events and streams are handles that are always complete. With GEAR_STUB_SLOW=1 in the
+// environment the device is slow instead: a recorded event stays incomplete until a
+// synchronisation (of its own, its stream's or the device's), so that staging stays in flight as
+// long as it can; with GEAR_STUB_TRACE_ALLOCATIONS=1 every allocation prints its size and the
+// calls that made it. Kernels are not run: launches return
 // success and do nothing, so device results are garbage. Use it for where the host time goes
 // (which calls, which loops), never for a result or a figure of the GPU's: the host's cost of
 // each driver call is not modelled (they take nanoseconds here).
 
 #include <cuda_runtime_api.h>
 
+#include <execinfo.h>
+
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
 
 namespace {
 
@@ -26,7 +34,27 @@ dim3 config_grid, config_block;
 std::size_t config_shared = 0;
 cudaStream_t config_stream = nullptr;
 
+bool env_on(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && v[0] == '1';
+}
+const bool slow = env_on("GEAR_STUB_SLOW");
+// GEAR_STUB_QUERIES=k: a recorded event completes at a random one of the next k queries of it.
+const int queries_to_complete = std::getenv("GEAR_STUB_QUERIES") != nullptr
+                                    ? std::atoi(std::getenv("GEAR_STUB_QUERIES"))
+                                    : 0;
+std::map<cudaEvent_t, int> queries_left;
+unsigned random_state = 12345;
+const bool trace_allocations = env_on("GEAR_STUB_TRACE_ALLOCATIONS");
+std::set<cudaEvent_t> incomplete;  // recorded and not yet synchronised (GEAR_STUB_SLOW)
+
 void* allocate(std::size_t bytes, cudaMemoryType kind) {
+  if (trace_allocations) {
+    std::fprintf(stderr, "gear_cuda_stub: %s of %zu bytes\n",
+                 kind == cudaMemoryTypeDevice ? "cudaMalloc" : "cudaHostAlloc", bytes);
+    void* frames[24];
+    backtrace_symbols_fd(frames, backtrace(frames, 24), 2);
+  }
   void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
   if (p == nullptr) return nullptr;
   const std::lock_guard held(mutex);
@@ -121,7 +149,12 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
   }
   return cudaSuccess;
 }
-cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize() {
+  const std::lock_guard held(mutex);
+  incomplete.clear();
+  queries_left.clear();
+  return cudaSuccess;
+}
 cudaError_t cudaGetLastError() { return cudaSuccess; }
 cudaError_t cudaPeekAtLastError() { return cudaSuccess; }
 const char* cudaGetErrorName(cudaError_t) { return "cudaStubError"; }
@@ -185,7 +218,12 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   std::free(s);
   return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t) {  // every stream: streams are not told apart
+  const std::lock_guard held(mutex);
+  incomplete.clear();
+  queries_left.clear();
+  return cudaSuccess;
+}
 cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }
 cudaError_t cudaStreamIsCapturing(cudaStream_t, cudaStreamCaptureStatus* status) {
   *status = cudaStreamCaptureStatusNone;
@@ -196,11 +234,35 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) {
   return cudaSuccess;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  {
+    const std::lock_guard held(mutex);
+    incomplete.erase(e);
+  }
   std::free(e);
   return cudaSuccess;
 }
-cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
-cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
+  const std::lock_guard held(mutex);
+  if (slow) incomplete.insert(e);
+  if (queries_to_complete > 0) {
+    random_state = random_state * 1103515245u + 12345u;
+    queries_left[e] = static_cast<int>((random_state >> 16) % queries_to_complete);
+  }
+  return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  const std::lock_guard held(mutex);
+  if (auto it = queries_left.find(e); it != queries_left.end() && it->second > 0) {
+    --it->second;
+    return cudaErrorNotReady;
+  }
+  return incomplete.count(e) != 0 ? cudaErrorNotReady : cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  const std::lock_guard held(mutex);
+  incomplete.erase(e);
+  queries_left.erase(e);
+  return cudaSuccess;
+}
 
 }  // extern "C"
