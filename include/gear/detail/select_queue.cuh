@@ -1,10 +1,10 @@
 #pragma once
 // Device side of gear::select::fifo and lifo. The rows are chosen on the host (queue_rows, in
-// select/queue.hpp) into pinned staging, which the GPU reads through its mapping: a small gather
-// reads them there itself (with_chosen_rows around the gather: one launch per sample); otherwise
-// one select launch writes them to the request first. No copy is enqueued and nothing is read back:
-// the rows stay on the host too (host_rows), so a sample that removes what it returns counts them
-// there, without synchronising.
+// select/queue.hpp) into pinned staging (its own, or a consuming sample's lease), which the GPU
+// reads through its mapping: a small gather reads them there itself (with_chosen_rows around the
+// gather: one launch per sample); otherwise one select launch writes them to the request first.
+// No copy is enqueued and nothing is read back: the rows stay on the host too (host_rows), so a
+// sample that removes what it returns counts them there, without synchronising.
 
 #include <algorithm>
 #include <cstdint>
@@ -37,15 +37,23 @@ class queue_state<OldestFirst, exec::device> : public queue_order<OldestFirst> {
     staging_.reserve(static_cast<std::size_t>(batch) * sizeof(std::int64_t));
   }
 
-  /// Chooses the rows on the host into the next staging area, then calls launch(rows), the row
-  /// function that reads them there, to enqueue the kernels that do; the area is refilled only
-  /// after they have run (a ring of four areas, so a caller waits on the host only when its
-  /// stream is four samples behind). host_rows() holds the rows too. Throws errc::out_of_memory
-  /// or errc::cuda_error before launch runs, with the state as it was, and what launch throws.
+  /// Chooses the rows on the host into the next staging area (or the request's, if it has one),
+  /// then calls launch(rows), the row function that reads them there, to enqueue the kernels that
+  /// do; the area is refilled only after they have run (a ring of four areas, so a caller waits
+  /// on the host only when its stream is four samples behind). host_rows() holds the rows too.
+  /// Throws errc::out_of_memory or errc::cuda_error before launch runs, with the state as it
+  /// was, and what launch throws.
   template <class Launch>
   void with_chosen_rows(const slot_table& t, const selection_request& r, cuda::stream_ref stream,
                         Launch&& launch) {
     const auto rows = static_cast<std::size_t>(r.batch);
+    if (r.chosen_rows_host != nullptr) {  // the caller's staging: no area, no event
+      chosen_.assign(rows, -1);
+      this->choose(t, r.batch, chosen_.data());
+      std::copy(chosen_.begin(), chosen_.end(), r.chosen_rows_host);
+      launch(chosen_rows{r.chosen_rows_device});
+      return;
+    }
     auto* slots = reinterpret_cast<std::int64_t*>(staging_.acquire(rows * sizeof(std::int64_t)));
     chosen_.assign(rows, -1);  // before the cursor moves; -1 counts as no row
     this->choose(t, r.batch, chosen_.data());

@@ -72,7 +72,10 @@
 //                         cuda::stream_ref stream, Launch&& launch);
 //       chooses the rows as select() would, into memory the GPU reads, and calls launch(F) with
 //       them as a row function (as row_selector's F) to enqueue the kernels that read them (the
-//       gather reads them itself); that memory is reused only after those kernels.
+//       gather reads them itself); that memory is reused only after those kernels. Where the
+//       request has chosen_rows_host (a sample that removes what it returns), the rows go there
+//       instead, and the buffer keeps that memory until the gather has read them: kernels that
+//       select() enqueues ahead of the gather may read them too, none enqueued after it.
 //
 // A device state that stages host data of its own may provide
 //
@@ -158,6 +161,12 @@ struct selection_request {
   /// Device memory, or null: this call's draw number (a gear::device_rng's). Kernels take
   /// draw.call from here (detail::read_device_counts).
   const std::uint64_t* call_at = nullptr;
+  /// Mapped pinned memory with room for `batch` rows, or null: where a state that chooses rows on
+  /// the host (with_chosen_rows) may put them for the launch instead of its own staging: the CPU's
+  /// address and the GPU's. The caller keeps it until the gather has read them (so only kernels
+  /// enqueued before the gather's may read them).
+  std::int64_t* chosen_rows_host = nullptr;
+  const std::int64_t* chosen_rows_device = nullptr;
 };
 
 namespace detail {

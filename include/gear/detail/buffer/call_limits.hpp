@@ -6,11 +6,13 @@
 // room for the largest insert (its rows table and plan, its host data, its commit records) or a
 // writer's chunk, 2 x `in_flight` for the journals of settles publishing landing inserts (one per
 // call in flight, of the size of the largest settle, or small), and 2 x `in_flight` small ones
-// for the rest (the records of a batch's removals, an erase or a commit; the rows a consuming
-// sample reads back: a sample under max_times_sampled holds two at once); the selection state its
-// own staging (select::fifo / lifo's chosen rows, select::prioritized's host-span updates); a
-// consuming policy its return counts. Leases take the smallest idle entry that fits, so small
-// calls keep to the small entries.
+// writer's chunk, 2 x `in_flight` for the journals of settles publishing landing inserts (one per
+// call in flight, of the size of the largest settle, or small), and 2 x `in_flight` small ones
+// for the rest (the records of a batch's removals and its rows, an erase or a commit; the rows a
+// consuming sample reads back: a sample under max_times_sampled holds two at once); the
+// selection state its own staging (select::fifo / lifo's chosen rows where a sample has no lease
+// of its own, select::prioritized's host-span updates); a consuming policy its return counts.
+// Leases take the smallest idle entry that fits, so small calls keep to the small entries.
 
 #include <algorithm>
 #include <cstddef>
@@ -60,8 +62,9 @@ void reserve_call_staging(Core& b, const call_limits& l) {
     const insert_staging<Core> insert(l.insert_trajectories, l.insert_steps, /*from_host=*/true);
     const auto batch = static_cast<std::size_t>(l.batch);
     const auto in_flight = static_cast<std::size_t>(l.in_flight);
-    const std::size_t small =
-        std::max({records(l.batch), records(l.insert_trajectories), batch * sizeof(std::int64_t)});
+    // A consuming sample's lease holds its rows after its removal's records (sample.hpp).
+    const std::size_t small = std::max({records(l.batch) + batch * sizeof(std::int64_t),
+                                        records(l.insert_trajectories)});
     const std::size_t large = std::max({insert.records_at() + records(l.insert_trajectories),
                                         writer<Core>::staging_bytes(b.max_length_), small});
     // A settle publishing the landing inserts in flight (landing.hpp): a record and a dense-index

@@ -347,14 +347,15 @@ class buffer_core {
     return r;
   }
 
-  /// Pinned memory for `count` slot records, leased before the ring changes (null for host
-  /// storage, whose ring is its own mirror).
-  [[nodiscard]] std::optional<staging_pool::lease> lease_records(std::int64_t count) {
+  /// Pinned memory for `count` slot records and `extra_bytes` after them, leased before the ring
+  /// changes (null for host storage, whose ring is its own mirror).
+  [[nodiscard]] std::optional<staging_pool::lease> lease_records(std::int64_t count,
+                                                                 std::size_t extra_bytes = 0) {
     if constexpr (!on_device) {
-      (void)count;
+      (void)count, (void)extra_bytes;
       return std::nullopt;
     } else {
-      return staging_.acquire(journal_bytes(count), 0);
+      return staging_.acquire(journal_bytes(count) + extra_bytes, 0);
     }
   }
   /// Bytes one apply of `count` slot records needs: the records, then the dense index's changes:

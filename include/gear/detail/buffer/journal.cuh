@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cuda/stream_ref>
 #include <gear/detail/buffer/mirror.hpp>
+#include <gear/detail/buffer/staging.hpp>
 #include <gear/detail/cuda.hpp>
 #include <gear/detail/tuning.hpp>
 
@@ -30,11 +31,23 @@ __global__ void journal_apply_kernel(const Args a) {
 /// An apply run by the last block of another launch to read the metadata it changes, in place of
 /// a launch of its own: the gather of a sample that removes the rows it returns (gather.cuh's
 /// epilogue). `arrivals`: a word that is 0 when that launch starts (selection_workspace).
+/// `done`, if its word is set: written once the apply is done, when nothing of the launch reads
+/// the staging the records (and the rows the launch gathers) came from any more (staging.hpp's
+/// signals).
 struct journal_epilogue {
   journal_args journal;
   unsigned* arrivals = nullptr;
+  staging_pool::signal done{};
   static constexpr bool present = true;
-  __device__ void operator()() const { apply_journal_part(journal, threadIdx.x, blockDim.x); }
+  __device__ void operator()() const {
+    apply_journal_part(journal, threadIdx.x, blockDim.x);
+    if (done.word == nullptr) return;
+    __syncthreads();  // every thread of the block has read its records
+    if (threadIdx.x == 0) {
+      __threadfence_system();
+      *static_cast<volatile std::uint64_t*>(done.word) = done.value;
+    }
+  }
 };
 
 /// Launches the apply on `stream`; checks the launch, never synchronises. An apply of no records

@@ -156,6 +156,7 @@ void remove_in_gather(Core& b, const slot_table& table, const selection_request&
                       cuda::stream_ref stream) {
   b.order_before(stream, Core::write);
   bool changed = false;
+  const staging_pool::signal done = b.staging_.signal_of(*removal);
   try {
     select_and_gather_on_device(*b.selection_, table, request, args, stream, [&] {
       plan_returns(b, b.selection_->host_rows().data(), request.batch);
@@ -163,15 +164,23 @@ void remove_in_gather(Core& b, const slot_table& table, const selection_request&
       changed = true;  // from the policy's eviction hook on (it may change its state)
       remove_in_ring(b, b.removal_tickets_, b.records_of(removal), stream);
       note_returns(b);
-      return journal_epilogue{b.journal_of(*removal, 0, n), request.arrivals};
+      return journal_epilogue{b.journal_of(*removal, 0, n), request.arrivals, done};
     });
+    // The gather's last block signals when it reads the records and the rows no more.
     const staging_pool::lease handed = *removal;
     removal.reset();
-    b.staging_.release_after(handed, stream.get());
+    if (done.word != nullptr)
+      b.staging_.release_on_signal(handed);
+    else
+      b.staging_.release_after(handed, stream.get());
     b.order_after(stream, Core::write, /*bytes=*/false);
     b.order_after(stream, Core::read);
   } catch (const std::exception& e) {
     if (changed) b.failure_ = e.what();
+    // A kernel enqueued before the failure (a select launch ahead of the gather) may read the
+    // rows in the lease: it is reused only after a device-wide wait.
+    if (removal) b.staging_.give_back_unsafe(*removal);
+    removal.reset();
     throw;
   }
 }
@@ -210,10 +219,14 @@ void sample_into(Core& b, Batch& out, const window& w, Draws& g, cuda::stream_re
   if (consumes && b.times_sampled_.empty())
     b.times_sampled_.assign(static_cast<std::size_t>(b.capacity_), 0);
   std::optional<staging_pool::lease> readback, removal;
-  if (consumes) removal = b.lease_records(out.batch_size());
   // Rows chosen on the GPU are read back to be counted (this synchronises); rows chosen on the
-  // host (fifo, lifo) are counted from the host's copy.
+  // host (fifo, lifo) are counted from the host's copy, and staged for the gather after the
+  // removal's records (remove_in_gather).
   constexpr bool rows_on_host = host_chosen_rows<typename Core::state_type>;
+  const std::size_t rows_bytes =
+      static_cast<std::size_t>(out.batch_size()) * sizeof(std::int64_t);
+  [[maybe_unused]] const std::size_t records_bytes = b.journal_bytes(out.batch_size());
+  if (consumes) removal = b.lease_records(out.batch_size(), rows_on_host ? rows_bytes : 0);
   if constexpr (Core::on_device && !rows_on_host)
     if (consumes) {
       try {
@@ -266,7 +279,12 @@ void sample_into(Core& b, Batch& out, const window& w, Draws& g, cuda::stream_re
         args.counter = g.counter();
       }
       if (removes_in_gather) {
-        if constexpr (rows_on_host) remove_in_gather(b, drawn_from, request, args, removal, stream);
+        if constexpr (rows_on_host) {
+          request.chosen_rows_host = reinterpret_cast<std::int64_t*>(removal->host + records_bytes);
+          request.chosen_rows_device =
+              reinterpret_cast<const std::int64_t*>(removal->mapped + records_bytes);
+          remove_in_gather(b, drawn_from, request, args, removal, stream);
+        }
       } else {
         b.order_before(stream, Core::read, /*capturable=*/device_draws, /*binding=*/device_draws);
         select_and_gather_on_device(*b.selection_, drawn_from, request, args, stream,

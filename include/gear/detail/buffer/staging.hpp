@@ -17,18 +17,28 @@
 // queries however many entries are in flight, and none while snug idle entries wait (staging
 // reserved ahead, or collected two at a time by an earlier call).
 //
+// Signals: a lease read only by one of gear's kernels can be handed back without an event. The
+// kernel's last block, once nothing of the launch reads the lease any more, writes the lease's
+// number into the entry's word of mapped pinned memory (signal_of), and the pool sees the entry
+// finished by reading that word: no event record when the call ends, no driver query when the
+// entry is collected (a fifo sample's chosen rows and removal records: release_on_signal).
+//
 // Threads: the pool has a mutex of its own, so that a landing insert (landing.hpp) can lease its
 // staging without holding the buffer's; every member takes it. A lease belongs to its holder.
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <gear/detail/cuda.hpp>
 #include <gear/detail/memory.hpp>
 #include <gear/detail/tuning.hpp>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace gear::detail {
@@ -53,10 +63,18 @@ class staging_pool {
     std::byte* device = nullptr;
   };
 
+  /// Where a kernel says that it has finished with a lease: it writes `value` to `word` (the
+  /// GPU's address of mapped pinned memory) once it reads the lease no more.
+  struct signal {
+    std::uint64_t* word = nullptr;
+    std::uint64_t value = 0;
+  };
+
   /// Leases at least `pinned_bytes` of mapped pinned memory and `device_bytes` of device memory.
   /// Throws errc::out_of_memory or errc::cuda_error, leasing nothing.
   lease acquire(std::size_t pinned_bytes, std::size_t device_bytes) {
     const std::lock_guard held(mutex_);
+    make_words();
     // An idle entry of about the size asked for is taken without a driver query; a much larger
     // one only after the queries, so that small calls do not take the entries reserved for
     // inserts while their own are finished but not yet collected.
@@ -75,9 +93,12 @@ class staging_pool {
       // make another.
       if (!in_flight_.empty()) {
         entry& oldest = *entries_[in_flight_.front()];
-        if (oldest.unsafe) {
+        if (oldest.signalled && !oldest.unsafe) {
+          wait_for_signal(oldest);
+        } else if (oldest.unsafe) {
           GEAR_CUDA_TRY(cudaDeviceSynchronize());
           oldest.unsafe = false;
+          oldest.signalled = false;
         } else {
           GEAR_CUDA_TRY(cudaEventSynchronize(oldest.done.get()));
         }
@@ -118,6 +139,7 @@ class staging_pool {
     std::size_t missing = count;
     {
       const std::lock_guard held(mutex_);
+      make_words();
       for (const auto& e : entries_)
         if (missing > 0 && e->pinned.size() >= pinned_bytes && e->device.size() >= device_bytes)
           --missing;
@@ -154,6 +176,27 @@ class staging_pool {
     if (recorded != cudaSuccess) e.unsafe = true;
     in_flight_.push_back(e.index);
     GEAR_CUDA_TRY(recorded);
+  }
+
+  /// The signal a kernel that reads lease `l` writes once it reads it no more (see signal); a
+  /// null word for an entry past max_entries (made while every entry was leased), which has
+  /// none: its lease is ended with release_after.
+  [[nodiscard]] signal signal_of(const lease& l) const noexcept {
+    const std::lock_guard held(mutex_);
+    if (l.entry >= max_entries) return {};
+    return {reinterpret_cast<std::uint64_t*>(words_.device_data()) + l.entry, l.generation};
+  }
+
+  /// Ends a lease whose memory only kernels that write its signal (signal_of, a word not null)
+  /// read, once they are enqueued: the entry is reused once the signal is written. Records
+  /// nothing, never throws.
+  void release_on_signal(const lease& l) noexcept {
+    const std::lock_guard held(mutex_);
+    entry& e = *entries_[l.entry];
+    e.leased = false;
+    e.marked = false;
+    e.signalled = true;
+    in_flight_.push_back(e.index);
   }
 
   /// Ends a lease whose memory nothing read (the call failed before enqueueing), or whose
@@ -213,18 +256,50 @@ class staging_pool {
     bool leased = false;
     bool marked = false;  // leased, its event recorded by the holder (note_marked)
     bool unsafe = false;  // the event could not be recorded: reuse after a device-wide wait
+    bool signalled = false;  // in flight until its word holds its generation (release_on_signal)
     std::uint64_t generation = 0;  // leases so far
     std::size_t index = 0;         // its place in entries_
   };
 
   /// True when the entry's last recorded work has finished. Throws errc::cuda_error.
-  static bool finished(entry& e) {
+  bool finished(entry& e) {
+    if (e.signalled && !e.unsafe) {
+      if (!signalled(e)) return false;
+      e.signalled = false;
+      return true;
+    }
     if (e.unsafe) {
+      e.signalled = false;
       GEAR_CUDA_TRY(cudaDeviceSynchronize());
       e.unsafe = false;
       return true;
     }
     return event_reached(e.done.get());
+  }
+
+  /// True once the kernel that reads the signalled entry `e` has written its lease's number.
+  bool signalled(const entry& e) const noexcept {
+    auto* word = reinterpret_cast<std::uint64_t*>(words_.data()) + e.index;
+    return std::atomic_ref<std::uint64_t>(*word).load(std::memory_order_acquire) >= e.generation;
+  }
+  /// Waits on the host for the signal of `e` (every entry is in flight): polls its word for up
+  /// to a second, then waits for the whole device (after which the kernel has run, or never
+  /// will: its launch failed). Throws errc::cuda_error.
+  void wait_for_signal(entry& e) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while (!signalled(e) && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+    if (!signalled(e)) GEAR_CUDA_TRY(cudaDeviceSynchronize());
+    e.signalled = false;
+  }
+
+  /// Makes the signal words, one per entry there may be, on first use (the pool of a buffer
+  /// that stages nothing allocates nothing). Throws errc::out_of_memory or errc::cuda_error,
+  /// changing nothing.
+  void make_words() {
+    if (words_.size() != 0) return;
+    allocation words(memory_kind::pinned_host, max_entries * sizeof(std::uint64_t));
+    std::memset(words.data(), 0, words.size());  // below every lease's number: none finished
+    words_ = std::move(words);
   }
 
   /// Asks the `count` oldest entries in flight whether their work has finished: the finished
@@ -285,6 +360,7 @@ class staging_pool {
   }
 
   mutable std::mutex mutex_;
+  allocation words_;  // pinned, mapped: [max_entries] signals, one per entry, by its index
   std::vector<std::unique_ptr<entry>> entries_;
   std::vector<std::size_t> idle_;       // entries free to lease now
   std::vector<std::size_t> in_flight_;  // entries handed back, in release order
