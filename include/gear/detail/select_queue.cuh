@@ -21,7 +21,7 @@ namespace gear::detail {
 /// Rows chosen on the host, as a row function: slot `row` of mapped pinned memory, probability
 /// and weight 1.
 struct chosen_rows {
-  const std::int64_t* slots = nullptr;  // the GPU's address of the staging area
+  const std::int64_t* slots = nullptr;  // the GPU's address of the staged rows
   GEAR_HD selected_row operator()(std::int64_t row) const { return {slots[row], 1.0f, 1.0f}; }
 };
 
