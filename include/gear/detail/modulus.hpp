@@ -29,12 +29,11 @@ class modulus {
 #endif
   }
 
-  [[nodiscard]] std::uint64_t divisor() const noexcept { return d_; }
-
   /// n / d.
   [[nodiscard]] std::uint64_t quotient(std::uint64_t n) const noexcept {
 #if defined(__SIZEOF_INT128__)
-    const auto t = static_cast<std::uint64_t>((static_cast<unsigned __int128>(multiplier_) * n) >> 64);
+    const auto wide = static_cast<unsigned __int128>(multiplier_) * n;
+    const auto t = static_cast<std::uint64_t>(wide >> 64);
     return (t + ((n - t) >> shift1_)) >> shift2_;
 #else
     return n / d_;

@@ -47,19 +47,21 @@ class queue_state<OldestFirst, exec::device> : public queue_order<OldestFirst> {
   void with_chosen_rows(const slot_table& t, const selection_request& r, cuda::stream_ref stream,
                         Launch&& launch) {
     const auto rows = static_cast<std::size_t>(r.batch);
-    if (r.chosen_rows_host != nullptr) {  // the caller's staging: no area, no event
-      chosen_.assign(rows, -1);
-      this->choose(t, r.batch, chosen_.data());
-      std::copy(chosen_.begin(), chosen_.end(), r.chosen_rows_host);
-      launch(chosen_rows{r.chosen_rows_device});
-      return;
-    }
-    auto* slots = reinterpret_cast<std::int64_t*>(staging_.acquire(rows * sizeof(std::int64_t)));
+    const bool own = r.chosen_rows_host == nullptr;  // else the caller's: no area, no event
+    auto* slots =
+        own ? reinterpret_cast<std::int64_t*>(staging_.acquire(rows * sizeof(std::int64_t)))
+            : r.chosen_rows_host;
+    const auto* device = own ? reinterpret_cast<const std::int64_t*>(staging_.device_address())
+                             : r.chosen_rows_device;
     chosen_.assign(rows, -1);  // before the cursor moves; -1 counts as no row
     this->choose(t, r.batch, chosen_.data());
     std::copy(chosen_.begin(), chosen_.end(), slots);
+    if (!own) {
+      launch(chosen_rows{device});
+      return;
+    }
     try {
-      launch(chosen_rows{reinterpret_cast<const std::int64_t*>(staging_.device_address())});
+      launch(chosen_rows{device});
     } catch (...) {
       staging_.copied(stream);  // a launch may have been enqueued
       throw;

@@ -6,8 +6,6 @@
 // room for the largest insert (its rows table and plan, its host data, its commit records) or a
 // writer's chunk, 2 x `in_flight` for the journals of settles publishing landing inserts (one per
 // call in flight, of the size of the largest settle, or small), and 2 x `in_flight` small ones
-// writer's chunk, 2 x `in_flight` for the journals of settles publishing landing inserts (one per
-// call in flight, of the size of the largest settle, or small), and 2 x `in_flight` small ones
 // for the rest (the records of a batch's removals and its rows, an erase or a commit; the rows a
 // consuming sample reads back: a sample under max_times_sampled holds two at once); the
 // selection state its own staging (select::fifo / lifo's chosen rows where a sample has no lease

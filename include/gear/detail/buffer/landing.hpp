@@ -375,11 +375,11 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
 template <class Core>
 void wait_for_takeovers(Core& b, std::int64_t count) {
   if constexpr (Core::on_device) {
-    if (b.order_.bound() || b.ring_.takeovers(count) == 0) return;
+    if (b.order_.bound()) return;
     for (std::int64_t i = 0; i < count; ++i) {
-      const std::uint64_t t =
-          b.ring_.ticket(b.ring_.slot_of(b.ring_.next_ticket() + static_cast<std::uint64_t>(i)));
-      if (b.ring_.is_pending(t) && !b.is_landing(t)) {
+      const std::int64_t slot =
+          b.ring_.slot_of(b.ring_.next_ticket() + static_cast<std::uint64_t>(i));
+      if (b.ring_.state(slot) == slot_state::pending && !b.is_landing(b.ring_.ticket(slot))) {
         GEAR_CUDA_TRY(cudaDeviceSynchronize());
         return;
       }
@@ -428,7 +428,7 @@ void land_trajectories(Core& b, std::unique_lock<std::mutex>& held, const trajec
     refuse_capture(stream);
     check_stream_handle(stream.get());
     b.order_.check_bound(stream.get());  // a device_rng sample may have bound it meanwhile
-    wait_for_takeovers(b, count);  // its copies will write the slots
+    wait_for_takeovers(b, count);        // its copies will write the slots
     b.landing_.reserve(b.landing_.size() + 1);
     b.landing_records_.reserve(b.landing_records_.size() + static_cast<std::size_t>(count));
     b.landing_evictions_.reserve(b.landing_evictions_.size() + 1);

@@ -112,10 +112,6 @@ class slot_ring {
   [[nodiscard]] std::int64_t evictions(std::int64_t count) const noexcept {
     return next_slots_in(count, slot_state::committed);
   }
-  /// Open reservations the next reservation of `count` slots takes over.
-  [[nodiscard]] std::int64_t takeovers(std::int64_t count) const noexcept {
-    return next_slots_in(count, slot_state::pending);
-  }
 
   // ---- checks (throw, change nothing) --------------------------------------------------------
 

@@ -93,14 +93,11 @@ class staging_pool {
       // make another.
       if (!in_flight_.empty()) {
         entry& oldest = *entries_[in_flight_.front()];
-        if (oldest.signalled && !oldest.unsafe) {
-          wait_for_signal(oldest);
-        } else if (oldest.unsafe) {
-          GEAR_CUDA_TRY(cudaDeviceSynchronize());
-          oldest.unsafe = false;
-          oldest.signalled = false;
-        } else {
-          GEAR_CUDA_TRY(cudaEventSynchronize(oldest.done.get()));
+        if (!finished(oldest)) {  // an unsafe entry is waited for by finished() itself
+          if (oldest.signalled)
+            wait_for_signal(oldest);
+          else
+            GEAR_CUDA_TRY(cudaEventSynchronize(oldest.done.get()));
         }
         in_flight_.erase(in_flight_.begin());
         idle_.push_back(oldest.index);
