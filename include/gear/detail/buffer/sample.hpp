@@ -148,12 +148,13 @@ void check_device_draws(const Core& b, const device_rng& g, cuda::stream_ref str
 /// removes what it returns: once the rows are chosen, the removal changes the ring and its
 /// records are applied to the mirror by the gather's last block to read its row's metadata (one
 /// launch where a separate apply took two). The call is a write as well as a read. The rows are
-/// staged in `removal` at `rows_at` (after the room for its records). A failure from the
-/// policy's eviction hook on makes the buffer unusable; `removal` is handed on once enqueued.
+/// staged in `removal` after the room for its records (sample_into leases both). A failure from
+/// the policy's eviction hook on makes the buffer unusable; `removal` is handed on once enqueued.
 template <class Core>
 void remove_in_gather(Core& b, const slot_table& table, selection_request request,
                       const gather_args& args, std::optional<staging_pool::lease>& removal,
-                      std::size_t rows_at, cuda::stream_ref stream) {
+                      cuda::stream_ref stream) {
+  const std::size_t rows_at = b.journal_bytes(request.batch);
   request.chosen_rows_host = reinterpret_cast<std::int64_t*>(removal->host + rows_at);
   request.chosen_rows_device = reinterpret_cast<const std::int64_t*>(removal->mapped + rows_at);
   b.order_before(stream, Core::write);
@@ -225,11 +226,10 @@ void sample_into(Core& b, Batch& out, const window& w, Draws& g, cuda::stream_re
   // host (fifo, lifo) are counted from the host's copy, and staged for the gather after the
   // removal's records (remove_in_gather).
   constexpr bool rows_on_host = host_chosen_rows<typename Core::state_type>;
-  const std::size_t rows_at = rows_on_host && consumes ? b.journal_bytes(out.batch_size()) : 0;
   if (consumes)
     removal = b.lease_records(
         out.batch_size(),
-        rows_at != 0 ? static_cast<std::size_t>(out.batch_size()) * sizeof(std::int64_t) : 0);
+        rows_on_host ? static_cast<std::size_t>(out.batch_size()) * sizeof(std::int64_t) : 0);
   if constexpr (Core::on_device && !rows_on_host)
     if (consumes) {
       try {
@@ -283,7 +283,7 @@ void sample_into(Core& b, Batch& out, const window& w, Draws& g, cuda::stream_re
       }
       if (removes_in_gather) {
         if constexpr (rows_on_host)
-          remove_in_gather(b, drawn_from, request, args, removal, rows_at, stream);
+          remove_in_gather(b, drawn_from, request, args, removal, stream);
       } else {
         b.order_before(stream, Core::read, /*capturable=*/device_draws, /*binding=*/device_draws);
         select_and_gather_on_device(*b.selection_, drawn_from, request, args, stream,
