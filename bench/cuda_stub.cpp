@@ -132,6 +132,10 @@ cudaError_t cudaGetDeviceCount(int* count) {
   *count = 1;
   return cudaSuccess;
 }
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attributes, const void*) {
+  *attributes = cudaFuncAttributes{};
+  return cudaSuccess;
+}
 cudaError_t cudaGetDevice(int* device) {
   *device = 0;
   return cudaSuccess;

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -441,7 +442,7 @@ TEST_CASE(
   // Both streams have used the buffer (the one device-wide wait of a second stream is behind us).
   buf.sample(batch, gear::window{.length = 4}, g, actor);
   buf.sample(batch, gear::window{.length = 4}, g, learner);
-  hold(actor, 400);  // the copy of the next insert waits behind this
+  hold(actor, 400);  // the upload of the next insert waits behind this
   const gear::key kb = insert_values(buf, {5, 6, 7, 8}, actor);
   CHECK(buf.contains(kb));
   CHECK(buf.size() == 2);
@@ -489,12 +490,13 @@ TEST_CASE("landing: inserts that evict slots a queued gather may read wait for i
   auto queued = buf.make_batch(gear::batch_size{128}, gear::window_length{4});
   gear::rng g{12};
   // A second stream first: from here every stream's reads are recorded, so what keeps the queued
-  // gather safe below is the inserts' read marks, not the device-wide wait of a new stream.
+  // gather safe below is the publish's place in stream order (a write after every read enqueued
+  // before it), not the device-wide wait of a new stream.
   buf.sample(queued, gear::window{.length = 4}, g, third);
   hold(learner, 200);
   buf.sample_async(queued, gear::window{.length = 4}, g, learner);  // runs after the spin
   // The actor evicts both slots; a third stream's sample finds nothing committed and so publishes
-  // every landing insert, its copy waiting for the queued gather (the inserts' read marks).
+  // every landing insert, its placement waiting for the queued gather.
   const gear::key kz = insert_values(buf, {30, 31, 32, 33}, actor);
   const gear::key kw = insert_values(buf, {40, 41, 42, 43}, actor);
   GEAR_CUDA_TRY(cudaStreamSynchronize(actor.s));
@@ -516,12 +518,12 @@ TEST_CASE("landing: inserts that evict slots a queued gather may read wait for i
   }
 }
 
-// A landing insert is copied to its slot by one settle and committed by a later one. A
-// reservation that takes its slot over in between must not be overwritten by that copy arriving
-// late (held here behind a gather that may still read the slot's earlier occupant). Without the
-// reservation waiting for the buffer's copies, the two writes race once the gather ends: the test
-// then fails when the copy lands last, not every run.
-TEST_CASE("landing: a copy in flight never overwrites the slot's next reservation") {
+// A landing insert's bytes are placed in its slot by a publish held (here) behind a gather that
+// may still read the slot's earlier occupant. A reservation that takes the slot over meanwhile
+// must not be overwritten by that placement arriving late: the reservation is a write, ordered
+// after the publish. Were it not, the two writes would race once the gather ends, and the test
+// would fail when the placement lands last, not every run.
+TEST_CASE("landing: a publish in flight never overwrites the slot's next reservation") {
   stream_holder learner, actor, third, writer_stream;
   vbuffer<gear::storage::device> buf{gear::capacity{2}, gear::max_length{2}};
   (void)insert_values(buf, {0, 1}, learner);    // ticket 0, slot 0
@@ -533,8 +535,8 @@ TEST_CASE("landing: a copy in flight never overwrites the slot's next reservatio
   buf.sample_async(batch, gear::window{.length = 2}, g, learner);  // a gather held 300 ms
   (void)insert_values(buf, {20, 21}, actor);                       // ticket 2, slot 0: lands
   GEAR_CUDA_TRY(cudaStreamSynchronize(actor.s));
-  // Two settles on a third stream: the first applies the eviction and starts the copy, which
-  // waits for the held gather; neither commits it.
+  // Two samples on a third stream: the first publishes the insert (its upload has finished), its
+  // placement waiting for the held gather; the second has nothing more to publish.
   auto other = buf.make_batch(gear::batch_size{8}, gear::window_length{2});
   buf.sample_async(other, gear::window{.length = 2}, g, third);
   buf.sample_async(other, gear::window{.length = 2}, g, third);
@@ -559,13 +561,112 @@ TEST_CASE("landing: a copy in flight never overwrites the slot's next reservatio
   CHECK(seen > 0);
 }
 
+// A publish places many inserts in one launch: pieces longer than a block's chunk, more pieces
+// than a tile, columns of odd step sizes (byte-wide copies) and of wide ones (16-byte copies),
+// trajectories of every length, and more inserts than max_landing (an insert then publishes
+// them all on the buffer's stream). Every byte of every row must be the one its key's insert
+// wrote: a misplaced chunk, a piece copied from the wrong staging or into the wrong slot, or a
+// commit before its upload finished shows as a wrong byte.
+TEST_CASE("landing: publishes place every byte of many inserts of odd and wide columns") {
+  constexpr std::int64_t wide = 12000, odd = 3, max_len = 8;
+  using pspec = gear::spec<gear::column<"odd", std::uint8_t, odd>,
+                           gear::column<"wide", std::uint8_t, wide>>;
+  using pbuffer = gear::replay_buffer<pspec, gear::storage::device>;
+  stream_holder learner, actor;
+  pbuffer buf{gear::capacity{1024}, gear::max_length{max_len}};
+  // A byte of insert i, trajectory t, step s, byte j of column c: no period of 2^k in j.
+  auto value = [](std::int64_t i, std::int64_t t, std::int64_t c, std::int64_t s,
+                  std::int64_t j) {
+    std::uint64_t x = static_cast<std::uint64_t>((((i * 2 + t) * 2 + c) * 16 + s) * 20011 + j);
+    x *= 0x9E3779B97F4A7C15ull;
+    return static_cast<std::uint8_t>(x >> 56);
+  };
+  std::vector<std::uint8_t> first_odd(odd), first_wide(wide);
+  {
+    const std::int64_t one[] = {1};
+    gear::trajectories<pspec> in{
+        one, {gear::input(first_odd.data(), {odd}), gear::input(first_wide.data(), {wide})}};
+    gear::key k{};
+    buf.insert_async(in, std::span<gear::key>(&k, 1), learner);
+    auto b1 = buf.make_batch(gear::batch_size{1}, gear::window_length{1});
+    gear::rng g0{5};
+    buf.sample(b1, gear::window{.length = 1}, g0, actor);  // two streams: inserts land now
+    buf.erase(std::span<const gear::key>(&k, 1), learner);
+  }
+  constexpr std::int64_t inserts = 300;
+  std::map<std::uint64_t, std::pair<std::int64_t, std::int64_t>> who;  // ticket -> (insert, t)
+  std::map<std::uint64_t, std::int64_t> length_of;
+  for (std::int64_t i = 0; i < inserts; ++i) {
+    const std::int64_t lengths[] = {1 + i % max_len, 1 + (i * 3 + 1) % max_len};
+    std::vector<std::uint8_t> a(static_cast<std::size_t>((lengths[0] + lengths[1]) * odd));
+    std::vector<std::uint8_t> w(static_cast<std::size_t>((lengths[0] + lengths[1]) * wide));
+    std::size_t at_a = 0, at_w = 0;
+    for (std::int64_t t = 0; t < 2; ++t)
+      for (std::int64_t s = 0; s < lengths[t]; ++s) {
+        for (std::int64_t j = 0; j < odd; ++j) a[at_a++] = value(i, t, 0, s, j);
+        for (std::int64_t j = 0; j < wide; ++j) w[at_w++] = value(i, t, 1, s, j);
+      }
+    gear::trajectories<pspec> in{lengths,
+                                 {gear::input(a.data(), {odd}), gear::input(w.data(), {wide})}};
+    std::vector<gear::key> keys(2);
+    buf.insert_async(in, keys, actor);  // the host data is copied during the call
+    for (std::int64_t t = 0; t < 2; ++t) {
+      who[keys[t].ticket] = {i, t};
+      length_of[keys[t].ticket] = lengths[t];
+    }
+  }
+  CHECK(buf.size() == 2 * inserts);
+  // The learner publishes what has been uploaded meanwhile, the rest as it goes on sampling.
+  auto batch = buf.make_batch(gear::batch_size{512}, gear::window_length{max_len});
+  gear::rng g{17};
+  std::int64_t checked_rows = 0, wrong = 0, unknown = 0;
+  std::set<std::uint64_t> seen;
+  for (int round = 0; round < 6; ++round) {
+    if (round == 3) GEAR_CUDA_TRY(cudaStreamSynchronize(actor.s));  // every upload finished
+    buf.sample(batch, gear::window{.length = max_len, .from = gear::anchor::start}, g, learner);
+    const std::int64_t n = batch.batch_size();
+    const auto keys = to_host(batch.keys_data(), n, learner);
+    const auto mask = to_host(batch.mask_data(), n * max_len, learner);
+    const auto col_a = to_host(reinterpret_cast<const std::uint8_t*>(batch.column_data(0)),
+                               n * max_len * odd, learner);
+    const auto col_w = to_host(reinterpret_cast<const std::uint8_t*>(batch.column_data(1)),
+                               n * max_len * wide, learner);
+    for (std::int64_t r = 0; r < n; ++r) {
+      const auto found = who.find(keys[r].ticket);
+      if (found == who.end()) {
+        ++unknown;
+        continue;
+      }
+      seen.insert(keys[r].ticket);
+      const auto [i, t] = found->second;
+      for (std::int64_t s = 0; s < max_len; ++s) {
+        const bool valid = s < length_of[keys[r].ticket];
+        wrong += mask[r * max_len + s] != (valid ? 1 : 0);
+        if (!valid) continue;
+        for (std::int64_t j = 0; j < odd; ++j)
+          wrong += col_a[(r * max_len + s) * odd + j] != value(i, t, 0, s, j);
+        for (std::int64_t j = 0; j < wide; ++j)
+          wrong += col_w[(r * max_len + s) * wide + j] != value(i, t, 1, s, j);
+      }
+      ++checked_rows;
+    }
+  }
+  INFO(checked_rows << " rows checked, " << seen.size() << " trajectories seen");
+  CHECK(unknown == 0);
+  CHECK(wrong == 0);
+  CHECK(checked_rows == 6 * 512);
+  // Of 600 trajectories, the last three rounds alone (all published) leave about 600 e^-2.56 =
+  // 46 unseen; 100 unseen is more than 8 standard deviations away.
+  CHECK(seen.size() > 500);
+}
+
 TEST_CASE("landing: erase and host-span priority updates publish the keys they name first") {
   stream_holder learner, actor;
   using pbuffer = vbuffer<gear::storage::device, gear::select::prioritized>;
   pbuffer buf{gear::capacity{8}, gear::max_length{1}};
   (void)insert_values(buf, {1}, learner);
   // Both streams sample first: the lanes exist (no device-wide wait below) and a read is pending,
-  // so the inserts below only land: the copies stay held behind the actor's spin.
+  // so the inserts below only land: their uploads stay held behind the actor's spin.
   auto b1 = buf.make_batch(gear::batch_size{1}, gear::window_length{1});
   gear::rng g{3};
   buf.sample(b1, gear::window{.length = 1}, g, actor);
@@ -908,7 +1009,7 @@ template <class Storage, bool shared = false, class Op>
 std::pair<int, int> inject_every_fault(Op&& op) {
   using B = vbuffer<Storage>;
   int failures = 0, unchanged = 0;
-  for (long n = 1; n < 200; ++n) {
+  for (long n = 1; n < 1000; ++n) {
     stream_holder s;
     B buf{gear::capacity{4}, gear::max_length{2}};
     for (int i = 0; i < 3; ++i) (void)insert_values(buf, {i * 10, i * 10 + 1}, s);
@@ -953,14 +1054,14 @@ std::pair<int, int> inject_every_fault(Op&& op) {
       CHECK(std::string(e.what()).find("unusable") != std::string::npos);
     }
   }
-  FAIL("the operation still failed after 200 injected faults");
+  FAIL("the operation still failed after 1000 injected faults");
   return {failures, unchanged};
 }
 
 }  // namespace
 
 // The publish of a landing insert (a settle, made by a sample on the insert's own stream: it
-// copies and commits at once) under every injected fault: a failure before anything changed leaves
+// places and commits at once) under every injected fault: a failure before anything changed leaves
 // the insert landing (stored, its key live) and the next sample publishes it; a failure after makes
 // the buffer unusable, never wrong.
 TEST_CASE(

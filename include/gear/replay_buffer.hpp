@@ -32,7 +32,7 @@
 //   that evicts X returns X; a sample enqueued before erase_async(X) can return X.
 //
 //   A trajectory becomes visible to sampling only after all of its bytes are stored: its commit
-//   records are applied after its scatter (a landing insert's copy, below), in stream order.
+//   records are applied after its scatter (a landing insert's placement, below), in stream order.
 //
 //   Memory a call reads: host memory (any kind: pageable or pinned; insert data, writer steps,
 //   priorities) is copied during the call and may be reused when it returns. Device memory (an
@@ -58,16 +58,15 @@
 //   (pinned_host / mixed record events, for (1)); a second stream's first call syncs the device.
 //
 //   Host inserts that land: once a buffer whose columns are all in device memory has been used
-//   from a second stream, an insert of host data only copies it into pinned staging (CPU, during
-//   the call) and reserves its slots. A later call (a sample, or such an insert once the copies
-//   before have finished) copies the waiting inserts into their slots with the copy engines on the
-//   buffer's own stream, after the samples that may still read the evicted slots; once that copy
-//   has finished, a later call other than such an insert commits them with one journal apply
-//   (detail/buffer/landing.hpp). So actors never wait for a learner's samples, and a learner on
-//   another stream never waits for bytes crossing PCIe: its sample sees the inserts copied before
-//   (typically those that landed two samples before), every insert of its own stream, and, rather
-//   than find too few trajectories, all of them. A call that names a landing insert's keys
-//   (erase, host-span priority updates) publishes it first; host queries count it as stored.
+//   from a second stream, an insert of host data copies it into staging (CPU, during the call),
+//   enqueues its upload to device staging on the caller's stream (copy engines; it waits for no
+//   other stream) and reserves its slots. A later call (such an insert too, while no sample is in
+//   flight) publishes the inserts whose upload has finished: one kernel on its stream places
+//   their bytes in the slots, after the samples that may read the evicted occupants, and applies
+//   their commit records (detail/buffer/landing.hpp). So actors never wait for a learner's
+//   samples, and a learner on another stream never waits for bytes crossing PCIe: it sees the
+//   inserts uploaded before its call, its own stream's, and, rather than find too few, all of
+//   them. Erase and host-span priority updates publish the keys they name; size() counts them.
 //   Priority updates from device memory see a still-landing key as stale.
 //   selection_state() is not synchronised: change its settings while no other thread uses it.
 //

@@ -27,6 +27,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cuda/stream_ref>
+#include <gear/detail/buffer/landing_state.hpp>
 #include <gear/detail/buffer/mirror.hpp>
 #include <gear/detail/buffer/regions.hpp>
 #include <gear/detail/buffer/slot_ring.hpp>
@@ -121,9 +122,11 @@ class buffer_core {
         regions_(placement, capacity, max_length),
         ring_(capacity, next_buffer_id()) {
     if constexpr (on_device) {
-      mirror_ = allocation(memory_kind::device, slot_mirror::bytes(capacity));
+      // The mirror, then the publish launch's arrivals word (landing.hpp), cleared together.
+      mirror_ = allocation(memory_kind::device, slot_mirror::bytes(capacity) + sizeof(unsigned));
       if (!all_in_device_memory) order_.track_for_host();  // the CPU writes host-resident slots
       zero_now(mirror_.data(), mirror_.size(), memory_kind::device);
+      if constexpr (all_in_device_memory) load_publish_kernel();
     }
     selection_.emplace(selection, capacity);
   }
@@ -149,48 +152,28 @@ class buffer_core {
   stream_order order_;
   mutable std::mutex mutex_;
 
-  /// A host insert on its way (landing.hpp): its tickets are reserved (pending) in the ring; its
-  /// bytes wait in `lease` (pinned, each column packed) until a settle copies them to the slots.
-  struct landing_insert {
-    staging_pool::lease lease;
-    cudaStream_t stream{};  // the caller's: a sample there must see the insert
-    std::uint64_t first_ticket = 0;
-    std::int64_t steps = 0;  // all trajectories' steps: the staging's column stride
-    std::vector<std::int64_t> lengths;
-    std::vector<stream_order::read_mark> reads;  // the reads that may see what it evicted
-    std::uint64_t batch = 0;  // its copy batch on publisher_ (copy_batches_ then); 0: none yet
-    bool copied = false;      // that batch has finished (seen by an event query)
-
-    /// True when `ticket` is one of this insert's.
-    [[nodiscard]] bool names(std::uint64_t ticket) const noexcept {
-      return ticket >= first_ticket && ticket - first_ticket < lengths.size();
-    }
-  };
+  using landing_insert = detail::landing_insert;
   std::vector<landing_insert> landing_;
   std::vector<slot_record> landing_records_;  // the reservations' pending records, not yet applied
   std::vector<std::pair<std::uint64_t, std::int64_t>> landing_evictions_;  // (first, count) for
                                                                            // the evict hook
-  std::vector<std::int64_t> scratch_rows_;                                 // of publishing, reused
-  cudaStream_t publisher_{};  // copies landing inserts to their slots; publishes while no sample
-                              // is in flight
-  event copied_;              // recorded on publisher_ after its latest copy batch
-  std::uint64_t copy_batches_ = 0;  // copy batches enqueued on publisher_ so far
+  std::vector<std::int64_t> scratch_rows_;  // of publishing, reused
+  std::size_t landed_since_settle_ = 0;     // landing inserts since the last settle
+  cudaStream_t publisher_{};                // publishes landing inserts while no sample is in flight
 
   ~buffer_core() {
+    // Uploads still running on callers' streams write staging freed with the buffer.
+    for (const auto& l : landing_) (void)cudaEventSynchronize(staging_.marked(l.lease));
     if (publisher_ == nullptr) return;
-    (void)cudaStreamSynchronize(publisher_);  // its copies read staging freed with the buffer
+    (void)cudaStreamSynchronize(publisher_);  // its publishes read staging freed with the buffer
     (void)cudaStreamDestroy(publisher_);
   }
   buffer_core(const buffer_core&) = delete;
   buffer_core& operator=(const buffer_core&) = delete;
 
-  /// Makes `stream` wait for every landing copy enqueued so far: a write of slot bytes on another
-  /// stream (a reservation a kernel then fills, a scatter of the caller's) must not be overwritten
-  /// by the copy of an insert whose slot it took over. Throws errc::cuda_error.
-  void wait_for_landing_copies(cuda::stream_ref stream) const {
-    if constexpr (on_device)
-      if (publisher_ != nullptr && copied_.get() != nullptr && stream.get() != publisher_)
-        GEAR_CUDA_TRY(cudaStreamWaitEvent(stream.get(), copied_.get(), 0));
+  /// The publish launch's arrivals word (landing_publish.cuh): 0 between launches.
+  [[nodiscard]] unsigned* publish_arrivals() const noexcept {
+    return reinterpret_cast<unsigned*>(mirror_.data() + slot_mirror::bytes(capacity_));
   }
 
   /// The buffer's own stream (made on first use). Throws errc::cuda_error.
@@ -407,6 +390,9 @@ class buffer_core {
   /// lease once the apply has read them.
   void publish(const std::optional<staging_pool::lease>& l, std::int64_t count,
                cuda::stream_ref stream);
+  /// Loads the kernel that publishes landing inserts now, while the buffer is made: loaded
+  /// lazily at its first launch, it would wait for every kernel running then (a training step).
+  void load_publish_kernel();
 
   void synchronize(cuda::stream_ref stream) const {
     if constexpr (on_device)
@@ -471,7 +457,16 @@ void synchronize_call(const Core& b, cuda::stream_ref stream) {
 
 #if defined(GEAR_DEVICE_BACKEND)
 #include <gear/detail/buffer/journal.cuh>
+#include <gear/detail/buffer/landing_publish.cuh>
 #endif
+
+template <class Spec, class Storage, class Selection, class Transport>
+void gear::detail::buffer_core<Spec, Storage, Selection, Transport>::load_publish_kernel() {
+#if defined(GEAR_DEVICE_BACKEND)
+  cudaFuncAttributes attributes{};
+  GEAR_CUDA_TRY(cudaFuncGetAttributes(&attributes, landing_publish_kernel<landing_publish_args>));
+#endif
+}
 
 template <class Spec, class Storage, class Selection, class Transport>
 void gear::detail::buffer_core<Spec, Storage, Selection, Transport>::publish(

@@ -14,8 +14,8 @@
 //
 // Host memory (pageable or pinned) is read during the call; device memory by the scatter, in
 // stream order. Host data for a storage whose columns are all in device memory, on a buffer used
-// from more than one stream, lands instead (landing.hpp): held in pinned staging, copied to its
-// slots on the buffer's own stream and committed on the stream of a later call.
+// from more than one stream, lands instead (landing.hpp): held in staging, uploaded on the caller's
+// stream, and placed in its slots and committed on the stream of a later call.
 
 #include <array>
 #include <cstddef>
@@ -134,8 +134,9 @@ void insert_trajectories(Core& b, const trajectories<Spec>& in, std::span<key> k
   constexpr std::size_t columns = Spec::num_columns;
   check_insert(b, in, keys_out);
   const auto count = static_cast<std::int64_t>(in.lengths.size());
+  if constexpr (Core::on_device) refuse_capture(stream);  // a driver call: before the mutex
   auto held = b.lock();
-  b.check_usable(stream);
+  b.check_usable();
   std::uint64_t first = b.ring_.next_ticket();
   auto slot = [&](std::size_t i) { return b.ring_.slot_of(first + i); };
 
@@ -218,7 +219,6 @@ void insert_trajectories(Core& b, const trajectories<Spec>& in, std::span<key> k
       b.check_usable();
       settle_landing(b, landing_force{}, stream);
       b.order_before(stream, Core::write);
-      b.wait_for_landing_copies(stream);
       wait_for_takeovers(b, count);
       if (layout.cpu_bytes > 0) b.wait_before_cpu_write(stream);
     } catch (...) {

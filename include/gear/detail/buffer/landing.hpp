@@ -2,45 +2,34 @@
 // Landing: host trajectories bound for a GPU buffer's device memory, used by several streams.
 //
 // Such an insert copies its trajectories into pinned staging with the CPU (during the call, as
-// every host insert does), reserves their slots (the evicted occupants leave the host view at
-// once) and returns: unless it settles or starts copies (below), or must lease new staging, it
-// makes no CUDA call, so it waits for no stream and no stream waits for it (taking over an open
-// reservation, it waits for the device first). Its bytes are *published* later, by calls that
-// settle, in two steps:
-//   copy    from the pinned staging straight into the slots, by the copy engines, on the buffer's
-//           own stream (publisher_), after the reads enqueued before the insert evicted the
-//           slots' occupants (each insert keeps those read marks) and the last write of slot
-//           bytes; started by another call, not after the reads enqueued since nor after the
-//           metadata writes of a learner's settles: it overlaps a learner's gathers and takes
-//           none of their multiprocessors (a settle on publisher_ itself follows every read);
-//   commit  once a later settle sees that copy finished (an event query): one journal apply, on
-//           the settling call's stream, brings the commit records to the mirror, with the
-//           reservations' eviction records (applied at every settle).
-// So a learner's sample never waits for the bytes of an insert it did not ask to see: only for
-// one small journal apply. The apply is a write in stream_order's sense: it follows every read
-// and write other streams enqueued before it, and later reads on other streams follow it. A
-// write of slot bytes on another stream (a reservation, a direct insert) waits for the copies in
-// flight (buffer_core::wait_for_landing_copies), since it may take over a slot one of them is about
-// to fill.
+// every host insert does), enqueues their upload into the device part of that staging on its own
+// stream (the copy engines; it waits for nothing another stream does), reserves their slots (the
+// evicted occupants leave the host view at once) and returns. Its bytes are *published* later, by
+// a call that settles: one kernel on that call's stream (landing_publish.cuh) places the uploaded
+// bytes into the slots (device to device), applies the commit records with the reservations'
+// eviction records, and frees the staging it read. The publish is a write in stream_order's sense:
+// it follows every read and write other streams enqueued before it (the gathers that may read the
+// evicted occupants included), and later reads on any stream follow it. So the slots are written
+// only in stream order, and a learner's sample never waits for bytes still crossing PCIe: only
+// for a placement of what has arrived already, a few microseconds of its stream.
 //
 // When: every call but a landing insert settles first (settle_landing), on its own stream. A
-// landing insert settles on the buffer's own stream only while no sample is in flight (actors
-// inserting alone), once alone_batch inserts wait for their copy, or past max_landing inserts in
-// flight; while a sample is in flight it only starts the copies waiting, once the buffer's stream
-// has finished the copies before (start_landing_copies: the copy engines keep busy between a
-// learner's calls, in batches as large as what arrived meanwhile). A settle
-//   - commits the inserts whose copy has finished;
-//   - starts the copy of every insert not yet copying, in one batch (no wait);
-//   - copies and commits the inserts the call must see, whatever their progress (its stream then
-//     waits for their copy): a sample's own stream's, those a call names by key, or all of them.
-// The evicted occupants' records go with every settle, so a call never sees a slot the host view
-// has already given away. So a sample on another stream sees a host insert once a settle has
-// copied it, and never waits for bytes still crossing PCIe; a sample on the insert's own stream,
-// or any call naming its keys, sees it as stream order says. Host queries (size, contains) count
-// landing inserts as stored; length() counts a trajectory once published. A call that settles
-// and then fails (a sample finding too few trajectories, an allocation) keeps what its settle
-// published: inserts that had returned already, so what it changed is when they became visible
-// to sampling and length(), nothing a call has seen.
+// settle publishes every insert whose upload has finished (event queries, one per insert or
+// fewer: see note_finished_uploads) and those the call must see, whatever their progress (its
+// stream then waits for their upload): a sample's own stream's, those a call names by key, or all
+// of them. A landing insert settles on the buffer's own stream only when no sample is in flight
+// (actors inserting alone), once alone_batch inserts have landed since the last settle, or past
+// max_landing inserts in flight (then it publishes them all). The evicted occupants' records go
+// with every settle, so a call never sees a slot the host view has already given away. So a
+// sample on another stream sees a host insert once its upload has finished and a settle has
+// published it; a sample on the insert's own stream, or any call naming its keys, sees it as
+// stream order says. Host queries (size, contains) count landing inserts as stored; length()
+// counts a trajectory once published. A call that settles and then fails (a sample finding too
+// few trajectories, an allocation) keeps what its settle published: inserts that had returned
+// already, so what it changed is when they became visible to sampling and length(), nothing a
+// call has seen.
+//
+// Cost: staging of pinned and device memory per insert in flight, held until it is published.
 
 #include <algorithm>
 #include <array>
@@ -50,15 +39,16 @@
 #include <gear/detail/buffer/insert_steps.hpp>
 #include <optional>
 #include <span>
+#include <thread>
 #include <vector>
 
 namespace gear::detail {
 
-/// Landing inserts in flight before an insert first publishes them all (bounds the staging, up to
-/// one more per thread: each checks before it lets go of the mutex to copy).
+/// Landing inserts in flight before an insert publishes them all (bounds the staging, up to one
+/// more per thread: each checks before it lets go of the mutex to copy).
 inline constexpr std::size_t max_landing = 256;
-/// Landing inserts waiting for their copy before an insert starts it, while no sample is in
-/// flight: one settle's query, copy batch and journal apply serve that many inserts.
+/// Landing inserts since the last settle before an insert publishes those uploaded, while no
+/// sample is in flight: one settle's queries and launch serve that many inserts.
 inline constexpr std::size_t alone_batch = 16;
 
 /// Which landing inserts a settle publishes whatever their progress.
@@ -98,58 +88,44 @@ bool lands(const Core& b, cudaStream_t stream) noexcept {
   }
 }
 
-/// Removes the landing inserts `leaves(i)` names (committed, or all of whose tickets newer
-/// reservations took over); their staging is reused once its event (after the copy, for one
-/// copied) has passed.
-template <class Core, class Leaves>
-void drop_landing(Core& b, Leaves leaves) noexcept {
-  std::size_t kept = 0;
-  for (std::size_t i = 0; i < b.landing_.size(); ++i) {
-    if (leaves(i)) {
-      b.staging_.give_back(b.landing_[i].lease);
-      continue;
-    }
-    if (kept != i) b.landing_[kept] = std::move(b.landing_[i]);  // not onto itself
-    ++kept;
-  }
-  b.landing_.resize(kept);
+/// Bytes of a settle's lease: its journal of `records` slot records (journal_bytes), then
+/// `pieces` landing pieces and `signals` signals (landing_publish.cuh).
+inline std::size_t settle_bytes(std::size_t journal, std::int64_t pieces, std::int64_t signals) {
+  return journal + static_cast<std::size_t>(pieces) * sizeof(landing_piece) +
+         static_cast<std::size_t>(signals) * sizeof(staging_pool::signal);
 }
 
-/// Host-to-device copies, in one batch where the runtime has it: `dst[i]` <- `src[i]`,
-/// `bytes[i]` each, on `stream`. Throws errc::cuda_error.
-inline void copy_to_device(std::span<void* const> dst, std::span<const void* const> src,
-                           std::span<const std::size_t> bytes, cudaStream_t stream) {
-#if defined(CUDART_VERSION) && CUDART_VERSION >= 13000  // 12.8 and 12.9 spell it otherwise
-  cudaMemcpyAttributes order{};
-  order.srcAccessOrder = cudaMemcpySrcAccessOrderStream;  // the source is read in stream order
-  order.flags = cudaMemcpyFlagPreferOverlapWithCompute;
-  std::size_t first = 0;
-  for (std::size_t at = 0; at < dst.size(); at += 1024) {
-    const std::size_t n = std::min<std::size_t>(1024, dst.size() - at);
-    GEAR_CUDA_TRY(cudaMemcpyBatchAsync(
-        const_cast<void**>(dst.data() + at), const_cast<const void**>(src.data() + at),
-        const_cast<std::size_t*>(bytes.data() + at), n, &order, &first, 1, stream));
-  }
-#else
-  for (std::size_t i = 0; i < dst.size(); ++i)
-    GEAR_CUDA_TRY(cudaMemcpyAsync(dst[i], src[i], bytes[i], cudaMemcpyHostToDevice, stream));
-#endif
-}
-
-/// The host-to-device copies of the landing inserts `copy[i]` names: the bytes of their tickets
-/// still pending, from the staging into the slots.
-struct landing_copies {
-  std::vector<void*> dst;
-  std::vector<const void*> src;
-  std::vector<std::size_t> bytes;
-};
-
+/// Marks the landing inserts whose upload has finished (uploaded). Uploads one thread enqueued on
+/// one stream finish in the order it made them, which is the order of landing_ (each registers
+/// after its upload, before its thread's next): so inserts are asked newest first within each
+/// (thread, stream), and a finished one answers for every older one. Throws errc::cuda_error.
 template <class Core>
-landing_copies list_landing_copies(const Core& b, std::span<const char> copy) {
+void note_finished_uploads(Core& b) {
+  struct origin {
+    std::thread::id thread;
+    cudaStream_t stream;
+  };
+  std::vector<origin> finished;  // origins whose older inserts are all uploaded
+  for (std::size_t i = b.landing_.size(); i-- > 0;) {
+    auto& l = b.landing_[i];
+    const auto same = [&](const origin& o) { return o.thread == l.thread && o.stream == l.stream; };
+    if (!l.uploaded && std::find_if(finished.begin(), finished.end(), same) != finished.end())
+      l.uploaded = true;
+    else if (!l.uploaded)
+      l.uploaded = b.staging_.reached(l.lease);
+    if (l.uploaded && std::find_if(finished.begin(), finished.end(), same) == finished.end())
+      finished.push_back({l.thread, l.stream});
+  }
+}
+
+/// The pieces of the landing inserts `commit[i]` names: each pending trajectory's columns, from
+/// the device staging into the slots.
+template <class Core>
+std::vector<landing_piece> list_landing_pieces(const Core& b, std::span<const char> commit) {
   using spec = typename Core::spec_type;
-  landing_copies out;
-  for (std::size_t i = 0; i < copy.size(); ++i) {
-    if (!copy[i]) continue;
+  std::vector<landing_piece> out;
+  for (std::size_t i = 0; i < commit.size(); ++i) {
+    if (!commit[i]) continue;
     const auto& l = b.landing_[i];
     std::int64_t at = 0;  // the trajectory's first step in the staging
     for (std::size_t t = 0; t < l.lengths.size(); ++t) {
@@ -157,10 +133,10 @@ landing_copies list_landing_copies(const Core& b, std::span<const char> copy) {
       std::int64_t column_at = 0;  // column c's staging: the columns before it, each aligned
       for (std::size_t c = 0; c < Core::num_columns && b.ring_.is_pending(ticket); ++c) {
         const std::int64_t step = spec::step_bytes[c];
-        out.dst.push_back(b.regions_.kernel[c].base +
-                          b.ring_.slot_of(ticket) * b.regions_.kernel[c].slot_stride);
-        out.src.push_back(l.lease.host + column_at + at * step);
-        out.bytes.push_back(static_cast<std::size_t>(l.lengths[t] * step));
+        out.push_back({l.lease.device + column_at + at * step,
+                       b.regions_.kernel[c].base +
+                           b.ring_.slot_of(ticket) * b.regions_.kernel[c].slot_stride,
+                       l.lengths[t] * step});
         column_at += align_up(l.steps * step, segment_alignment);
       }
       at += l.lengths[t];
@@ -169,94 +145,9 @@ landing_copies list_landing_copies(const Core& b, std::span<const char> copy) {
   return out;
 }
 
-/// Makes the buffer's own stream wait for what the copies of `copy[i]` must follow: the reads
-/// enqueued before their inserts evicted the slots' occupants, and the last write of slot bytes
-/// (not every read since, nor the metadata writes of a learner's settles: the copies overlap the
-/// gathers enqueued after). Throws errc::cuda_error before enqueueing anything that matters.
-template <class Core>
-void order_landing_copies(Core& b, std::span<const char> copy) {
-  const cuda::stream_ref p = b.publisher();
-  if (b.copied_.get() == nullptr) b.copied_ = event::make();
-  b.order_.join(p.get());
-  std::vector<stream_order::read_mark> reads;
-  for (std::size_t i = 0; i < copy.size(); ++i)
-    if (copy[i])
-      for (const auto& m : b.landing_[i].reads) {
-        auto same = std::find_if(reads.begin(), reads.end(),
-                                 [&](const auto& r) { return r.lane == m.lane; });
-        if (same == reads.end())
-          reads.push_back(m);
-        else
-          same->count = std::max(same->count, m.count);
-      }
-  b.order_.wait_reads(p.get(), reads);
-  b.order_.wait_last_bytes_write(p.get());
-}
-
-/// Enqueues the copies (after order_landing_copies) on the buffer's own stream, in one batch;
-/// each copied insert's event, and copied_, follow them. Call it inside Core::enqueue.
-template <class Core>
-void enqueue_landing_copies(Core& b, const landing_copies& list, std::span<const char> copy) {
-  const cudaStream_t p = b.publisher_;
-  copy_to_device(list.dst, list.src, list.bytes, p);
-  GEAR_CUDA_TRY(cudaEventRecord(b.copied_.get(), p));
-  ++b.copy_batches_;
-  for (std::size_t i = 0; i < copy.size(); ++i)
-    if (copy[i]) {
-      auto& l = b.landing_[i];
-      GEAR_CUDA_TRY(cudaEventRecord(b.staging_.marked(l.lease), p));
-      b.staging_.note_marked(l.lease);
-      l.batch = b.copy_batches_;
-    }
-}
-
-/// True when some landing insert of `b` has not started its copy.
-template <class Core>
-bool landing_waits(const Core& b) noexcept {
-  return std::any_of(b.landing_.begin(), b.landing_.end(),
-                     [](const auto& l) { return l.batch == 0; });
-}
-
-/// Starts the copy of every landing insert not copying yet, commits nothing: what an insert does
-/// while a sample is in flight once the copies enqueued before have finished (so that the copy
-/// engines do not idle until the learner's next call). Expects the mutex held. Throws
-/// (errc::cuda_error) before changing anything; a failure while enqueueing makes the buffer
-/// unusable.
-template <class Core>
-void start_landing_copies(Core& b) {
-  const std::size_t n = b.landing_.size();
-  std::vector<char> copy(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    const auto& l = b.landing_[i];
-    for (std::size_t t = 0; t < l.lengths.size() && l.batch == 0 && !copy[i]; ++t)
-      copy[i] = b.ring_.is_pending(l.first_ticket + t);
-  }
-  const landing_copies list = list_landing_copies(b, copy);
-  if (list.dst.empty()) return;
-  order_landing_copies(b, copy);
-  b.enqueue([&] { enqueue_landing_copies(b, list, copy); });
-}
-
-/// Marks the landing inserts whose copy has finished (copied). Copies run in order on one
-/// stream, and the events of one batch's inserts are recorded together: one query answers for a
-/// whole batch, and a finished one for every earlier batch. Throws errc::cuda_error.
-template <class Core>
-void note_finished_copies(Core& b) {
-  std::uint64_t finished_upto = 0, unfinished_from = ~std::uint64_t{0};
-  for (auto& l : b.landing_) {
-    if (l.batch == 0 || l.copied) continue;
-    if (l.batch <= finished_upto) {
-      l.copied = true;
-    } else if (unfinished_from > l.batch) {
-      l.copied = b.staging_.reached(l.lease);
-      (l.copied ? finished_upto : unfinished_from) = l.batch;
-    }
-  }
-}
-
-/// Publishes what `force` names and every landing insert whose copy has finished, starts the copy
-/// of every other one, and applies the pending records of every landing reservation (see the top
-/// of this file). Expects the mutex held. Throws (errc::out_of_memory, errc::cuda_error) before
+/// Publishes what `force` names and every landing insert whose upload has finished, and applies
+/// the pending records of every landing reservation (see the top of this file), in one launch on
+/// `stream`. Expects the mutex held. Throws (errc::out_of_memory, errc::cuda_error) before
 /// changing anything; a failure while enqueueing makes the buffer unusable.
 template <class Core>
 void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream) {
@@ -265,27 +156,24 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
     if (b.landing_.empty() && b.landing_records_.empty() && b.ring_.pending_index_changes() == 0)
       return;
     refuse_capture(stream);  // before anything changes or is enqueued
-    note_finished_copies(b);
-    // What goes now. Commit: every insert whose copy has finished, and those the call must see
-    // (whose copy it then waits for). Copy: every insert not copying yet (on the buffer's stream:
-    // it costs the calling stream nothing). An insert whose tickets newer reservations all took
-    // over is dropped.
+    note_finished_uploads(b);
+    // What goes now: every insert whose upload has finished, and those the call must see (whose
+    // upload its stream then waits for). An insert whose tickets newer reservations all took over
+    // is dropped.
     const std::size_t n = b.landing_.size();
-    std::vector<char> commit(n), copy(n), alive(n);
-    std::int64_t commits = 0;
+    std::vector<char> commit(n), alive(n);
+    std::int64_t commits = 0, inserts = 0;
     for (std::size_t i = 0; i < n; ++i) {
       const auto& l = b.landing_[i];
       std::int64_t pending = 0;
       for (std::size_t t = 0; t < l.lengths.size(); ++t)
         pending += b.ring_.is_pending(l.first_ticket + t);
       alive[i] = pending > 0;
-      commit[i] = alive[i] && (l.copied || force(l));
-      copy[i] = alive[i] && l.batch == 0;
+      commit[i] = alive[i] && (l.uploaded || force(l));
       commits += commit[i] ? pending : 0;
+      inserts += commit[i];
     }
-    const landing_copies list = list_landing_copies(b, copy);
-    if (list.dst.empty() && commits == 0 && b.landing_records_.empty() &&
-        b.ring_.pending_index_changes() == 0 &&
+    if (commits == 0 && b.landing_records_.empty() && b.ring_.pending_index_changes() == 0 &&
         std::find(alive.begin(), alive.end(), char{0}) == alive.end())
       return;
     // The pending records to apply: one per slot, its latest reservation's, unless that one is
@@ -302,18 +190,22 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
     };
     std::int64_t records = commits;
     for (const slot_record& r : b.landing_records_) records += applies(r);
-    // The journal's records, read on `stream`, given back after it.
-    const staging_pool::lease lease = b.staging_.acquire(b.journal_bytes(records), 0);
-    // The journal, on `stream`, commits only what has been copied already, or what the call must
-    // see (then it waits for its copy): a sample does not wait for the copies it starts.
+    const std::vector<landing_piece> pieces = list_landing_pieces(b, commit);
+    std::int64_t chunks = 0;
+    for (const auto& p : pieces) chunks += (p.bytes + landing_chunk - 1) / landing_chunk;
+    // The settle's lease: its records, pieces and signals (one per lease the launch frees: the
+    // committed inserts' and its own), read by the launch on `stream`.
+    const std::size_t journal = b.journal_bytes(records);
+    const staging_pool::lease lease = b.staging_.acquire(
+        settle_bytes(journal, static_cast<std::int64_t>(pieces.size()), inserts + 1), 0);
     try {
       b.scratch_rows_.reserve(static_cast<std::size_t>(commits));
-      if (!list.dst.empty()) order_landing_copies(b, copy);
       b.order_before(stream, Core::write);
-      for (std::size_t i = 0; i < n; ++i)  // copied earlier, not seen to have finished
-        if (commit[i] && b.landing_[i].batch != 0 && !b.landing_[i].copied)
-          GEAR_CUDA_TRY(
-              cudaStreamWaitEvent(stream.get(), b.staging_.marked(b.landing_[i].lease), 0));
+      for (std::size_t i = 0; i < n; ++i) {  // forced, not seen uploaded: wait for the upload
+        const auto& l = b.landing_[i];
+        if (commit[i] && !l.uploaded && l.stream != stream.get())
+          GEAR_CUDA_TRY(cudaStreamWaitEvent(stream.get(), b.staging_.marked(l.lease), 0));
+      }
     } catch (...) {
       b.staging_.give_back(lease);
       throw;
@@ -325,15 +217,7 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
         if (applies(r)) *record++ = r;
       for (const auto& [first, count] : b.landing_evictions_)
         run_evict_hook(b, first, count, stream);
-      // The copies, on the buffer's own stream; only what the call must see waits for them.
-      if (!list.dst.empty()) {
-        enqueue_landing_copies(b, list, copy);
-        bool waits_for_copy = false;
-        for (std::size_t i = 0; i < n; ++i)
-          waits_for_copy = waits_for_copy || (copy[i] && commit[i]);
-        if (waits_for_copy) GEAR_CUDA_TRY(cudaStreamWaitEvent(stream.get(), b.copied_.get(), 0));
-      }
-      // The commit: the ring, then one journal apply of its records with the evictions'.
+      // The commit: the ring, whose records the launch applies with the evictions'.
       std::vector<std::int64_t>& committed = b.scratch_rows_;  // tickets, for the commit hook
       committed.clear();
       for (std::size_t i = 0; i < n; ++i) {
@@ -347,15 +231,58 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
           committed.push_back(static_cast<std::int64_t>(ticket));
         }
       }
-      apply_journal_on_device(b.journal_of(lease, 0, records), stream);
-      b.staging_.release_after(lease, stream.get());
+      landing_publish_args args;
+      args.journal = b.journal_of(lease, 0, records);
+      // The pieces and signals, after the journal, in the lease's own layout (settle_bytes).
+      const std::size_t pieces_at = journal;  // a multiple of sizeof(slot_record)
+      std::copy(pieces.begin(), pieces.end(),
+                reinterpret_cast<landing_piece*>(lease.host + pieces_at));
+      const std::size_t signals_at = pieces_at + pieces.size() * sizeof(landing_piece);
+      auto* signal_out = reinterpret_cast<staging_pool::signal*>(lease.host + signals_at);
+      std::vector<const staging_pool::lease*> by_event;  // leases without a signal word
+      std::int64_t signals = 0;
+      auto free_after = [&](const staging_pool::lease& l) {
+        const staging_pool::signal s = b.staging_.signal_of(l);
+        if (s.word == nullptr)
+          by_event.push_back(&l);
+        else
+          signal_out[signals++] = s;
+      };
+      for (std::size_t i = 0; i < n; ++i)
+        if (commit[i]) free_after(b.landing_[i].lease);
+      free_after(lease);
+      args.pieces = reinterpret_cast<const landing_piece*>(lease.mapped + pieces_at);
+      args.piece_count = static_cast<std::int64_t>(pieces.size());
+      args.signals = reinterpret_cast<const staging_pool::signal*>(lease.mapped + signals_at);
+      args.signal_count = signals;
+      args.arrivals = b.publish_arrivals();
+      launch_landing_publish(args, chunks, stream);
+      // The leases end: those with a signal once the launch writes it, the others after it.
+      for (std::size_t i = 0; i < n; ++i)
+        if (commit[i] && b.staging_.signal_of(b.landing_[i].lease).word != nullptr)
+          b.staging_.release_on_signal(b.landing_[i].lease);
+      if (b.staging_.signal_of(lease).word != nullptr) b.staging_.release_on_signal(lease);
+      for (const staging_pool::lease* l : by_event) b.staging_.release_after(*l, stream.get());
       for_each_ticket_run(committed, [&](std::uint64_t first, std::int64_t count) {
         run_commit_hook(b, first, count, stream);
       });
-      b.order_after(stream, Core::write, /*bytes=*/false);
-      drop_landing(b, [&](std::size_t i) { return commit[i] || !alive[i]; });
+      b.order_after(stream, Core::write, /*bytes=*/!pieces.empty());
+      // Committed inserts' leases were ended above; an insert taken over whole gives its lease
+      // back (reused once its upload has finished).
+      std::size_t kept = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        if (commit[i]) continue;
+        if (!alive[i]) {
+          b.staging_.give_back(b.landing_[i].lease);
+          continue;
+        }
+        if (kept != i) b.landing_[kept] = std::move(b.landing_[i]);  // not onto itself
+        ++kept;
+      }
+      b.landing_.resize(kept);
       b.landing_records_.clear();
       b.landing_evictions_.clear();
+      b.landed_since_settle_ = 0;
     });
 #else
     static_assert(dependent_false<Core>,
@@ -370,8 +297,8 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
 /// round to it uncommitted), waits for the device: a buffer_ref kernel on any stream may still
 /// be filling it, and neither the CPU nor a stream's copy or scatter may write under it (a kernel
 /// that never ends, holding a reservation, would hold this call and the buffer too). A landing
-/// insert's slots need no wait (their copies are ordered on the buffer's stream:
-/// wait_for_landing_copies), nor do a bound buffer's (filled on its stream).
+/// insert's slots need no wait (only a settle's publish, a write in stream order, fills them),
+/// nor do a bound buffer's (filled on its stream).
 template <class Core>
 void wait_for_takeovers(Core& b, std::int64_t count) {
   if constexpr (Core::on_device) {
@@ -391,53 +318,63 @@ void wait_for_takeovers(Core& b, std::int64_t count) {
 
 /// The landing insert (see the top of this file), after check_insert, with the mutex `held`.
 /// `staged_at[c]` / `staged_bytes`: the packed layout of every column (each aligned to
-/// segment_alignment, as settle_landing reads it).
+/// segment_alignment, as list_landing_pieces reads it), the same in both parts of the staging.
 template <class Core, class Spec, std::size_t N>
 void land_trajectories(Core& b, std::unique_lock<std::mutex>& held, const trajectories<Spec>& in,
                        std::span<key> keys_out, cuda::stream_ref stream, std::int64_t steps,
                        const std::array<std::int64_t, N>& staged_at, std::int64_t staged_bytes) {
   const auto count = static_cast<std::int64_t>(in.lengths.size());
-  // Inserts publish only while no sample is in flight (with actors alone, say), on the buffer's
-  // own stream, once alone_batch wait for their copy. With a sample in flight the learner's next
-  // call publishes, on its stream, and an insert only starts the copies waiting once the buffer's
-  // stream has finished those before (so the copy engines do not idle until that call). Past
-  // max_landing, everything goes.
-  if (b.landing_.size() >= max_landing) {
+  // Inserts publish on the buffer's own stream only while no sample is in flight (actors alone:
+  // a learner's next call publishes otherwise, on its stream), once alone_batch have landed since
+  // the last settle; past max_landing, everything goes.
+  if (b.landing_.size() >= max_landing)
     settle_landing(b, landing_force{landing_force::kind::all}, b.publisher());
-  } else if (!b.order_.reads_pending()) {
-    const auto waiting = std::count_if(b.landing_.begin(), b.landing_.end(),
-                                       [](const auto& l) { return l.batch == 0; });
-    if (static_cast<std::size_t>(waiting) + 1 >= alone_batch)
-      settle_landing(b, landing_force{}, b.publisher());
-  } else if (landing_waits(b) && (b.copied_.get() == nullptr || event_reached(b.copied_.get()))) {
-    start_landing_copies(b);
-  }
-  // The lease is this call's alone: leasing it (the staging pool has its own mutex) and the CPU
-  // copy into it need no buffer mutex.
+  else if (b.landed_since_settle_ + 1 >= alone_batch && !b.order_.reads_in_flight())
+    settle_landing(b, landing_force{}, b.publisher());
+  // The lease is this call's alone: leasing it (the staging pool has its own mutex), the CPU
+  // copy into it and the upload need no buffer mutex. The upload goes on this call's stream, and
+  // the lease's event after it says when it has finished.
   held.unlock();
-  const staging_pool::lease lease = b.staging_.acquire(static_cast<std::size_t>(staged_bytes), 0);
+  check_stream_handle(stream.get());  // (insert_trajectories refused a capturing stream)
+  const auto bytes = static_cast<std::size_t>(staged_bytes);
+  const staging_pool::lease lease = b.staging_.acquire(bytes, bytes);
   const std::int64_t total[] = {steps};  // packed as given: one piece per column
   copy_host_columns(
       in, total, staged_bytes, [](std::size_t) { return true; },
       [&](std::size_t c, std::size_t) { return lease.host + staged_at[c]; });
+  const cudaError_t uploaded =
+      cudaMemcpyAsync(lease.device, lease.host, bytes, cudaMemcpyHostToDevice, stream.get());
+  const cudaError_t recorded = uploaded == cudaSuccess
+                                   ? cudaEventRecord(b.staging_.marked(lease), stream.get())
+                                   : cudaSuccess;
+  try {
+    GEAR_CUDA_TRY(uploaded);
+    GEAR_CUDA_TRY(recorded);
+  } catch (...) {
+    // A failed upload enqueued nothing; an upload with no event waits for the device.
+    if (uploaded == cudaSuccess)
+      b.staging_.give_back_unsafe(lease);
+    else
+      b.staging_.give_back(lease);
+    throw;
+  }
+  b.staging_.note_marked(lease);  // given back from here, the lease waits for the upload
   held.lock();
   // Everything that can fail, before the ring changes.
   typename Core::landing_insert l;
   try {
     b.check_usable();
-    refuse_capture(stream);
-    check_stream_handle(stream.get());
     b.order_.check_bound(stream.get());  // a device_rng sample may have bound it meanwhile
-    wait_for_takeovers(b, count);        // its copies will write the slots
+    wait_for_takeovers(b, count);
     b.landing_.reserve(b.landing_.size() + 1);
     b.landing_records_.reserve(b.landing_records_.size() + static_cast<std::size_t>(count));
     b.landing_evictions_.reserve(b.landing_evictions_.size() + 1);
     l = {lease,
          stream.get(),
+         std::this_thread::get_id(),
          0,
          steps,
-         std::vector<std::int64_t>(in.lengths.begin(), in.lengths.end()),
-         b.order_.read_marks()};
+         std::vector<std::int64_t>(in.lengths.begin(), in.lengths.end())};
   } catch (...) {
     b.staging_.give_back(lease);
     throw;
@@ -452,6 +389,7 @@ void land_trajectories(Core& b, std::unique_lock<std::mutex>& held, const trajec
         b.key_of(r.first_ticket + static_cast<std::uint64_t>(i));
   b.landing_evictions_.emplace_back(r.first_ticket, count);
   b.landing_.push_back(std::move(l));
+  ++b.landed_since_settle_;
   b.order_.note_unlaned_stream();  // this stream has no lane: the buffer may not bind from now
 }
 

@@ -32,7 +32,6 @@ reservation reserve_slots(Core& b, std::int64_t count, cuda::stream_ref stream) 
   reservation r{};
   b.order_write(lease, stream);
   try {
-    b.wait_for_landing_copies(stream);  // the caller's kernel writes the slots after this
     wait_for_takeovers(b, count);
   } catch (...) {
     b.give_back(lease);

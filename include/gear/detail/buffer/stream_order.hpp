@@ -27,10 +27,6 @@
 // errc::invalid_argument before it changes anything (every operation orders itself, before(),
 // before it changes state).
 //
-// Each stream keeps the events of its last 64 reads, so a write that evicted slots earlier (a
-// landing insert's reservation, landing.hpp) can wait for just the reads enqueued before that
-// eviction (read_marks, wait_reads) rather than for every read enqueued since.
-//
 // A buffer whose CPU writes slot bytes (host data into host-resident columns: pinned_host, mixed)
 // is tracked for the host (track_for_host): its accesses are recorded from the first stream on, so
 // an insert waits on the host for the last read of each stream and the last write of slot bytes
@@ -79,40 +75,9 @@ class stream_order {
     if (a == access::write)
       for (auto& l : lanes_)
         if (l.get() != &self && l->read_pending && l->reads > 0)
-          GEAR_CUDA_TRY(cudaStreamWaitEvent(s, l->read_event(l->reads - 1), 0));
+          GEAR_CUDA_TRY(cudaStreamWaitEvent(s, l->read.get(), 0));
   }
 
-  /// A point in one stream's reads: its first `count` recorded reads.
-  struct read_mark {
-    std::size_t lane = 0;
-    std::uint64_t count = 0;
-  };
-  /// The reads every stream has recorded so far: what a slot evicted now may still be read by.
-  [[nodiscard]] std::vector<read_mark> read_marks() const {
-    std::vector<read_mark> out;
-    for (std::size_t i = 0; i < lanes_.size(); ++i)
-      if (lanes_[i]->reads > 0) out.push_back({i, lanes_[i]->reads});
-    return out;
-  }
-  /// Makes `s` wait for the reads `marks` name (for a mark whose event a newer read has taken
-  /// over, for that newer read: later, so still enough).
-  void wait_reads(cudaStream_t s, const std::vector<read_mark>& marks) {
-    for (const read_mark& m : marks) {
-      lane& l = *lanes_[m.lane];
-      if (l.stream == s) continue;
-      const std::uint64_t at = l.reads - m.count < read_ring ? m.count - 1 : l.reads - 1;
-      GEAR_CUDA_TRY(cudaStreamWaitEvent(s, l.read_event(at), 0));
-    }
-  }
-  /// Makes `s` wait for the last write of slot bytes (see after()), unless it was s's own. Every
-  /// write follows the one before it, so this covers every earlier write of slot bytes.
-  void wait_last_bytes_write(cudaStream_t s) {
-    if (last_bytes_writer_ != nullptr && last_bytes_writer_->stream != s)
-      GEAR_CUDA_TRY(cudaStreamWaitEvent(s, last_bytes_writer_->write.get(), 0));
-  }
-  /// Counts `s` among the streams that use the buffer, so that every other stream's accesses are
-  /// recorded from now on (a stream that only copies bytes for the buffer, say).
-  void join(cudaStream_t s) { (void)lane_of(s); }
 
   /// Binds the buffer to `s` for good (see the top of this file). Throws errc::invalid_argument,
   /// binding nothing, if another stream has used the buffer.
@@ -156,15 +121,17 @@ class stream_order {
       return;
     }
     for (const auto& l : lanes_)
-      if (l->reads > 0) GEAR_CUDA_TRY(cudaEventSynchronize(l->read_event(l->reads - 1)));
+      if (l->reads > 0) GEAR_CUDA_TRY(cudaEventSynchronize(l->read.get()));
     if (last_bytes_writer_ != nullptr && last_bytes_writer_->write.get() != nullptr)
       GEAR_CUDA_TRY(cudaEventSynchronize(last_bytes_writer_->write.get()));
   }
 
-  /// True when some stream has a read no write has followed yet.
-  [[nodiscard]] bool reads_pending() const noexcept {
+  /// True when some stream's last recorded read has not finished (an event query per stream):
+  /// a sample is in flight, whatever has been written since.
+  /// Throws errc::cuda_error.
+  [[nodiscard]] bool reads_in_flight() const {
     for (const auto& l : lanes_)
-      if (l->read_pending) return true;
+      if (l->reads > 0 && !event_reached(l->read.get())) return true;
     return false;
   }
 
@@ -175,7 +142,7 @@ class stream_order {
 
   /// Records the position of an access just enqueued on `s` (it must follow before(s, a)). A
   /// write with `bytes` false changed metadata only (the mirror, the selection state), no slot
-  /// bytes: wait_last_bytes_write need not wait for it.
+  /// bytes: wait_on_host need not wait for it.
   /// `binding` as for before(): nothing is recorded.
   void after(cudaStream_t s, access a, bool bytes = true, bool binding = false) {
     lane& self = lane_of(s);
@@ -190,32 +157,25 @@ class stream_order {
     } else {
       self.read_pending = true;
       if (record) {
-        record_event(self.read_event(self.reads), s);
+        record_event(self.read.get(), s);
         ++self.reads;
       }
     }
   }
 
  private:
-  /// Reads whose events a stream keeps before it reuses the oldest.
-  static constexpr std::uint64_t read_ring = 64;
-
   struct lane {
     cudaStream_t stream{};
-    std::vector<event> read;  // [read_ring]: read n's event is read[n % read_ring]
-    event write;
+    event read;   // recorded after each read: the lane's last
+    event write;  // recorded after each write: the lane's last
     std::uint64_t reads = 0;    // reads recorded so far
     bool read_pending = false;  // a read since the last write that has not been waited for
-    [[nodiscard]] cudaEvent_t read_event(std::uint64_t n) const noexcept {
-      return read[static_cast<std::size_t>(n % read_ring)].get();
-    }
-    /// Makes the lane's events, unless it has them (all or none: a failure leaves none).
+    /// Makes the lane's events, unless it has them (both or none: a failure leaves none).
     void make_events() {
-      if (!read.empty()) return;
-      std::vector<event> made;
-      for (std::uint64_t i = 0; i < read_ring; ++i) made.push_back(event::make());
+      if (read.get() != nullptr) return;
+      event r = event::make();
       event w = event::make();
-      read = std::move(made);
+      read = std::move(r);
       write = std::move(w);
     }
   };

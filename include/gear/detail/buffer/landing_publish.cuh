@@ -1,0 +1,88 @@
+#pragma once
+// The kernel that publishes landing inserts (landing.hpp) in one launch: it places their bytes,
+// uploaded already into the device part of their staging, into their slots; applies the settle's
+// slot records to the mirror; and, in its last block, signals every staging lease it read as
+// free (staging.hpp's signals), so that the settle records no event and queries none later.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cuda/stream_ref>
+#include <gear/detail/buffer/journal.cuh>
+#include <gear/detail/buffer/landing_state.hpp>
+#include <gear/detail/buffer/staging.hpp>
+#include <gear/detail/copy.cuh>
+#include <gear/detail/cuda.hpp>
+#include <gear/detail/last_block.cuh>
+#include <gear/detail/tuning.hpp>
+
+namespace gear::detail {
+
+/// One publish: the records (`journal`), the pieces and the signals all live in the settle's own
+/// lease of mapped pinned memory; `arrivals` is a device word that is 0 between publishes.
+struct landing_publish_args {
+  journal_args journal;
+  const landing_piece* pieces = nullptr;
+  std::int64_t piece_count = 0;
+  const staging_pool::signal* signals = nullptr;
+  std::int64_t signal_count = 0;
+  unsigned* arrivals = nullptr;
+};
+
+/// Bytes a block copies at a time: the pieces' chunks are dealt to the blocks in turn.
+inline constexpr std::int64_t landing_chunk = std::int64_t{64} << 10;
+inline constexpr int landing_threads = 256;
+inline constexpr std::int64_t landing_max_blocks = 128;
+
+template <class Args>  // always landing_publish_args; a template so that headers define it once
+__global__ void __launch_bounds__(landing_threads) landing_publish_kernel(const Args a) {
+  // The pieces, a tile at a time into shared memory (they are read from mapped host memory: one
+  // round trip per tile, not one per piece).
+  __shared__ landing_piece tile[landing_threads];
+  std::int64_t chunk_index = 0;  // chunks of the pieces before this one, over all blocks
+  for (std::int64_t base = 0; base < a.piece_count; base += landing_threads) {
+    const std::int64_t in_tile = min64(landing_threads, a.piece_count - base);
+    __syncthreads();  // the previous tile is no longer read
+    if (threadIdx.x < in_tile) tile[threadIdx.x] = a.pieces[base + threadIdx.x];
+    __syncthreads();
+    for (std::int64_t p = 0; p < in_tile; ++p) {
+      const landing_piece piece = tile[p];
+      const std::int64_t chunks = (piece.bytes + landing_chunk - 1) / landing_chunk;
+      const std::int64_t blocks = gridDim.x;
+      // This block's chunks of the piece: those whose overall index is blockIdx.x modulo blocks.
+      for (std::int64_t j = (blockIdx.x - chunk_index % blocks + blocks) % blocks; j < chunks;
+           j += blocks) {
+        const std::int64_t at = j * landing_chunk;
+        block_copy(piece.dst + at, piece.src + at, min64(landing_chunk, piece.bytes - at));
+      }
+      chunk_index += chunks;
+    }
+  }
+  apply_journal_part(a.journal, blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x,
+                     std::int64_t{gridDim.x} * blockDim.x);
+  if (a.signal_count == 0) return;  // the same for every block
+  if (!last_block_to_arrive(a.arrivals)) return;
+  // Every block has read its pieces and records: the staging is free. The signals' stores
+  // follow every read of the launch (the fences of last_block_to_arrive, then this one, system
+  // wide: the host reads the words).
+  __threadfence_system();
+  for (std::int64_t i = threadIdx.x; i < a.signal_count; i += blockDim.x) {
+    const staging_pool::signal s = a.signals[i];
+    *static_cast<volatile std::uint64_t*>(s.word) = s.value;
+  }
+}
+
+/// Launches the publish on `stream`: enough blocks for its bytes and its records. Checks the
+/// launch, never synchronises.
+inline void launch_landing_publish(const landing_publish_args& a, std::int64_t chunks,
+                                   cuda::stream_ref stream) {
+  const std::int64_t records = std::max(a.journal.count, a.journal.index_count);
+  const std::int64_t for_records = (records + landing_threads - 1) / landing_threads;
+  const auto blocks = static_cast<unsigned>(std::clamp<std::int64_t>(
+      std::max(chunks, for_records), 1, std::max(landing_max_blocks, for_records)));
+  landing_publish_kernel<<<std::min<unsigned>(blocks, tuning::journal_max_blocks),
+                           landing_threads, 0, stream.get()>>>(a);
+  GEAR_CHECK_LAUNCH("landing_publish_kernel");
+}
+
+}  // namespace gear::detail
