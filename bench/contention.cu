@@ -120,22 +120,27 @@ double copy_reference(bool staged, double seconds, std::size_t bytes, Side side 
   return double(copies.load()) * double(bytes) / seconds_since(t) / 1e9;
 }
 
-/// Samples for `seconds` on the learner's stream; returns samples per second.
+/// Samples for `seconds` on the learner's stream; returns samples per second. With `host_us`,
+/// also the host time of one sample_async call, microseconds on average.
 template <class Buffer>
 double learn(Buffer& buf, cuda::stream_ref s, double seconds, std::int64_t window,
-             std::atomic<bool>* stop = nullptr) {
+             std::atomic<bool>* stop = nullptr, double* host_us = nullptr) {
   auto out = buf.make_batch(gear::batch_size{batch}, gear::window_length{window});
   gear::rng g{1};
   const gear::window w{.length = window, .from = gear::anchor::random};
   buf.sample(out, w, g, s);
   std::int64_t n = 0;
+  double in_calls = 0;
   const auto t = clock_type::now();
   while (seconds_since(t) < seconds) {
+    const auto calls = clock_type::now();
     for (int i = 0; i < 16; ++i) buf.sample_async(out, w, g, s);
+    in_calls += seconds_since(calls);
     GEAR_CUDA_TRY(cudaStreamSynchronize(s.get()));
     n += 16;
   }
   const double rate = double(n) / seconds_since(t);
+  if (host_us != nullptr) *host_us = 1e6 * in_calls / double(n);
   if (stop != nullptr) stop->store(true);
   return rate;
 }
@@ -189,7 +194,8 @@ int main(int argc, char** argv) {
     GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
   }
   progress("learner alone");
-  const double solo = learn(buf, learner_stream.s, phase, steps);
+  double solo_host_us = 0, with_host_us = 0;
+  const double solo = learn(buf, learner_stream.s, phase, steps, nullptr, &solo_host_us);
   progress("warm-up, actors alone, then actors with the learner");
 
   auto act = [&](std::atomic<bool>& stop, std::atomic<std::int64_t>& inserted) {
@@ -224,7 +230,7 @@ int main(int argc, char** argv) {
     std::vector<std::thread> pool;
     for (int a = 0; a < actors; ++a) pool.emplace_back(act, std::ref(stop), std::ref(inserted));
     if (with_learner) {
-      learner_with = learn(buf, learner_stream.s, phase, steps, &stop);
+      learner_with = learn(buf, learner_stream.s, phase, steps, &stop, &with_host_us);
     } else {
       std::this_thread::sleep_for(std::chrono::duration<double>(phase));
       stop = true;
@@ -271,5 +277,7 @@ int main(int argc, char** argv) {
   row("8 threads copying write-combined, with the learner", copy_wc_with_learner, limit, true);
   row("learner, 8 threads copying write-combined", learner_copy_wc, solo, false);
   row("8 actors inserting 28 KiB steps, alone", actors_alone, limit, true);
+  std::printf("%-58s %9.1f us %11.1f us\n", "learner's host time per sample_async, with actors / alone",
+              with_host_us, solo_host_us);
   return 0;
 }
