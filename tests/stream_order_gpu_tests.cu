@@ -1254,11 +1254,13 @@ TEST_CASE_TEMPLATE("reserve_staging: calls within the declared limits allocate n
 
 // A review finding: the small entries had no room for the journal of a settle publishing the
 // landing inserts in flight (a commit and a reservation record per trajectory), and the large
-// ones are held by those inserts until then, so each such settle allocated.
+// ones are held by those inserts until then, so each such settle allocated. Landing inserts hold
+// their staging until published (call_limits: they count among the inserts in flight): here 4 per
+// round, and up to 4 of the round before whose upload the round's sample did not see finished.
 TEST_CASE("reserve_staging: landing inserts from an actor and the settles publishing them "
           "allocate nothing") {
   const gear::call_limits limits{
-      .insert_trajectories = 8, .insert_steps = 16, .batch = 16, .in_flight = 4, .writers = 0};
+      .insert_trajectories = 8, .insert_steps = 16, .batch = 16, .in_flight = 8, .writers = 0};
   stream_holder learner, actor;
   vbuffer<gear::storage::device> buf{gear::capacity{256}, gear::max_length{2}};
   buf.reserve_staging(limits);

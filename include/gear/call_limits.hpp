@@ -1,9 +1,10 @@
 #pragma once
 // gear::call_limits: the most that one call of a buffer will ask for, declared up front.
 //
-// A GPU buffer hands host data to the GPU through staging: pinned memory (and a device twin for
-// an insert's rows table) leased to each call and reused once the stream work that reads it has
-// finished. Staging grows on demand, so the first calls of a run, and any call larger than all
+// A GPU buffer hands host data to the GPU through staging: pinned memory (and device memory for
+// an insert's rows table, and for its data where every column is in device memory: an insert
+// that lands uploads it there) leased to each call and reused once the stream work that reads it
+// has finished. Staging grows on demand, so the first calls of a run, and any call larger than all
 // before it, allocate (cudaHostAlloc takes milliseconds: 1.4 ms at 4 MiB, 25 ms at 64 MiB).
 // replay_buffer::reserve_staging(call_limits) allocates it all at once instead:
 //

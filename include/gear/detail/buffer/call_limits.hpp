@@ -4,10 +4,9 @@
 //
 // The buffer's staging pool (staging.hpp) gets `in_flight` + `writers` large entries, each with
 // room for the largest insert (its rows table and plan, its host data, its commit records) or a
-// writer's chunk; where host inserts may land, entries with pinned and device room for the
-// largest, held until published; 2 x `in_flight` for the leases of settles publishing landing
-// inserts (one per call in flight, of the size of the largest settle, or small), and 2 x
-// `in_flight` small ones
+// writer's chunk (with device room for its data where host inserts may land, held until
+// published); 2 x `in_flight` for the leases of settles publishing landing inserts (one per call
+// in flight, of the size of the largest settle, or small), and 2 x `in_flight` small ones
 // for the rest (the records of a batch's removals and its rows, an erase or a commit; the rows a
 // consuming sample reads back: a sample under max_times_sampled holds two at once); the
 // selection state its own staging (select::fifo / lifo's chosen rows where a sample has no lease
@@ -67,27 +66,24 @@ void reserve_call_staging(Core& b, const call_limits& l) {
                                         records(l.insert_trajectories)});
     const std::size_t large = std::max({insert.records_at() + records(l.insert_trajectories),
                                         writer<Core>::staging_bytes(b.max_length_), small});
-    // Landing inserts (landing.hpp) hold their entries, pinned and device parts, until a later
-    // call publishes them: up to twice `in_flight` (a sample publishes what has been uploaded;
-    // the rest wait beside the next inserts), or 2 x alone_batch while actors insert alone.
-    const std::size_t landing =
-        Core::all_in_device_memory ? std::max(2 * in_flight, 2 * alone_batch) : 0;
+    // A landing insert (landing.hpp) holds its entry, pinned and device parts, until a later call
+    // publishes it: it counts among the inserts in flight, and where inserts may land (every
+    // column in device memory) the insert entries have device room for their data.
     const auto staged = static_cast<std::size_t>(insert.staged_bytes);
+    const std::size_t device =
+        std::max(insert.table_bytes, Core::all_in_device_memory ? staged : std::size_t{0});
     // A settle publishing them: a record, a dense-index change and a piece per trajectory and
     // column, and a signal per insert. Any call may settle first, so each call in flight, insert
     // or other, may hold a settle's lease beside its own staging: entries of their own, so that
     // the small ones stay small.
-    const auto landed = static_cast<std::int64_t>(landing) * l.insert_trajectories;
+    const std::int64_t landed = l.in_flight * l.insert_trajectories;
     const std::size_t settle =
         settle_bytes(Core::journal_bytes(landed, landed),
-                     landed * static_cast<std::int64_t>(Core::num_columns),
-                     static_cast<std::int64_t>(landing) + 1);
+                     landed * static_cast<std::int64_t>(Core::num_columns), l.in_flight + 1);
     // Counted from the largest down: every larger entry also fits a smaller lease (an insert's
-    // needs its device part, which only the large entries have; a landing insert's is as large
-    // as its data).
-    const auto large_count = landing + in_flight + static_cast<std::size_t>(l.writers);
+    // needs its device part, which only the large entries have).
+    const auto large_count = in_flight + static_cast<std::size_t>(l.writers);
     const std::size_t settles = 2 * in_flight;
-    const std::size_t device = std::max(insert.table_bytes, landing > 0 ? staged : 0);
     if (settle > large) b.staging_.reserve(settles, settle, 0);
     b.staging_.reserve(large_count, large, device);
     if (settle > small && settle <= large) b.staging_.reserve(large_count + settles, settle, 0);

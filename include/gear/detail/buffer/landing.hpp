@@ -13,8 +13,8 @@
 // only in stream order, and a learner's sample never waits for bytes still crossing PCIe: only
 // for a placement of what has arrived already, a few microseconds of its stream.
 //
-// When: every call but a landing insert settles first (settle_landing), on its own stream. A
-// settle publishes every insert whose upload has finished (event queries, one per insert or
+// When: every call that orders itself on a stream, but a landing insert (and a writer's append),
+// settles first (settle_landing), on its own stream. A settle publishes every insert whose upload has finished (event queries, one per insert or
 // fewer: see note_finished_uploads) and those the call must see, whatever their progress (its
 // stream then waits for their upload): a sample's own stream's, those a call names by key, or all
 // of them. A landing insert settles on the buffer's own stream only when no sample is in flight
@@ -30,6 +30,9 @@
 // call has seen.
 //
 // Cost: staging of pinned and device memory per insert in flight, held until it is published.
+// Streams: each landing insert leaves its upload queued on the caller's stream, and a settle
+// takes a stream handle for the stream it named (stream_order.hpp): synchronise a stream before
+// destroying it, or a new stream given the same handle may be taken for it.
 
 #include <algorithm>
 #include <array>
@@ -37,7 +40,6 @@
 #include <cuda/stream_ref>
 #include <gear/detail/buffer/core.hpp>
 #include <gear/detail/buffer/insert_steps.hpp>
-#include <optional>
 #include <span>
 #include <thread>
 #include <vector>
@@ -200,6 +202,7 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
         settle_bytes(journal, static_cast<std::int64_t>(pieces.size()), inserts + 1), 0);
     try {
       b.scratch_rows_.reserve(static_cast<std::size_t>(commits));
+      b.scratch_leases_.reserve(static_cast<std::size_t>(inserts) + 1);
       b.order_before(stream, Core::write);
       for (std::size_t i = 0; i < n; ++i) {  // forced, not seen uploaded: wait for the upload
         const auto& l = b.landing_[i];
@@ -239,7 +242,8 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
                 reinterpret_cast<landing_piece*>(lease.host + pieces_at));
       const std::size_t signals_at = pieces_at + pieces.size() * sizeof(landing_piece);
       auto* signal_out = reinterpret_cast<staging_pool::signal*>(lease.host + signals_at);
-      std::vector<const staging_pool::lease*> by_event;  // leases without a signal word
+      std::vector<const staging_pool::lease*>& by_event = b.scratch_leases_;  // without a word
+      by_event.clear();
       std::int64_t signals = 0;
       auto free_after = [&](const staging_pool::lease& l) {
         const staging_pool::signal s = b.staging_.signal_of(l);
@@ -339,9 +343,14 @@ void land_trajectories(Core& b, std::unique_lock<std::mutex>& held, const trajec
   const auto bytes = static_cast<std::size_t>(staged_bytes);
   const staging_pool::lease lease = b.staging_.acquire(bytes, bytes);
   const std::int64_t total[] = {steps};  // packed as given: one piece per column
-  copy_host_columns(
-      in, total, staged_bytes, [](std::size_t) { return true; },
-      [&](std::size_t c, std::size_t) { return lease.host + staged_at[c]; });
+  try {
+    copy_host_columns(
+        in, total, staged_bytes, [](std::size_t) { return true; },
+        [&](std::size_t c, std::size_t) { return lease.host + staged_at[c]; });
+  } catch (...) {
+    b.staging_.give_back(lease);
+    throw;
+  }
   const cudaError_t uploaded =
       cudaMemcpyAsync(lease.device, lease.host, bytes, cudaMemcpyHostToDevice, stream.get());
   const cudaError_t recorded = uploaded == cudaSuccess

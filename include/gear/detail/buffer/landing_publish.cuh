@@ -19,7 +19,8 @@
 namespace gear::detail {
 
 /// One publish: the records (`journal`), the pieces and the signals all live in the settle's own
-/// lease of mapped pinned memory; `arrivals` is a device word that is 0 between publishes.
+/// lease of mapped pinned memory, whose signal, if it has one, is the last; `arrivals` is a
+/// device word that is 0 between publishes.
 struct landing_publish_args {
   journal_args journal;
   const landing_piece* pieces = nullptr;
@@ -64,11 +65,18 @@ __global__ void __launch_bounds__(landing_threads) landing_publish_kernel(const 
   if (!last_block_to_arrive(a.arrivals)) return;
   // Every block has read its pieces and records: the staging is free. The signals' stores
   // follow every read of the launch (the fences of last_block_to_arrive, then this one, system
-  // wide: the host reads the words).
+  // wide: the host reads the words). The last signal frees the lease the signals themselves are
+  // read from: it goes once every thread has read and written the others.
   __threadfence_system();
-  for (std::int64_t i = threadIdx.x; i < a.signal_count; i += blockDim.x) {
+  for (std::int64_t i = threadIdx.x; i < a.signal_count - 1; i += blockDim.x) {
     const staging_pool::signal s = a.signals[i];
     *static_cast<volatile std::uint64_t*>(s.word) = s.value;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const staging_pool::signal own = a.signals[a.signal_count - 1];
+    __threadfence_system();
+    *static_cast<volatile std::uint64_t*>(own.word) = own.value;
   }
 }
 

@@ -21,7 +21,8 @@
 // kernel's last block, once nothing of the launch reads the lease any more, writes the lease's
 // number into the entry's word of mapped pinned memory (signal_of), and the pool sees the entry
 // finished by reading that word: no event record when the call ends, no driver query when the
-// entry is collected (a fifo sample's chosen rows and removal records: release_on_signal).
+// entry is collected (a fifo sample's chosen rows and removal records; the leases a publish of
+// landing inserts reads: release_on_signal).
 //
 // Threads: the pool has a mutex of its own, so that a landing insert (landing.hpp) can lease its
 // staging without holding the buffer's; every member takes it. A lease belongs to its holder.
@@ -228,7 +229,7 @@ class staging_pool {
   }
 
   /// Says that the caller recorded, on some stream, the lease's event (marked()) after the work
-  /// so far that uses the lease (a landing insert's copy); the lease stays held.
+  /// so far that uses the lease (a landing insert's upload); the lease stays held.
   void note_marked(const lease& l) noexcept {
     const std::lock_guard held(mutex_);
     entries_[l.entry]->marked = true;
