@@ -8,14 +8,18 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <future>
+#include <gear/detail/buffer/landing_state.hpp>
 #include <gear/detail/host_copy.hpp>
 #include <gear/detail/scatter.hpp>
 #include <map>
 #include <random>
 #include <set>
+#include <span>
 #include <thread>
 #include <tuple>
 #include <type_traits>
@@ -761,4 +765,84 @@ TEST_CASE(
   // At the edge: 2 trajectories of max_length steps each.
   buf.reserve_staging({.insert_trajectories = 2, .insert_steps = 12});
   CHECK(take_fingerprint(buf) == before);
+}
+
+// A landing insert's upload is seen finished either by an event query or by inference: a newer
+// upload of the same thread on the same stream has finished (detail/buffer/landing_state.hpp).
+// Random landing lists from four origins, two of them one stream handle used by two threads,
+// each origin's uploads finishing as a prefix of its own order: every insert must come out
+// marked exactly when its upload has finished, with at most one question per unfinished insert
+// and per origin, and none about an insert already marked. The same checks catch an inference
+// that takes a stream handle alone for an origin (planted below): another thread's finished
+// upload on that stream says nothing about this thread's.
+TEST_CASE("landing: finished uploads are inferred only within one thread's stream") {
+  using gear::detail::landing_insert;
+  std::promise<void> release;
+  const std::shared_future<void> go = release.get_future().share();
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 3; ++i) threads.emplace_back([go] { go.wait(); });
+  const auto stream = [](std::uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); };
+  const std::pair<std::thread::id, cudaStream_t> origins[] = {{threads[0].get_id(), stream(16)},
+                                                              {threads[1].get_id(), stream(16)},
+                                                              {threads[0].get_id(), stream(32)},
+                                                              {threads[2].get_id(), stream(48)}};
+  // The planted defect: a stream handle alone taken for an origin.
+  auto by_stream_only = [](std::span<landing_insert> landing, auto&& finished) {
+    std::vector<cudaStream_t> done;
+    for (std::size_t i = landing.size(); i-- > 0;) {
+      landing_insert& l = landing[i];
+      const bool answered = std::find(done.begin(), done.end(), l.stream) != done.end();
+      if (!l.uploaded) l.uploaded = answered || finished(l);
+      if (l.uploaded && !answered) done.push_back(l.stream);
+    }
+    return std::size_t{0};
+  };
+  std::mt19937_64 gen(20261206);
+  int wrong = 0, planted_wrong = 0, over_asked = 0, asked_marked = 0;
+  for (int trial = 0; trial < 4000; ++trial) {
+    const auto n = static_cast<std::size_t>(gen() % 25);
+    std::vector<landing_insert> landing(n);
+    std::vector<int> origin_of(n);
+    std::array<std::size_t, 4> count{}, finished_count{};
+    std::vector<std::size_t> rank(n);  // the insert's place in its origin's order
+    for (std::size_t i = 0; i < n; ++i) {
+      origin_of[i] = static_cast<int>(gen() % 4);
+      landing[i].thread = origins[origin_of[i]].first;
+      landing[i].stream = origins[origin_of[i]].second;
+      rank[i] = count[static_cast<std::size_t>(origin_of[i])]++;
+    }
+    for (std::size_t o = 0; o < 4; ++o) finished_count[o] = gen() % (count[o] + 1);
+    std::vector<char> truth(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      truth[i] = rank[i] < finished_count[static_cast<std::size_t>(origin_of[i])];
+      landing[i].uploaded = truth[i] && gen() % 3 == 0;  // seen by an earlier settle
+    }
+    std::vector<landing_insert> planted = landing;
+    std::size_t unfinished = 0;
+    for (char t : truth) unfinished += t == 0;
+    int asked_about_marked = 0;
+    auto ask = [&](std::span<landing_insert> list) {
+      return [&, list](const landing_insert& l) {
+        const auto i = static_cast<std::size_t>(&l - list.data());
+        asked_about_marked += l.uploaded;
+        return truth[i] != 0;
+      };
+    };
+    const std::size_t asked =
+        gear::detail::note_finished_uploads(std::span<landing_insert>(landing), ask(landing));
+    by_stream_only(std::span<landing_insert>(planted), ask(planted));
+    for (std::size_t i = 0; i < n; ++i) {
+      wrong += landing[i].uploaded != (truth[i] != 0);
+      planted_wrong += planted[i].uploaded != (truth[i] != 0);
+    }
+    over_asked += asked > unfinished + 4;
+    asked_marked += asked_about_marked;
+  }
+  release.set_value();
+  for (auto& t : threads) t.join();
+  CHECK(wrong == 0);
+  CHECK(over_asked == 0);
+  CHECK(asked_marked == 0);
+  // The checks' power: the planted inference marks some unfinished upload as finished.
+  CHECK(planted_wrong > 0);
 }

@@ -97,29 +97,6 @@ inline std::size_t settle_bytes(std::size_t journal, std::int64_t pieces, std::i
          static_cast<std::size_t>(signals) * sizeof(staging_pool::signal);
 }
 
-/// Marks the landing inserts whose upload has finished (uploaded). Uploads one thread enqueued on
-/// one stream finish in the order it made them, which is the order of landing_ (each registers
-/// after its upload, before its thread's next): so inserts are asked newest first within each
-/// (thread, stream), and a finished one answers for every older one. Throws errc::cuda_error.
-template <class Core>
-void note_finished_uploads(Core& b) {
-  struct origin {
-    std::thread::id thread;
-    cudaStream_t stream;
-  };
-  std::vector<origin> finished;  // origins whose older inserts are all uploaded
-  for (std::size_t i = b.landing_.size(); i-- > 0;) {
-    auto& l = b.landing_[i];
-    const auto same = [&](const origin& o) { return o.thread == l.thread && o.stream == l.stream; };
-    if (!l.uploaded && std::find_if(finished.begin(), finished.end(), same) != finished.end())
-      l.uploaded = true;
-    else if (!l.uploaded)
-      l.uploaded = b.staging_.reached(l.lease);
-    if (l.uploaded && std::find_if(finished.begin(), finished.end(), same) == finished.end())
-      finished.push_back({l.thread, l.stream});
-  }
-}
-
 /// The pieces of the landing inserts `commit[i]` names: each pending trajectory's columns, from
 /// the device staging into the slots.
 template <class Core>
@@ -158,7 +135,8 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
     if (b.landing_.empty() && b.landing_records_.empty() && b.ring_.pending_index_changes() == 0)
       return;
     refuse_capture(stream);  // before anything changes or is enqueued
-    note_finished_uploads(b);
+    note_finished_uploads(std::span<landing_insert>(b.landing_),
+                          [&](const landing_insert& l) { return b.staging_.reached(l.lease); });
     // What goes now: every insert whose upload has finished, and those the call must see (whose
     // upload its stream then waits for). An insert whose tickets newer reservations all took over
     // is dropped.

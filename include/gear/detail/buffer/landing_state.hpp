@@ -1,11 +1,13 @@
 #pragma once
-// What a GPU buffer keeps of a host insert that lands (landing.hpp), and the pieces a publish of
-// such inserts places (landing_publish.cuh).
+// What a GPU buffer keeps of a host insert that lands (landing.hpp), how a settle learns which
+// uploads have finished, and the pieces a publish of such inserts places (landing_publish.cuh).
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <gear/detail/buffer/staging.hpp>
 #include <gear/detail/cuda.hpp>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -27,6 +29,38 @@ struct landing_insert {
     return ticket >= first_ticket && ticket - first_ticket < lengths.size();
   }
 };
+
+/// Marks the inserts of `landing` (in the order they registered) whose upload has finished
+/// (uploaded), asking finished(l) (an event query) as few times as it can: uploads one thread
+/// enqueued on one stream finish in the order it made them, which is their order in `landing`
+/// (each registers after its upload, before its thread's next), so inserts are asked newest
+/// first within each (thread, stream), and a finished one answers for every older one. Another
+/// thread's inserts on the same stream answer for none (their uploads and registrations may
+/// interleave). Returns the number of questions asked.
+template <class Finished>
+std::size_t note_finished_uploads(std::span<landing_insert> landing, Finished&& finished) {
+  struct origin {
+    std::thread::id thread;
+    cudaStream_t stream;
+  };
+  std::vector<origin> done;  // origins whose older inserts are all uploaded
+  std::size_t asked = 0;
+  for (std::size_t i = landing.size(); i-- > 0;) {
+    landing_insert& l = landing[i];
+    const auto same = [&](const origin& o) { return o.thread == l.thread && o.stream == l.stream; };
+    const bool answered = std::find_if(done.begin(), done.end(), same) != done.end();
+    if (!l.uploaded) {
+      if (answered) {
+        l.uploaded = true;
+      } else {
+        ++asked;
+        l.uploaded = finished(static_cast<const landing_insert&>(l));
+      }
+    }
+    if (l.uploaded && !answered) done.push_back({l.thread, l.stream});
+  }
+  return asked;
+}
 
 /// One column of one trajectory a publish places: `bytes` from the device staging at `src` into
 /// its slot at `dst`.
