@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <future>
+#include <gear/detail/buffer/landing.hpp>
 #include <gear/detail/buffer/landing_state.hpp>
 #include <gear/detail/host_copy.hpp>
 #include <gear/detail/scatter.hpp>
@@ -845,4 +846,79 @@ TEST_CASE("landing: finished uploads are inferred only within one thread's strea
   CHECK(asked_marked == 0);
   // The checks' power: the planted inference marks some unfinished upload as finished.
   CHECK(planted_wrong > 0);
+}
+
+namespace {
+/// What write_landing_pieces reads of a buffer: its landing inserts, ring and slot geometry.
+struct landing_core {
+  using spec_type = gear::spec<gear::column<"a", std::uint8_t, 3>, gear::column<"b", float, 5>>;
+  static constexpr std::size_t num_columns = 2;
+  std::vector<gear::detail::landing_insert> landing_;
+  gear::detail::slot_ring ring_{16, 1};
+  struct {
+    std::array<gear::detail::column_geometry, 2> kernel;
+  } regions_;
+};
+}  // namespace
+
+// A publish of landing inserts places num_columns pieces per pending ticket of the inserts it
+// commits (the settle sizes its lease by that count before it writes them), each from the
+// insert's device staging at the packed column offset (insert_staging's layout) into its slot.
+// A ticket a later call already committed, and an insert not committed now, give none.
+TEST_CASE("landing: a publish writes a piece per column of each pending ticket it commits") {
+  landing_core b;
+  // Staging and slot regions large enough for every address the pieces name.
+  std::vector<std::byte> staging_a(std::size_t{2} << 20), staging_b(1024), staging_c(1024),
+      slots(8192);
+  b.regions_.kernel = {gear::detail::column_geometry{slots.data(), 100, 3},
+                       gear::detail::column_geometry{slots.data() + 8, 1000, 20}};
+  std::vector<gear::detail::slot_record> records(8);
+  auto land = [&](std::vector<std::int64_t> lengths, std::byte* device) {
+    gear::detail::landing_insert l;
+    l.lease.device = device;
+    l.lengths = lengths;
+    for (std::int64_t len : lengths) l.steps += len;
+    const auto count = static_cast<std::int64_t>(lengths.size());
+    l.first_ticket = b.ring_.reserve(count, records.data()).first_ticket;
+    b.landing_.push_back(l);
+  };
+  land({2, 70000}, staging_a.data());  // tickets 0, 1 (the second's columns span chunks)
+  land({4}, staging_b.data());         // ticket 2: not committed by this publish
+  land({1, 3}, staging_c.data());      // tickets 3, 4; ticket 3 committed by a later call
+  const std::int64_t one[] = {1};
+  b.ring_.commit(gear::reservation{3, 1, 16, 1}, one, records.data());
+  const std::vector<char> commit = {1, 0, 1};
+  std::int64_t commits = 0;  // as settle_landing counts them: the pending tickets committed now
+  for (std::size_t i = 0; i < b.landing_.size(); ++i)
+    for (std::size_t t = 0; t < b.landing_[i].lengths.size(); ++t)
+      commits += commit[i] && b.ring_.is_pending(b.landing_[i].first_ticket + t);
+  REQUIRE(commits == 3);
+  std::vector<gear::detail::landing_piece> out(8);
+  const std::int64_t chunks = gear::detail::write_landing_pieces(b, commit, out.data());
+  using gear::detail::landing_piece;
+  const auto packed = [](std::int64_t steps, std::int64_t step) {  // a column's packed bytes
+    return static_cast<std::size_t>(gear::align_up(steps * step, gear::segment_alignment));
+  };
+  const std::vector<landing_piece> expected = {
+      // insert 0, ticket 0 (slot 0): 2 steps at step 0 of each column
+      {staging_a.data(), slots.data(), 2 * 3},
+      {staging_a.data() + packed(70002, 3), slots.data() + 8, 2 * 20},
+      // ticket 1 (slot 1): 70000 steps from step 2
+      {staging_a.data() + 2 * 3, slots.data() + 100, 70000 * 3},
+      {staging_a.data() + packed(70002, 3) + 2 * 20, slots.data() + 8 + 1000, 70000 * 20},
+      // insert 2, ticket 4 (slot 4), 3 steps from step 1; ticket 3 is committed already
+      {staging_c.data() + 1 * 3, slots.data() + 400, 3 * 3},
+      {staging_c.data() + packed(4, 3) + 1 * 20, slots.data() + 8 + 4000, 3 * 20},
+  };
+  for (std::size_t p = 0; p < expected.size(); ++p) {
+    INFO("piece " << p);
+    CHECK(out[p].src == expected[p].src);
+    CHECK(out[p].dst == expected[p].dst);
+    CHECK(out[p].bytes == expected[p].bytes);
+  }
+  CHECK(out[expected.size()].bytes == 0);  // nothing written past them
+  CHECK(static_cast<std::int64_t>(expected.size()) ==
+        commits * static_cast<std::int64_t>(landing_core::num_columns));
+  const std::int64_t chunk = gear::detail::landing_chunk;
+  CHECK(chunks == 1 + 1 + (70000 * 3 + chunk - 1) / chunk + (70000 * 20 + chunk - 1) / chunk + 2);
 }

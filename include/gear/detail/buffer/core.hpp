@@ -158,7 +158,8 @@ class buffer_core {
   std::vector<std::pair<std::uint64_t, std::int64_t>> landing_evictions_;  // (first, count) for
                                                                            // the evict hook
   std::vector<std::int64_t> scratch_rows_;  // of publishing, reused
-  std::vector<const staging_pool::lease*> scratch_leases_;  // of publishing, reused
+  std::vector<std::pair<const staging_pool::lease*, bool>> scratch_leases_;  // of publishing:
+                                                                             // (lease, signalled)
   std::size_t landed_since_settle_ = 0;     // landing inserts since the last settle
   cudaStream_t publisher_{};                // publishes landing inserts while no sample is in flight
 

@@ -93,8 +93,7 @@ struct insert_staging {
 
   insert_staging(std::int64_t count, std::int64_t steps, bool from_host) {
     for (std::size_t c = 0; c < Core::num_columns; ++c) {
-      const std::int64_t bytes =
-          align_up(steps * Core::spec_type::step_bytes[c], segment_alignment);
+      const std::int64_t bytes = packed_column_bytes<typename Core::spec_type>(steps, c);
       if (host_accessible(Core::placement[c])) {
         if (from_host) cpu_bytes += bytes;
       } else if (from_host) {

@@ -7,10 +7,18 @@
 #include <cuda/stream_ref>
 #include <gear/detail/host_copy.hpp>
 #include <gear/insert.hpp>
+#include <gear/layout.hpp>
 #include <gear/select/concept.hpp>
 #include <span>
 
 namespace gear::detail {
+
+/// Bytes of column c of `steps` steps packed in staging, each column aligned to
+/// segment_alignment (insert_staging's layout, which a landing insert's publish reads).
+template <class Spec>
+constexpr std::int64_t packed_column_bytes(std::int64_t steps, std::size_t c) noexcept {
+  return align_up(steps * Spec::step_bytes[c], segment_alignment);
+}
 
 /// Copies the packed host data of the columns `wanted` selects with the CPU (several threads
 /// when large): piece i (lengths[i] steps) of column c goes to target(c, i).

@@ -97,12 +97,13 @@ inline std::size_t settle_bytes(std::size_t journal, std::int64_t pieces, std::i
          static_cast<std::size_t>(signals) * sizeof(staging_pool::signal);
 }
 
-/// The pieces of the landing inserts `commit[i]` names: each pending trajectory's columns, from
-/// the device staging into the slots.
+/// Writes to `out` the pieces of the landing inserts `commit[i]` names: each pending trajectory's
+/// columns, from the device staging into the slots (num_columns per pending ticket). Returns
+/// their chunks (landing_chunk bytes each, the last of a piece shorter).
 template <class Core>
-std::vector<landing_piece> list_landing_pieces(const Core& b, std::span<const char> commit) {
-  using spec = typename Core::spec_type;
-  std::vector<landing_piece> out;
+std::int64_t write_landing_pieces(const Core& b, std::span<const char> commit,
+                                  landing_piece* out) noexcept {
+  std::int64_t chunks = 0;
   for (std::size_t i = 0; i < commit.size(); ++i) {
     if (!commit[i]) continue;
     const auto& l = b.landing_[i];
@@ -111,17 +112,18 @@ std::vector<landing_piece> list_landing_pieces(const Core& b, std::span<const ch
       const std::uint64_t ticket = l.first_ticket + t;
       std::int64_t column_at = 0;  // column c's staging: the columns before it, each aligned
       for (std::size_t c = 0; c < Core::num_columns && b.ring_.is_pending(ticket); ++c) {
-        const std::int64_t step = spec::step_bytes[c];
-        out.push_back({l.lease.device + column_at + at * step,
-                       b.regions_.kernel[c].base +
-                           b.ring_.slot_of(ticket) * b.regions_.kernel[c].slot_stride,
-                       l.lengths[t] * step});
-        column_at += align_up(l.steps * step, segment_alignment);
+        const std::int64_t step = Core::spec_type::step_bytes[c];
+        *out++ = {l.lease.device + column_at + at * step,
+                  b.regions_.kernel[c].base +
+                      b.ring_.slot_of(ticket) * b.regions_.kernel[c].slot_stride,
+                  l.lengths[t] * step};
+        chunks += (l.lengths[t] * step + landing_chunk - 1) / landing_chunk;
+        column_at += packed_column_bytes<typename Core::spec_type>(l.steps, c);
       }
       at += l.lengths[t];
     }
   }
-  return out;
+  return chunks;
 }
 
 /// Publishes what `force` names and every landing insert whose upload has finished, and applies
@@ -170,14 +172,12 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
     };
     std::int64_t records = commits;
     for (const slot_record& r : b.landing_records_) records += applies(r);
-    const std::vector<landing_piece> pieces = list_landing_pieces(b, commit);
-    std::int64_t chunks = 0;
-    for (const auto& p : pieces) chunks += (p.bytes + landing_chunk - 1) / landing_chunk;
+    const std::int64_t pieces = commits * static_cast<std::int64_t>(Core::num_columns);
     // The settle's lease: its records, pieces and signals (one per lease the launch frees: the
     // committed inserts' and its own), read by the launch on `stream`.
     const std::size_t journal = b.journal_bytes(records);
-    const staging_pool::lease lease = b.staging_.acquire(
-        settle_bytes(journal, static_cast<std::int64_t>(pieces.size()), inserts + 1), 0);
+    const staging_pool::lease lease =
+        b.staging_.acquire(settle_bytes(journal, pieces, inserts + 1), 0);
     try {
       b.scratch_rows_.reserve(static_cast<std::size_t>(commits));
       b.scratch_leases_.reserve(static_cast<std::size_t>(inserts) + 1);
@@ -193,6 +193,13 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
     }
 
     b.enqueue([&] {
+      // The lease's layout (settle_bytes): the journal, the pieces, the signals. The pieces first,
+      // while the tickets they name are still pending.
+      const std::size_t pieces_at = journal;  // a multiple of sizeof(slot_record)
+      const std::size_t signals_at = pieces_at + static_cast<std::size_t>(pieces) *
+                                                     sizeof(landing_piece);
+      const std::int64_t chunks =
+          write_landing_pieces(b, commit, reinterpret_cast<landing_piece*>(lease.host + pieces_at));
       auto* record = reinterpret_cast<slot_record*>(lease.host);
       for (const slot_record& r : b.landing_records_)
         if (applies(r)) *record++ = r;
@@ -214,41 +221,32 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
       }
       landing_publish_args args;
       args.journal = b.journal_of(lease, 0, records);
-      // The pieces and signals, after the journal, in the lease's own layout (settle_bytes).
-      const std::size_t pieces_at = journal;  // a multiple of sizeof(slot_record)
-      std::copy(pieces.begin(), pieces.end(),
-                reinterpret_cast<landing_piece*>(lease.host + pieces_at));
-      const std::size_t signals_at = pieces_at + pieces.size() * sizeof(landing_piece);
+      // The leases the launch frees: each by its signal, or, without a signal word, by an event
+      // after the launch. The settle's own goes last (landing_publish_kernel).
       auto* signal_out = reinterpret_cast<staging_pool::signal*>(lease.host + signals_at);
-      std::vector<const staging_pool::lease*>& by_event = b.scratch_leases_;  // without a word
-      by_event.clear();
+      auto& freed = b.scratch_leases_;
+      freed.clear();
       std::int64_t signals = 0;
       auto free_after = [&](const staging_pool::lease& l) {
         const staging_pool::signal s = b.staging_.signal_of(l);
-        if (s.word == nullptr)
-          by_event.push_back(&l);
-        else
-          signal_out[signals++] = s;
+        if (s.word != nullptr) signal_out[signals++] = s;
+        freed.push_back({&l, s.word != nullptr});
       };
       for (std::size_t i = 0; i < n; ++i)
         if (commit[i]) free_after(b.landing_[i].lease);
       free_after(lease);
       args.pieces = reinterpret_cast<const landing_piece*>(lease.mapped + pieces_at);
-      args.piece_count = static_cast<std::int64_t>(pieces.size());
+      args.piece_count = pieces;
       args.signals = reinterpret_cast<const staging_pool::signal*>(lease.mapped + signals_at);
       args.signal_count = signals;
       args.arrivals = b.publish_arrivals();
       launch_landing_publish(args, chunks, stream);
-      // The leases end: those with a signal once the launch writes it, the others after it.
-      for (std::size_t i = 0; i < n; ++i)
-        if (commit[i] && b.staging_.signal_of(b.landing_[i].lease).word != nullptr)
-          b.staging_.release_on_signal(b.landing_[i].lease);
-      if (b.staging_.signal_of(lease).word != nullptr) b.staging_.release_on_signal(lease);
-      for (const staging_pool::lease* l : by_event) b.staging_.release_after(*l, stream.get());
+      for (const auto& [l, signalled] : freed)
+        signalled ? b.staging_.release_on_signal(*l) : b.staging_.release_after(*l, stream.get());
       for_each_ticket_run(committed, [&](std::uint64_t first, std::int64_t count) {
         run_commit_hook(b, first, count, stream);
       });
-      b.order_after(stream, Core::write, /*bytes=*/!pieces.empty());
+      b.order_after(stream, Core::write, /*bytes=*/pieces > 0);
       // Committed inserts' leases were ended above; an insert taken over whole gives its lease
       // back (reused once its upload has finished).
       std::size_t kept = 0;
@@ -300,7 +298,7 @@ void wait_for_takeovers(Core& b, std::int64_t count) {
 
 /// The landing insert (see the top of this file), after check_insert, with the mutex `held`.
 /// `staged_at[c]` / `staged_bytes`: the packed layout of every column (each aligned to
-/// segment_alignment, as list_landing_pieces reads it), the same in both parts of the staging.
+/// segment_alignment, as write_landing_pieces reads it), the same in both parts of the staging.
 template <class Core, class Spec, std::size_t N>
 void land_trajectories(Core& b, std::unique_lock<std::mutex>& held, const trajectories<Spec>& in,
                        std::span<key> keys_out, cuda::stream_ref stream, std::int64_t steps,

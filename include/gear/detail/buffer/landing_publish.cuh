@@ -30,8 +30,6 @@ struct landing_publish_args {
   unsigned* arrivals = nullptr;
 };
 
-/// Bytes a block copies at a time: the pieces' chunks are dealt to the blocks in turn.
-inline constexpr std::int64_t landing_chunk = std::int64_t{64} << 10;
 inline constexpr int landing_threads = 256;
 inline constexpr std::int64_t landing_max_blocks = 128;
 
@@ -80,16 +78,17 @@ __global__ void __launch_bounds__(landing_threads) landing_publish_kernel(const 
   }
 }
 
-/// Launches the publish on `stream`: enough blocks for its bytes and its records. Checks the
-/// launch, never synchronises.
+/// Launches the publish on `stream`: a block per chunk up to landing_max_blocks, and at least a
+/// thread per record up to journal_max_blocks (the rest stride). Checks the launch, never
+/// synchronises.
 inline void launch_landing_publish(const landing_publish_args& a, std::int64_t chunks,
                                    cuda::stream_ref stream) {
   const std::int64_t records = std::max(a.journal.count, a.journal.index_count);
   const std::int64_t for_records = (records + landing_threads - 1) / landing_threads;
-  const auto blocks = static_cast<unsigned>(std::clamp<std::int64_t>(
-      std::max(chunks, for_records), 1, std::max(landing_max_blocks, for_records)));
-  landing_publish_kernel<<<std::min<unsigned>(blocks, tuning::journal_max_blocks),
-                           landing_threads, 0, stream.get()>>>(a);
+  const std::int64_t blocks = std::min(
+      std::max({std::min(chunks, landing_max_blocks), for_records, std::int64_t{1}}),
+      tuning::journal_max_blocks);
+  landing_publish_kernel<<<static_cast<unsigned>(blocks), landing_threads, 0, stream.get()>>>(a);
   GEAR_CHECK_LAUNCH("landing_publish_kernel");
 }
 

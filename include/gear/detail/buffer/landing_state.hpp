@@ -70,4 +70,8 @@ struct landing_piece {
   std::int64_t bytes = 0;
 };
 
+/// Bytes a block of the publish copies at a time: the pieces' chunks are dealt to the blocks in
+/// turn.
+inline constexpr std::int64_t landing_chunk = std::int64_t{64} << 10;
+
 }  // namespace gear::detail

@@ -74,10 +74,9 @@ class stream_order {
       GEAR_CUDA_TRY(cudaStreamWaitEvent(s, last_writer_->write.get(), 0));
     if (a == access::write)
       for (auto& l : lanes_)
-        if (l.get() != &self && l->read_pending && l->reads > 0)
+        if (l.get() != &self && l->read_pending && l->read_recorded)
           GEAR_CUDA_TRY(cudaStreamWaitEvent(s, l->read.get(), 0));
   }
-
 
   /// Binds the buffer to `s` for good (see the top of this file). Throws errc::invalid_argument,
   /// binding nothing, if another stream has used the buffer.
@@ -121,7 +120,7 @@ class stream_order {
       return;
     }
     for (const auto& l : lanes_)
-      if (l->reads > 0) GEAR_CUDA_TRY(cudaEventSynchronize(l->read.get()));
+      if (l->read_recorded) GEAR_CUDA_TRY(cudaEventSynchronize(l->read.get()));
     if (last_bytes_writer_ != nullptr && last_bytes_writer_->write.get() != nullptr)
       GEAR_CUDA_TRY(cudaEventSynchronize(last_bytes_writer_->write.get()));
   }
@@ -131,7 +130,7 @@ class stream_order {
   /// Throws errc::cuda_error.
   [[nodiscard]] bool reads_in_flight() const {
     for (const auto& l : lanes_)
-      if (l->reads > 0 && !event_reached(l->read.get())) return true;
+      if (l->read_recorded && !event_reached(l->read.get())) return true;
     return false;
   }
 
@@ -158,7 +157,7 @@ class stream_order {
       self.read_pending = true;
       if (record) {
         record_event(self.read.get(), s);
-        ++self.reads;
+        self.read_recorded = true;
       }
     }
   }
@@ -168,7 +167,7 @@ class stream_order {
     cudaStream_t stream{};
     event read;   // recorded after each read: the lane's last
     event write;  // recorded after each write: the lane's last
-    std::uint64_t reads = 0;    // reads recorded so far
+    bool read_recorded = false;  // `read` has been recorded
     bool read_pending = false;  // a read since the last write that has not been waited for
     /// Makes the lane's events, unless it has them (both or none: a failure leaves none).
     void make_events() {
