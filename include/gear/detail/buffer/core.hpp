@@ -467,6 +467,8 @@ void gear::detail::buffer_core<Spec, Storage, Selection, Transport>::load_publis
 #if defined(GEAR_DEVICE_BACKEND)
   cudaFuncAttributes attributes{};
   GEAR_CUDA_TRY(cudaFuncGetAttributes(&attributes, landing_publish_kernel<landing_publish_args>));
+  GEAR_CUDA_TRY(
+      cudaFuncGetAttributes(&attributes, landing_publish_kernel<landing_publish_inline>));
 #endif
 }
 

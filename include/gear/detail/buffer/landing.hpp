@@ -173,11 +173,18 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
     std::int64_t records = commits;
     for (const slot_record& r : b.landing_records_) records += applies(r);
     const std::int64_t pieces = commits * static_cast<std::int64_t>(Core::num_columns);
-    // The settle's lease: its records, pieces and signals (one per lease the launch frees: the
-    // committed inserts' and its own), read by the launch on `stream`.
+    // The settle's records, pieces and signals (one per lease the launch frees: the committed
+    // inserts', and its own if it has one): in the launch's parameters if they fit, else in a
+    // lease of its own, read by the launch on `stream`.
     const std::size_t journal = b.journal_bytes(records);
+    const bool inlined = settle_bytes(journal, pieces, inserts) <= landing_inline_bytes;
+    landing_publish_inline in_launch;
     const staging_pool::lease lease =
-        b.staging_.acquire(settle_bytes(journal, pieces, inserts + 1), 0);
+        inlined ? staging_pool::lease{0, 0, in_launch.data, in_launch.data, nullptr}
+                : b.staging_.acquire(settle_bytes(journal, pieces, inserts + 1), 0);
+    auto give_back_lease = [&] {
+      if (!inlined) b.staging_.give_back(lease);
+    };
     try {
       b.scratch_rows_.reserve(static_cast<std::size_t>(commits));
       b.scratch_leases_.reserve(static_cast<std::size_t>(inserts) + 1);
@@ -188,7 +195,7 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
           GEAR_CUDA_TRY(cudaStreamWaitEvent(stream.get(), b.staging_.marked(l.lease), 0));
       }
     } catch (...) {
-      b.staging_.give_back(lease);
+      give_back_lease();
       throw;
     }
 
@@ -234,13 +241,24 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
       };
       for (std::size_t i = 0; i < n; ++i)
         if (commit[i]) free_after(b.landing_[i].lease);
-      free_after(lease);
+      if (!inlined) free_after(lease);  // last: the launch frees it once it has read the others
       args.pieces = reinterpret_cast<const landing_piece*>(lease.mapped + pieces_at);
       args.piece_count = pieces;
       args.signals = reinterpret_cast<const staging_pool::signal*>(lease.mapped + signals_at);
       args.signal_count = signals;
       args.arrivals = b.publish_arrivals();
-      launch_landing_publish(args, chunks, stream);
+      if (inlined) {
+        auto at = [&](const void* p) {  // where args points into in_launch.data
+          return static_cast<std::uint32_t>(static_cast<const std::byte*>(p) - lease.mapped);
+        };
+        in_launch.args = args;
+        in_launch.index_at = at(args.journal.index);
+        in_launch.pieces_at = at(args.pieces);
+        in_launch.signals_at = at(args.signals);
+        launch_landing_publish(in_launch, chunks, stream);
+      } else {
+        launch_landing_publish(args, chunks, stream);
+      }
       for (const auto& [l, signalled] : freed)
         signalled ? b.staging_.release_on_signal(*l) : b.staging_.release_after(*l, stream.get());
       for_each_ticket_run(committed, [&](std::uint64_t first, std::int64_t count) {

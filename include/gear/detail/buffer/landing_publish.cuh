@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cuda/stream_ref>
+#include <type_traits>
 #include <gear/detail/buffer/journal.cuh>
 #include <gear/detail/buffer/landing_state.hpp>
 #include <gear/detail/buffer/staging.hpp>
@@ -30,11 +31,37 @@ struct landing_publish_args {
   unsigned* arrivals = nullptr;
 };
 
-inline constexpr int landing_threads = 256;
-inline constexpr std::int64_t landing_max_blocks = 128;
+/// A small publish travels in the launch's parameters instead (records, index changes, pieces
+/// and signals packed into `data` at the offsets given): the kernel then reads nothing from host
+/// memory, whose reads queue behind the uploads filling the bus.
+inline constexpr std::size_t landing_inline_bytes = 3072;
+struct landing_publish_inline {
+  landing_publish_args args;  // its pointers into the lease are unused
+  std::uint32_t index_at = 0, pieces_at = 0, signals_at = 0;
+  alignas(16) std::byte data[landing_inline_bytes];
+};
+static_assert(sizeof(landing_publish_inline) <= 4096, "kernel parameters are at most 4 KiB");
 
-template <class Args>  // always landing_publish_args; a template so that headers define it once
-__global__ void __launch_bounds__(landing_threads) landing_publish_kernel(const Args a) {
+/// The publish's pointers: a lease's as given, or the launch's own parameters'.
+__device__ inline const landing_publish_args& resolve(const landing_publish_args& a) { return a; }
+__device__ inline landing_publish_args resolve(const landing_publish_inline& p) {
+  landing_publish_args a = p.args;
+  a.journal.records = reinterpret_cast<const slot_record*>(p.data);
+  a.journal.index = reinterpret_cast<const index_record*>(p.data + p.index_at);
+  a.pieces = reinterpret_cast<const landing_piece*>(p.data + p.pieces_at);
+  a.signals = reinterpret_cast<const staging_pool::signal*>(p.data + p.signals_at);
+  return a;
+}
+
+// Up to 512 blocks of 256 threads (4 a multiprocessor on a 132-SM part): the copy needs that many
+// loads in flight to run at memory bandwidth, on a stream whose gathers wait for it.
+inline constexpr int landing_threads = 256;
+inline constexpr std::int64_t landing_max_blocks = 512;
+
+template <class Args>  // landing_publish_args or _inline (a template: headers define it once)
+__global__ void __launch_bounds__(landing_threads)
+    landing_publish_kernel(const __grid_constant__ Args parameters) {
+  const landing_publish_args& a = resolve(parameters);
   // The pieces, a tile at a time into shared memory (they are read from mapped host memory: one
   // round trip per tile, not one per piece).
   __shared__ landing_piece tile[landing_threads];
@@ -81,14 +108,21 @@ __global__ void __launch_bounds__(landing_threads) landing_publish_kernel(const 
 /// Launches the publish on `stream`: a block per chunk up to landing_max_blocks, and at least a
 /// thread per record up to journal_max_blocks (the rest stride). Checks the launch, never
 /// synchronises.
-inline void launch_landing_publish(const landing_publish_args& a, std::int64_t chunks,
-                                   cuda::stream_ref stream) {
+template <class Args>
+void launch_landing_publish(const Args& parameters, std::int64_t chunks, cuda::stream_ref stream) {
+  const landing_publish_args& a = [&]() -> const landing_publish_args& {
+    if constexpr (std::is_same_v<Args, landing_publish_args>)
+      return parameters;
+    else
+      return parameters.args;
+  }();
   const std::int64_t records = std::max(a.journal.count, a.journal.index_count);
   const std::int64_t for_records = (records + landing_threads - 1) / landing_threads;
   const std::int64_t blocks = std::min(
       std::max({std::min(chunks, landing_max_blocks), for_records, std::int64_t{1}}),
       tuning::journal_max_blocks);
-  landing_publish_kernel<<<static_cast<unsigned>(blocks), landing_threads, 0, stream.get()>>>(a);
+  landing_publish_kernel<<<static_cast<unsigned>(blocks), landing_threads, 0, stream.get()>>>(
+      parameters);
   GEAR_CHECK_LAUNCH("landing_publish_kernel");
 }
 

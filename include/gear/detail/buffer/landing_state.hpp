@@ -72,6 +72,6 @@ struct landing_piece {
 
 /// Bytes a block of the publish copies at a time: the pieces' chunks are dealt to the blocks in
 /// turn.
-inline constexpr std::int64_t landing_chunk = std::int64_t{64} << 10;
+inline constexpr std::int64_t landing_chunk = std::int64_t{16} << 10;
 
 }  // namespace gear::detail
