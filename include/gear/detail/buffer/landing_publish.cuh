@@ -20,8 +20,8 @@
 namespace gear::detail {
 
 /// One publish: the records (`journal`), the pieces and the signals all live in the settle's own
-/// lease of mapped pinned memory, whose signal, if it has one, is the last; `arrivals` is a
-/// device word that is 0 between publishes.
+/// lease of mapped pinned memory, whose signal, if it has one, is the last (or in the launch's
+/// parameters: landing_publish_inline); `arrivals` is a device word that is 0 between publishes.
 struct landing_publish_args {
   journal_args journal;
   const landing_piece* pieces = nullptr;
@@ -53,8 +53,8 @@ __device__ inline landing_publish_args resolve(const landing_publish_inline& p) 
   return a;
 }
 
-// Up to 512 blocks of 256 threads (4 a multiprocessor on a 132-SM part): the copy needs that many
-// loads in flight to run at memory bandwidth, on a stream whose gathers wait for it.
+// Up to 512 blocks of 256 threads, about 4 a multiprocessor (on an H100 a learner beside 8 actors
+// did as well with 128 blocks of 64 KiB chunks: bench/README, "Small publishes ...").
 inline constexpr int landing_threads = 256;
 inline constexpr std::int64_t landing_max_blocks = 512;
 
