@@ -40,6 +40,7 @@
 #include <cuda/stream_ref>
 #include <gear/detail/buffer/core.hpp>
 #include <gear/detail/buffer/insert_steps.hpp>
+#include <optional>
 #include <span>
 #include <thread>
 #include <vector>
@@ -179,12 +180,12 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
     const std::size_t journal = b.journal_bytes(records);
     const bool inlined = settle_bytes(journal, pieces, inserts) <= landing_inline_bytes;
     landing_publish_inline in_launch;
+    std::optional<staging_pool::lease> own;  // none when the publish travels in its parameters
+    if (!inlined) own = b.staging_.acquire(settle_bytes(journal, pieces, inserts + 1), 0);
+    // Where the settle writes: its own lease, or the launch's parameters posing as one for
+    // journal_of (that one never reaches the pool: only `own` is given back or freed).
     const staging_pool::lease lease =
-        inlined ? staging_pool::lease{0, 0, in_launch.data, in_launch.data, nullptr}
-                : b.staging_.acquire(settle_bytes(journal, pieces, inserts + 1), 0);
-    auto give_back_lease = [&] {
-      if (!inlined) b.staging_.give_back(lease);
-    };
+        own ? *own : staging_pool::lease{0, 0, in_launch.data, in_launch.data, nullptr};
     try {
       b.scratch_rows_.reserve(static_cast<std::size_t>(commits));
       b.scratch_leases_.reserve(static_cast<std::size_t>(inserts) + 1);
@@ -195,7 +196,7 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
           GEAR_CUDA_TRY(cudaStreamWaitEvent(stream.get(), b.staging_.marked(l.lease), 0));
       }
     } catch (...) {
-      give_back_lease();
+      b.give_back(own);
       throw;
     }
 
@@ -229,7 +230,7 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
       landing_publish_args args;
       args.journal = b.journal_of(lease, 0, records);
       // The leases the launch frees: each by its signal, or, without a signal word, by an event
-      // after the launch. The settle's own goes last (landing_publish_kernel).
+      // after the launch. The settle's own, if it has one, goes last (landing_publish_kernel).
       auto* signal_out = reinterpret_cast<staging_pool::signal*>(lease.host + signals_at);
       auto& freed = b.scratch_leases_;
       freed.clear();
@@ -241,7 +242,7 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
       };
       for (std::size_t i = 0; i < n; ++i)
         if (commit[i]) free_after(b.landing_[i].lease);
-      if (!inlined) free_after(lease);  // last: the launch frees it once it has read the others
+      if (own) free_after(*own);  // last: the launch frees it once it has read the others
       args.pieces = reinterpret_cast<const landing_piece*>(lease.mapped + pieces_at);
       args.piece_count = pieces;
       args.signals = reinterpret_cast<const staging_pool::signal*>(lease.mapped + signals_at);

@@ -43,8 +43,8 @@ struct landing_publish_inline {
 static_assert(sizeof(landing_publish_inline) <= 4096, "kernel parameters are at most 4 KiB");
 
 /// The publish's pointers: a lease's as given, or the launch's own parameters'.
-__device__ inline const landing_publish_args& resolve(const landing_publish_args& a) { return a; }
-__device__ inline landing_publish_args resolve(const landing_publish_inline& p) {
+__device__ inline const landing_publish_args& publish_args_of(const landing_publish_args& a) { return a; }
+__device__ inline landing_publish_args publish_args_of(const landing_publish_inline& p) {
   landing_publish_args a = p.args;
   a.journal.records = reinterpret_cast<const slot_record*>(p.data);
   a.journal.index = reinterpret_cast<const index_record*>(p.data + p.index_at);
@@ -61,9 +61,9 @@ inline constexpr std::int64_t landing_max_blocks = 512;
 template <class Args>  // landing_publish_args or _inline (a template: headers define it once)
 __global__ void __launch_bounds__(landing_threads)
     landing_publish_kernel(const __grid_constant__ Args parameters) {
-  const landing_publish_args& a = resolve(parameters);
-  // The pieces, a tile at a time into shared memory (they are read from mapped host memory: one
-  // round trip per tile, not one per piece).
+  const landing_publish_args& a = publish_args_of(parameters);
+  // The pieces, a tile at a time into shared memory (from a lease they are read from mapped host
+  // memory: one round trip per tile, not one per piece).
   __shared__ landing_piece tile[landing_threads];
   std::int64_t chunk_index = 0;  // chunks of the pieces before this one, over all blocks
   for (std::int64_t base = 0; base < a.piece_count; base += landing_threads) {
@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(landing_threads)
   // Every block has read its pieces and records: the staging is free. The signals' stores
   // follow every read of the launch (the fences of last_block_to_arrive, then this one, system
   // wide: the host reads the words). The last signal frees the lease the signals themselves are
-  // read from: it goes once every thread has read and written the others.
+  // read from, if they have one: it goes once every thread has read and written the others.
   __threadfence_system();
   for (std::int64_t i = threadIdx.x; i < a.signal_count - 1; i += blockDim.x) {
     const staging_pool::signal s = a.signals[i];
