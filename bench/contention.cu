@@ -1,8 +1,8 @@
 // Contention: 8 actor threads insert trajectories of 64 steps of 28 KiB from pageable host memory
 // into one device-storage buffer, each on its own stream, while a learner thread samples B = 256
 // windows of 64 steps on its own stream; no lock of theirs (each actor keeps up to 4 inserts in
-// flight on its stream, as each copy reference below keeps 4 buffers in flight). Reported as ratios measured
-// in this run: the learner against its own solo rate, the actors together against a pinned
+// flight on its stream, as each copy reference below keeps 4 buffers in flight). Reported as ratios
+// measured in this run: the learner against its own solo rate, the actors together against a pinned
 // host-to-device cudaMemcpy, and single-threaded sample_async at 256 B steps against itself
 // before the buffer was ever used from a second stream (what thread safety costs one stream).
 // References without a buffer say what the copy method alone allows: 8 threads copying their
@@ -12,7 +12,12 @@
 // write-combined pinned memory, alone and with the learner (whether staging that bypasses the
 // CPU's caches would let a landing insert copy faster).
 //
-//   gear_contention [seconds per phase, default 2]       exits 77 without a GPU
+// With gpu-time, the learner records an event before and after each sample (alone, with the
+// actors, beside the copy threads), and a table after the ratios says where its stream's time
+// went; those events slow the learner a little, so its ratios are then not comparable with a run
+// without it.
+//
+//   gear_contention [seconds per phase, default 2] [gpu-time]       exits 77 without a GPU
 
 #include <atomic>
 #include <chrono>
@@ -120,27 +125,60 @@ double copy_reference(bool staged, double seconds, std::size_t bytes, Side side 
   return double(copies.load()) * double(bytes) / seconds_since(t) / 1e9;
 }
 
+/// Where a learner's time goes on its stream (gear_contention's gpu-time mode), microseconds per
+/// sample: between an event recorded before each sample_async and one after it (`in_sample`),
+/// between one sample's end and the next one's start (`between`), and the wall time of each
+/// synchronised batch less its GPU span (`host`: the stream waiting for the host).
+struct gpu_time {
+  double in_sample = 0, between = 0, host = 0;
+};
+
 /// Samples for `seconds` on the learner's stream; returns samples per second. With `host_us`,
-/// also the host time of one sample_async call, microseconds on average.
+/// also the host time of one sample_async call, microseconds on average; with `timed`, where the
+/// time went on the stream (the events this records cost the stream a little: its rate is then
+/// not comparable with untimed runs).
 template <class Buffer>
 double learn(Buffer& buf, cuda::stream_ref s, double seconds, std::int64_t window,
-             std::atomic<bool>* stop = nullptr, double* host_us = nullptr) {
+             std::atomic<bool>* stop = nullptr, double* host_us = nullptr,
+             gpu_time* timed = nullptr) {
   auto out = buf.make_batch(gear::batch_size{batch}, gear::window_length{window});
   gear::rng g{1};
   const gear::window w{.length = window, .from = gear::anchor::random};
   buf.sample(out, w, g, s);
+  constexpr int per_sync = 16;
+  std::vector<cudaEvent_t> marks(timed != nullptr ? 2 * per_sync : 0);
+  for (auto& e : marks) GEAR_CUDA_TRY(cudaEventCreate(&e));
+  auto elapsed_us = [&](int from, int to) {
+    float ms = 0;
+    GEAR_CUDA_TRY(cudaEventElapsedTime(&ms, marks[from], marks[to]));
+    return 1e3 * double(ms);
+  };
   std::int64_t n = 0;
-  double in_calls = 0;
+  double in_calls = 0, in_sample = 0, between = 0, batches = 0;
   const auto t = clock_type::now();
   while (seconds_since(t) < seconds) {
     const auto calls = clock_type::now();
-    for (int i = 0; i < 16; ++i) buf.sample_async(out, w, g, s);
+    for (int i = 0; i < per_sync; ++i) {
+      if (timed != nullptr) GEAR_CUDA_TRY(cudaEventRecord(marks[2 * i], s.get()));
+      buf.sample_async(out, w, g, s);
+      if (timed != nullptr) GEAR_CUDA_TRY(cudaEventRecord(marks[2 * i + 1], s.get()));
+    }
     in_calls += seconds_since(calls);
     GEAR_CUDA_TRY(cudaStreamSynchronize(s.get()));
-    n += 16;
+    n += per_sync;
+    if (timed == nullptr) continue;
+    batches += seconds_since(calls);
+    for (int i = 0; i < per_sync; ++i) {
+      in_sample += elapsed_us(2 * i, 2 * i + 1);
+      if (i + 1 < per_sync) between += elapsed_us(2 * i + 1, 2 * i + 2);
+    }
   }
   const double rate = double(n) / seconds_since(t);
+  for (auto& e : marks) GEAR_CUDA_TRY(cudaEventDestroy(e));
   if (host_us != nullptr) *host_us = 1e6 * in_calls / double(n);
+  if (timed != nullptr)
+    *timed = {in_sample / double(n), between / double(n),
+              (1e6 * batches - in_sample - between) / double(n)};
   if (stop != nullptr) stop->store(true);
   return rate;
 }
@@ -153,6 +191,9 @@ int main(int argc, char** argv) {
     return 77;
   }
   const double phase = argc > 1 ? std::atof(argv[1]) : 2.0;
+  const bool timing = argc > 2 && std::strcmp(argv[2], "gpu-time") == 0;
+  gpu_time solo_time, with_time, copy_time;  // filled in gpu-time mode
+  auto timed = [&](gpu_time& t) { return timing ? &t : nullptr; };
   auto progress = [](const char* what) { std::fprintf(stderr, "gear_contention: %s\n", what); };
   progress("measuring the pinned host-to-device copy");
   const double limit = h2d_limit();
@@ -195,7 +236,8 @@ int main(int argc, char** argv) {
   }
   progress("learner alone");
   double solo_host_us = 0, with_host_us = 0;
-  const double solo = learn(buf, learner_stream.s, phase, steps, nullptr, &solo_host_us);
+  const double solo =
+      learn(buf, learner_stream.s, phase, steps, nullptr, &solo_host_us, timed(solo_time));
   progress("warm-up, actors alone, then actors with the learner");
 
   auto act = [&](std::atomic<bool>& stop, std::atomic<std::int64_t>& inserted) {
@@ -230,7 +272,8 @@ int main(int argc, char** argv) {
     std::vector<std::thread> pool;
     for (int a = 0; a < actors; ++a) pool.emplace_back(act, std::ref(stop), std::ref(inserted));
     if (with_learner) {
-      learner_with = learn(buf, learner_stream.s, phase, steps, &stop, &with_host_us);
+      learner_with =
+          learn(buf, learner_stream.s, phase, steps, &stop, &with_host_us, timed(with_time));
     } else {
       std::this_thread::sleep_for(std::chrono::duration<double>(phase));
       stop = true;
@@ -245,8 +288,9 @@ int main(int argc, char** argv) {
   const double copy_staged = copy_reference(true, phase, traj_bytes);
   const double copy_driver = copy_reference(false, phase, traj_bytes);
   double learner_copy = 0;
-  const double copy_with_learner = copy_reference(
-      true, phase, traj_bytes, [&] { learner_copy = learn(buf, learner_stream.s, phase, steps); });
+  const double copy_with_learner = copy_reference(true, phase, traj_bytes, [&] {
+    learner_copy = learn(buf, learner_stream.s, phase, steps, nullptr, nullptr, timed(copy_time));
+  });
   progress("references: the same through write-combined pinned memory, alone and with the learner");
   const double copy_wc = copy_reference(true, phase, traj_bytes, 0, true);
   double learner_copy_wc = 0;
@@ -277,7 +321,19 @@ int main(int argc, char** argv) {
   row("8 threads copying write-combined, with the learner", copy_wc_with_learner, limit, true);
   row("learner, 8 threads copying write-combined", learner_copy_wc, solo, false);
   row("8 actors inserting 28 KiB steps, alone", actors_alone, limit, true);
-  std::printf("%-58s %9.1f us %11.1f us\n", "learner's host time per sample_async, with actors / alone",
-              with_host_us, solo_host_us);
+  std::printf("%-58s %9.1f us %11.1f us\n",
+              "learner's host time per sample_async, with actors / alone", with_host_us,
+              solo_host_us);
+  if (timing) {
+    std::printf(
+        "\nthe learner's stream, us per sample      in sample_async   between samples"
+        "   waiting for the host\n");
+    auto line = [](const char* what, const gpu_time& t) {
+      std::printf("%-40s %15.1f %17.1f %22.1f\n", what, t.in_sample, t.between, t.host);
+    };
+    line("alone", solo_time);
+    line("with 8 actors", with_time);
+    line("beside 8 threads copying (no buffer)", copy_time);
+  }
   return 0;
 }
