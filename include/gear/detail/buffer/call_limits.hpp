@@ -77,9 +77,9 @@ void reserve_call_staging(Core& b, const call_limits& l) {
     // or other, may hold a settle's lease beside its own staging: entries of their own, so that
     // the small ones stay small.
     const std::int64_t landed = l.in_flight * l.insert_trajectories;
-    const std::size_t settle =
-        settle_bytes(Core::journal_bytes(landed, landed),
-                     landed * static_cast<std::int64_t>(Core::num_columns), l.in_flight + 1);
+    const std::size_t settle = settle_layout(Core::journal_bytes(landed, landed),
+                                             landed * static_cast<std::int64_t>(Core::num_columns))
+                                   .bytes(l.in_flight + 1);
     // Counted from the largest down: every larger entry also fits a smaller lease (an insert's
     // needs its device part, which only the large entries have).
     const auto large_count = in_flight + static_cast<std::size_t>(l.writers);

@@ -14,20 +14,20 @@
 // for a placement of what has arrived already, a few microseconds of its stream.
 //
 // When: every call that orders itself on a stream, but a landing insert (and a writer's append),
-// settles first (settle_landing), on its own stream. A settle publishes every insert whose upload has finished (event queries, one per insert or
-// fewer: see note_finished_uploads) and those the call must see, whatever their progress (its
-// stream then waits for their upload): a sample's own stream's, those a call names by key, or all
-// of them. A landing insert settles on the buffer's own stream only when no sample is in flight
-// (actors inserting alone), once alone_batch inserts have landed since the last settle, or past
-// max_landing inserts in flight (then it publishes them all). The evicted occupants' records go
-// with every settle, so a call never sees a slot the host view has already given away. So a
-// sample on another stream sees a host insert once its upload has finished and a settle has
-// published it; a sample on the insert's own stream, or any call naming its keys, sees it as
-// stream order says. Host queries (size, contains) count landing inserts as stored; length()
-// counts a trajectory once published. A call that settles and then fails (a sample finding too
-// few trajectories, an allocation) keeps what its settle published: inserts that had returned
-// already, so what it changed is when they became visible to sampling and length(), nothing a
-// call has seen.
+// settles first (settle_landing), on its own stream. A settle publishes every insert whose upload
+// has finished (event queries, one per insert or fewer: see note_finished_uploads) and those the
+// call must see, whatever their progress (its stream then waits for their upload): a sample's own
+// stream's, those a call names by key, or all of them. A landing insert settles on the buffer's own
+// stream only when no sample is in flight (actors inserting alone), once alone_batch inserts have
+// landed since the last settle, or past max_landing inserts in flight (then it publishes them all).
+// The evicted occupants' records go with every settle, so a call never sees a slot the host view
+// has already given away. So a sample on another stream sees a host insert once its upload has
+// finished and a settle has published it; a sample on the insert's own stream, or any call naming
+// its keys, sees it as stream order says. Host queries (size, contains) count landing inserts as
+// stored; length() counts a trajectory once published. A call that settles and then fails (a sample
+// finding too few trajectories, an allocation) keeps what its settle published: inserts that had
+// returned already, so what it changed is when they became visible to sampling and length(),
+// nothing a call has seen.
 //
 // Cost: staging of pinned and device memory per insert in flight, held until it is published.
 // Streams: each landing insert leaves its upload queued on the caller's stream, and a settle
@@ -91,12 +91,19 @@ bool lands(const Core& b, cudaStream_t stream) noexcept {
   }
 }
 
-/// Bytes of a settle's lease: its journal of `records` slot records (journal_bytes), then
-/// `pieces` landing pieces and `signals` signals (landing_publish.cuh).
-inline std::size_t settle_bytes(std::size_t journal, std::int64_t pieces, std::int64_t signals) {
-  return journal + static_cast<std::size_t>(pieces) * sizeof(landing_piece) +
-         static_cast<std::size_t>(signals) * sizeof(staging_pool::signal);
-}
+/// Where a settle's lease (or its launch's parameters) holds what: its journal of slot records
+/// (`journal` bytes: journal_bytes), then `pieces` landing pieces, then its signals
+/// (landing_publish.cuh).
+struct settle_layout {
+  std::size_t pieces_at = 0, signals_at = 0;
+  settle_layout(std::size_t journal, std::int64_t pieces)
+      : pieces_at(journal),  // a multiple of sizeof(slot_record)
+        signals_at(journal + static_cast<std::size_t>(pieces) * sizeof(landing_piece)) {}
+  /// The bytes of the whole, with `signals` signals.
+  [[nodiscard]] std::size_t bytes(std::int64_t signals) const noexcept {
+    return signals_at + static_cast<std::size_t>(signals) * sizeof(staging_pool::signal);
+  }
+};
 
 /// Writes to `out` the pieces of the landing inserts `commit[i]` names: each pending trajectory's
 /// columns, from the device staging into the slots (num_columns per pending ticket). Returns
@@ -114,10 +121,10 @@ std::int64_t write_landing_pieces(const Core& b, std::span<const char> commit,
       std::int64_t column_at = 0;  // column c's staging: the columns before it, each aligned
       for (std::size_t c = 0; c < Core::num_columns && b.ring_.is_pending(ticket); ++c) {
         const std::int64_t step = Core::spec_type::step_bytes[c];
-        *out++ = {l.lease.device + column_at + at * step,
-                  b.regions_.kernel[c].base +
-                      b.ring_.slot_of(ticket) * b.regions_.kernel[c].slot_stride,
-                  l.lengths[t] * step};
+        *out++ = {
+            l.lease.device + column_at + at * step,
+            b.regions_.kernel[c].base + b.ring_.slot_of(ticket) * b.regions_.kernel[c].slot_stride,
+            l.lengths[t] * step};
         chunks += (l.lengths[t] * step + landing_chunk - 1) / landing_chunk;
         column_at += packed_column_bytes<typename Core::spec_type>(l.steps, c);
       }
@@ -177,11 +184,11 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
     // The settle's records, pieces and signals (one per lease the launch frees: the committed
     // inserts', and its own if it has one): in the launch's parameters if they fit, else in a
     // lease of its own, read by the launch on `stream`.
-    const std::size_t journal = b.journal_bytes(records);
-    const bool inlined = settle_bytes(journal, pieces, inserts) <= landing_inline_bytes;
+    const settle_layout layout(b.journal_bytes(records), pieces);
+    const bool inlined = layout.bytes(inserts) <= landing_inline_bytes;
     landing_publish_inline in_launch;
     std::optional<staging_pool::lease> own;  // none when the publish travels in its parameters
-    if (!inlined) own = b.staging_.acquire(settle_bytes(journal, pieces, inserts + 1), 0);
+    if (!inlined) own = b.staging_.acquire(layout.bytes(inserts + 1), 0);
     // Where the settle writes: its own lease, or the launch's parameters posing as one for
     // journal_of (that one never reaches the pool: only `own` is given back or freed).
     const staging_pool::lease lease =
@@ -201,13 +208,9 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
     }
 
     b.enqueue([&] {
-      // The lease's layout (settle_bytes): the journal, the pieces, the signals. The pieces first,
-      // while the tickets they name are still pending.
-      const std::size_t pieces_at = journal;  // a multiple of sizeof(slot_record)
-      const std::size_t signals_at = pieces_at + static_cast<std::size_t>(pieces) *
-                                                     sizeof(landing_piece);
-      const std::int64_t chunks =
-          write_landing_pieces(b, commit, reinterpret_cast<landing_piece*>(lease.host + pieces_at));
+      // The pieces first, while the tickets they name are still pending.
+      const std::int64_t chunks = write_landing_pieces(
+          b, commit, reinterpret_cast<landing_piece*>(lease.host + layout.pieces_at));
       auto* record = reinterpret_cast<slot_record*>(lease.host);
       for (const slot_record& r : b.landing_records_)
         if (applies(r)) *record++ = r;
@@ -231,7 +234,7 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
       args.journal = b.journal_of(lease, 0, records);
       // The leases the launch frees: each by its signal, or, without a signal word, by an event
       // after the launch. The settle's own, if it has one, goes last (landing_publish_kernel).
-      auto* signal_out = reinterpret_cast<staging_pool::signal*>(lease.host + signals_at);
+      auto* signal_out = reinterpret_cast<staging_pool::signal*>(lease.host + layout.signals_at);
       auto& freed = b.scratch_leases_;
       freed.clear();
       std::int64_t signals = 0;
@@ -243,19 +246,18 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
       for (std::size_t i = 0; i < n; ++i)
         if (commit[i]) free_after(b.landing_[i].lease);
       if (own) free_after(*own);  // last: the launch frees it once it has read the others
-      args.pieces = reinterpret_cast<const landing_piece*>(lease.mapped + pieces_at);
+      args.pieces = reinterpret_cast<const landing_piece*>(lease.mapped + layout.pieces_at);
       args.piece_count = pieces;
-      args.signals = reinterpret_cast<const staging_pool::signal*>(lease.mapped + signals_at);
+      args.signals =
+          reinterpret_cast<const staging_pool::signal*>(lease.mapped + layout.signals_at);
       args.signal_count = signals;
       args.arrivals = b.publish_arrivals();
       if (inlined) {
-        auto at = [&](const void* p) {  // where args points into in_launch.data
-          return static_cast<std::uint32_t>(static_cast<const std::byte*>(p) - lease.mapped);
-        };
         in_launch.args = args;
-        in_launch.index_at = at(args.journal.index);
-        in_launch.pieces_at = at(args.pieces);
-        in_launch.signals_at = at(args.signals);
+        in_launch.index_at = static_cast<std::uint32_t>(
+            reinterpret_cast<const std::byte*>(args.journal.index) - lease.mapped);
+        in_launch.pieces_at = static_cast<std::uint32_t>(layout.pieces_at);
+        in_launch.signals_at = static_cast<std::uint32_t>(layout.signals_at);
         launch_landing_publish(in_launch, chunks, stream);
       } else {
         launch_landing_publish(args, chunks, stream);
