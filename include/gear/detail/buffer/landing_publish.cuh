@@ -54,7 +54,7 @@ __device__ inline landing_publish_args publish_args_of(const landing_publish_inl
 }
 
 // Up to 512 blocks of 256 threads, about 4 a multiprocessor (on an H100 a learner beside 8 actors
-// did as well with 128 blocks of 64 KiB chunks: bench/README, "Small publishes ...").
+// did as well with 128 blocks of 64 KiB chunks: bench/HISTORY.md, "Small publishes ...").
 inline constexpr int landing_threads = 256;
 inline constexpr std::int64_t landing_max_blocks = 512;
 
