@@ -258,9 +258,9 @@ void settle_landing(Core& b, const landing_force& force, cuda::stream_ref stream
             reinterpret_cast<const std::byte*>(args.journal.index) - lease.mapped);
         in_launch.pieces_at = static_cast<std::uint32_t>(layout.pieces_at);
         in_launch.signals_at = static_cast<std::uint32_t>(layout.signals_at);
-        launch_landing_publish(in_launch, chunks, stream);
+        launch_landing_publish(args, in_launch, chunks, stream);
       } else {
-        launch_landing_publish(args, chunks, stream);
+        launch_landing_publish(args, args, chunks, stream);
       }
       for (const auto& [l, signalled] : freed)
         signalled ? b.staging_.release_on_signal(*l) : b.staging_.release_after(*l, stream.get());

@@ -8,7 +8,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cuda/stream_ref>
-#include <type_traits>
 #include <gear/detail/buffer/journal.cuh>
 #include <gear/detail/buffer/landing_state.hpp>
 #include <gear/detail/buffer/staging.hpp>
@@ -105,17 +104,13 @@ __global__ void __launch_bounds__(landing_threads)
   }
 }
 
-/// Launches the publish on `stream`: a block per chunk up to landing_max_blocks, and at least a
-/// thread per record up to journal_max_blocks (the rest stride). Checks the launch, never
+/// Launches the publish `a` on `stream`, its kernel given `parameters` (`a` itself, or the
+/// landing_publish_inline that carries it): a block per chunk up to landing_max_blocks, and at
+/// least a thread per record up to journal_max_blocks (the rest stride). Checks the launch, never
 /// synchronises.
 template <class Args>
-void launch_landing_publish(const Args& parameters, std::int64_t chunks, cuda::stream_ref stream) {
-  const landing_publish_args& a = [&]() -> const landing_publish_args& {
-    if constexpr (std::is_same_v<Args, landing_publish_args>)
-      return parameters;
-    else
-      return parameters.args;
-  }();
+void launch_landing_publish(const landing_publish_args& a, const Args& parameters,
+                            std::int64_t chunks, cuda::stream_ref stream) {
   const std::int64_t records = std::max(a.journal.count, a.journal.index_count);
   const std::int64_t for_records = (records + landing_threads - 1) / landing_threads;
   const std::int64_t blocks = std::min(
