@@ -217,8 +217,10 @@ int run_stalled_learner(int fd, const gear::transport::libfabric_config& fabric)
       learner.sample(out, gear::window{.length = max_length}, g);
     } catch (const gear::error& e) {
       if (e.code() != gear::errc::peer_lost ||
-          std::string(e.what()).find("shard 1") == std::string::npos)
+          std::string(e.what()).find("shard 1") == std::string::npos) {
+        std::fprintf(stderr, "the stalled learner's sample threw: %s\n", e.what());
         return 60;
+      }
       break;
     }
     if (b == 0) (void)write(fd, "r", 1);
