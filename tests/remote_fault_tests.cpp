@@ -455,15 +455,21 @@ TEST_CASE("shm: killed actors, learners and shards") {
   no_cma = false;
   faults("shm");
 }
-// Without cross-memory attach the receiving side of shm copies every write, in order across its
-// peers: an actor killed in the middle of a write once left the shard unable to take the next
-// actor's entries (a CI run). Each actor writes through an intake endpoint of its own at the shard
-// (shard_peer.hpp), so a dead one stalls only its own.
+// Without cross-memory attach every write to a shm endpoint passes through bounce buffers of its
+// one region, in order across its peers: an actor killed in the middle of a write once left the
+// shard unable to take the next actor's entries (a CI run). Each actor writes through an intake
+// endpoint of its own at the shard (shard_peer.hpp), so a dead one stalls only its own.
 TEST_CASE("shm without CMA: killed actors, learners and shards") {
   no_cma = true;
   faults("shm");
   no_cma = false;
 }
+// On shm a shard posts a write into the region of the endpoint it names, under that region's lock
+// (without cross-memory attach it fills the region's bounce buffers holding it, and takes the lock
+// again to hand them back). With one endpoint of the learner's for both shards, shard 1 stopped
+// holding that lock kept shard 0's reply out, and the learner named shard 0 (exit 60: a CI run,
+// then 1 of 60 runs of the case here beside 6 busy loops). The learner takes each shard's writes
+// on an inlet endpoint of that shard's alone (remote_client.hpp).
 TEST_CASE("tcp;ofi_rxm: a stalled shard's late reply lands nowhere") { stalled("tcp;ofi_rxm"); }
 TEST_CASE("shm: a stalled shard's late reply lands nowhere") { stalled("shm"); }
 TEST_CASE("shm without CMA: a stalled shard's late reply lands nowhere") {

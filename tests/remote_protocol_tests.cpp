@@ -52,6 +52,7 @@ remote::hello some_hello() {
   h.address = {127, 0, 0, 1, 0x30, 0x39};
   h.max_rows = 1024;
   h.max_window = 64;
+  h.reply_address = {127, 0, 0, 1, 0x30, 0x3a};  // its inlet for this shard
   return h;
 }
 remote::welcome some_welcome() {
@@ -113,7 +114,8 @@ bool same(const remote::hello& a, const remote::hello& b) {
          a.selection_fingerprint == b.selection_fingerprint && a.pid == b.pid &&
          a.hostname == b.hostname && a.token_proof == b.token_proof &&
          a.ring_blocks == b.ring_blocks && a.max_message == b.max_message &&
-         a.address == b.address && a.max_rows == b.max_rows && a.max_window == b.max_window;
+         a.address == b.address && a.max_rows == b.max_rows && a.max_window == b.max_window &&
+         a.reply_address == b.reply_address;
 }
 
 /// Every parser, each with its limits, as a function of the bytes: (accepted, refusal).
@@ -256,6 +258,12 @@ TEST_CASE("every field out of range is refused, naming the field") {
   h = some_hello();
   h.address.clear();
   check(remote::parse_hello(remote::encode(h), l), "address length");
+  h = some_hello();
+  h.reply_address.assign(remote::max_hello_address + 1, 1);
+  check(remote::parse_hello(remote::encode(h), l), "reply address length");
+  h = some_hello();
+  h.reply_address.clear();  // none: the shard answers to its address
+  CHECK(same(remote::parse_hello(remote::encode(h), l).value, h));
   h = some_hello();
   h.max_rows = l.max_batch + 1;
   check(remote::parse_hello(remote::encode(h), l), "max_rows or max_window");

@@ -151,6 +151,9 @@ int run_rogue(int fd, const gear::transport::libfabric_config& config) {
   auto short_address = h;  // fi_av_insert would read past it
   short_address.address = {0x7f};
   if (!send(remote::encode(short_address))) return 36;
+  auto short_inlet = h;  // the same, for the inlet its replies would go to
+  short_inlet.reply_address = {0x7f};
+  if (!send(remote::encode(short_inlet))) return 42;
   auto bad_role = remote::encode(h);
   bad_role[remote::frame_header_bytes] = std::byte{9};
   if (!send(bad_role)) return 26;
@@ -351,10 +354,10 @@ void rogue(const char* provider) {
   CHECK(counts[remote::refusal::mismatch] == 5);      // a token; another spec; a stranger; a
                                                       // column; a bundle with another sender's
                                                       // frame
-  CHECK(counts[remote::refusal::out_of_range] == 7);  // an address; a role; 0 rows; the slice;
-                                                      // the batch; rows past the hello's; 0 rows
-                                                      // in a bundle
-  CHECK(counts.total() == 15);
+  CHECK(counts[remote::refusal::out_of_range] == 8);  // an address; an inlet; a role; 0 rows; the
+                                                      // slice; the batch; rows past the hello's;
+                                                      // 0 rows in a bundle
+  CHECK(counts.total() == 16);
 }
 
 void rogue_actor(const char* provider) {

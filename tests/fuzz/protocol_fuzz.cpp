@@ -38,6 +38,7 @@ std::vector<std::byte> valid(unsigned kind) {
       h.hostname = "node";
       h.ring_blocks = 8;
       h.address = {1, 2, 3};
+      h.reply_address = {7, 8, 9};
       return remote::encode(h);
     }
     case 1: {

@@ -99,6 +99,14 @@ struct libfabric {
 
 namespace fabric {
 
+/// True for a provider whose endpoint is one shared region its peers all write into under the
+/// region's lock (shm): a peer stopped or killed in the middle of a write there holds up every
+/// other's writes to that endpoint, so such peers get endpoints of their own (shard_peer.hpp,
+/// remote_client.hpp).
+inline bool shared_region(const std::string& provider) noexcept {
+  return provider.rfind("shm", 0) == 0;
+}
+
 /// Throws errc::transport_error for a failed fi_* call, naming the call, the provider's message
 /// and what it was doing.
 [[noreturn]] inline void fail(const char* call, long rc, const std::string& context) {
@@ -190,6 +198,9 @@ class endpoint {
   /// Registers [base, base + bytes) for `access` (FI_REMOTE_WRITE for a region peers write, the
   /// local bits for one this side posts from: both may be given). Throws errc::transport_error.
   region register_memory(void* base, std::size_t bytes, std::uint64_t access) {
+    // Room to record it first (never a registration left unrecorded), 16 at once: registrations
+    // per sample then allocate nothing.
+    if (regions_.size() == regions_.capacity()) regions_.reserve(2 * regions_.size() + 16);
     region r;
     r.base = static_cast<std::byte*>(base);
     r.bytes = bytes;

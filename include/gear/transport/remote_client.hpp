@@ -1,9 +1,22 @@
 #pragma once
 // What remote actors and learners (remote_actor.hpp, remote_learner.hpp) share: a fabric
-// endpoint, its control-message inbox and outbox, one link per shard (its address blob, its
-// welcome, its last status), the handshake, deadlines, and progress driven by the caller's thread.
+// endpoint for control messages, its inbox and outbox (and a learner's inlets, below), one link
+// per shard (its address blob, its welcome, its last status), the handshake, deadlines, and
+// progress driven by the caller's thread.
 // A shard that does not answer by the deadline is reported as errc::peer_lost, named by its id,
 // pid, host and provider.
+//
+// A learner's shards write their replies into its memory one-sided. On shm a shard posts a write
+// into the shared region of the endpoint it names, under that region's lock (without cross-memory
+// attach it fills bounce buffers there holding it, up to 2 MiB of a write, and takes it again to
+// hand them back). A shard stopped holding it (a stop signal, a long preemption) would keep every
+// other shard from writing into the same region, and the learner would blame whichever shard it
+// waited for first (a CI run; 1 run in 60 of the stalled fault case under load).
+// There each shard writes into an inlet of its own (open_inlets): an endpoint of the client's
+// that only that shard is given, so a stalled shard stalls only its own replies. Providers with a
+// connection per peer (tcp, verbs, efa) have no such shared region, and there shards write into
+// the control endpoint. Control messages (a few hundred bytes each way) keep to the control
+// endpoints.
 
 #include <unistd.h>
 
@@ -24,6 +37,12 @@
 #include <vector>
 
 namespace gear::transport {
+
+/// True when a client on `provider` gives each shard an inlet of its own (see the top of this
+/// file).
+inline bool inlet_per_shard(const std::string& provider) noexcept {
+  return fabric::shared_region(provider);
+}
 
 class remote_client {
  public:
@@ -101,9 +120,38 @@ class remote_client {
     lost_.assign(links_.size(), false);
   }
   ~remote_client() { close(); }
-  /// Closes the endpoint (and every registration) first: a derived class calls it in its
-  /// destructor, before the memory it registered is freed.
-  void close() noexcept { ep_.reset(); }
+  /// Closes the endpoints, inlets and control endpoint (and every registration on them) first: a
+  /// derived class calls it in its destructor, before the memory it registered is freed.
+  void close() noexcept {
+    inlets_.clear();
+    ep_.reset();
+  }
+
+  /// Opens an inlet per shard where `fabric`'s provider wants them (inlet_per_shard): the
+  /// endpoint each shard's one-sided writes come into. Elsewhere they come into the control
+  /// endpoint. Throws errc::transport_error.
+  void open_inlets(const libfabric_config& fabric) {
+    if (!inlet_per_shard(ep_->provider()) || !inlets_.empty()) return;
+    inlet_failed_.assign(links_.size(), false);
+    inlets_.reserve(links_.size());
+    for (std::size_t s = 0; s < links_.size(); ++s)
+      inlets_.push_back(std::make_unique<fabric::endpoint>(fabric));
+  }
+  /// Inlets: 1 (the control endpoint for every shard) or one per shard.
+  [[nodiscard]] std::size_t inlet_count() const noexcept {
+    return inlets_.empty() ? 1 : inlets_.size();
+  }
+  /// The inlet shard s writes into (its index among inlet_count()), and that endpoint.
+  [[nodiscard]] std::size_t inlet_of(std::size_t s) const noexcept {
+    return inlets_.empty() ? 0 : s;
+  }
+  [[nodiscard]] fabric::endpoint& inlet(std::size_t i) {
+    return inlets_.empty() ? *ep_ : *inlets_[i];
+  }
+  /// The address shard s is to write to, for its hello: none where it is the control endpoint's.
+  [[nodiscard]] std::vector<std::uint8_t> inlet_address(std::size_t s) const {
+    return inlets_.empty() ? std::vector<std::uint8_t>{} : inlets_[s]->name();
+  }
 
   /// Greets every shard with the hello `make(s)` returns (with this client's address and its
   /// proof of the token) and waits for every welcome; a shard that refuses the proof sends none.
@@ -174,25 +222,44 @@ class remote_client {
 
   /// Makes progress: control messages go to on_message (welcomes and statuses are handled
   /// here), remote writes to on_remote_write. A failed transfer of a shard's throws
-  /// errc::peer_lost naming it; one that names no shard is left to the deadline of the wait it
-  /// belongs to (every wait has one), whose peer_lost names the shard that did not answer.
+  /// errc::peer_lost naming it: a failed send, or the first failed write into shard s's inlet
+  /// (its later ones are left to the deadlines, so that one shard's failures cannot come up
+  /// again and again in calls about another). A failure that names no shard is left to the
+  /// deadline of the wait it belongs to (every wait has one), whose peer_lost names the shard
+  /// that did not answer. On shm, polling shard s's inlet may wait on that inlet's lock, which of
+  /// the peers only shard s takes (to post a write): a shard stopped in that very moment holds up
+  /// this poll, and the thread calling it, until it goes on (README, "A limit of shm in libfabric
+  /// 1.17"), as it did with one endpoint for all; the other shards' writes still go in.
   std::size_t poll() {
     namespace remote = detail::remote;
-    return ep_->poll([&](const fabric::completion& c) {
+    std::size_t n = 0;
+    for (std::size_t s = 0; s < inlets_.size(); ++s)  // shard s's writes, and only those
+      n += inlets_[s]->poll([&](const fabric::completion& c) {
+        using kind = fabric::completion::kind;
+        if (c.what == kind::failed && !written_off(s) && !inlet_failed_[s]) {
+          inlet_failed_[s] = true;
+          lost(s, "sample reply (a write of its failed here: " + c.detail + ")");
+        }
+        if (c.what != kind::remote_write) return;
+        const auto d = remote::cq_data::decode(c.data);
+        if (d.peer == links_[s].blob.shard) on_remote_write(d);
+      });
+    return n + ep_->poll([&](const fabric::completion& c) {
       using kind = fabric::completion::kind;
       if (c.what == kind::failed) {  // a peer that died or refused: name it where known
         const std::optional<std::size_t> s = outbox_.tag_of(c.context);
         (void)outbox_.completed(c.context);
         if (s && *s < links_.size() && written_off(*s)) return;  // already known lost
         if (s && *s < links_.size()) lost(*s, "delivery (" + c.detail + ")");
-        // Nothing names its shard (an incoming write that failed at this end, as when shm's
-        // cross-memory attach reads from a shard that died): the wait it belongs to runs into
-        // its deadline, which names the shard that did not answer, with this failure.
+        // Nothing names its shard (an incoming write that failed at this end without inlets):
+        // the wait it belongs to runs into its deadline, which names the shard that did not
+        // answer, with this failure.
         unpinned_failure_ = c.detail;
         return;
       }
       if (c.what == kind::sent) (void)outbox_.completed(c.context);
-      if (c.what == kind::remote_write) on_remote_write(remote::cq_data::decode(c.data));
+      if (c.what == kind::remote_write && inlets_.empty())  // (with inlets, none come here)
+        on_remote_write(remote::cq_data::decode(c.data));
       if (c.what != kind::received) return;
       handle(c.message);
     });
@@ -230,6 +297,8 @@ class remote_client {
   std::vector<bool> lost_;         // shards left out (a learner's skip_lost_shards)
   bool skip_lost_ = false;
   std::unique_ptr<fabric::endpoint> ep_;
+  std::vector<std::unique_ptr<fabric::endpoint>> inlets_;  // open_inlets (after ep_: closed first)
+  std::vector<bool> inlet_failed_;  // a failed write into that inlet was reported
   fabric::region inbox_region_{};
   fabric::outbox outbox_;
 

@@ -3,22 +3,22 @@
 // they were one buffer, with no buffer of its own (decentralised selection).
 //
 // At construction it greets every shard (hello) and grants each a slice of its own registered
-// memory that only that shard may write (the meta part of its replies). A sample splits the
-// batch's B rows across the shards by their selection masses (detail/remote/split.hpp:
-// Multinomial(B, M_s / M), from a snapshot: the first sample asks every shard's status, later
-// ones use the masses the last replies carried), registers the batch's columns for the sample
-// alone and asks each shard for its share; each shard selects and gathers its rows with its own
-// policy and writes them with one-sided writes: each column's rows straight into the batch, then
-// the rest (header, mask, keys, probabilities, footer) into its slice. The learner counts the
-// writes, checks every reply against the request (header and footer, poisoned before the
-// request) and copies the small parts into the batch. Each row's probability is global, P_i = (M_s
-// / M) * (p_i / M'_s): the union's p_i / M when nothing changed since the snapshot. Importance
-// weights follow the local formula over the union with options.beta (0: all 1). Rows come grouped
-// by shard. sample_begin / sample_end split a sample in two, so that the shards' work and the
-// transfers overlap a training step.
+// memory that only that shard may write (the meta part of its replies; on shm through an inlet
+// endpoint of that shard's alone: remote_client.hpp). A sample splits the batch's B rows across the
+// shards by their selection masses (detail/remote/split.hpp: Multinomial(B, M_s / M), from a
+// snapshot: the first sample asks every shard's status, later ones use the masses the last replies
+// carried), registers the batch's columns for the sample alone (on the inlets of the shards asked)
+// and asks each shard for its share; each shard selects and gathers its rows with its own policy
+// and writes them with one-sided writes: each column's rows straight into the batch, then the rest
+// (header, mask, keys, probabilities, footer) into its slice. The learner counts the writes, checks
+// every reply against the request (header and footer, poisoned before the request) and copies the
+// small parts into the batch. Each row's probability is global, P_i = (M_s / M) * (p_i / M'_s): the
+// union's p_i / M when nothing changed since the snapshot. Importance weights follow the local
+// formula over the union with options.beta (0: all 1). Rows come grouped by shard. sample_begin /
+// sample_end split a sample in two, so that the shards' work and the transfers overlap a training
+// step.
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -34,7 +34,6 @@
 #include <gear/transport/reply_slice.hpp>
 #include <gear/transport/sample_flight.hpp>
 #include <gear/window.hpp>
-#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -91,12 +90,9 @@ class remote_learner : public remote_client {
     flights_.reserve(max_samples_in_flight);
     reply_bytes_ = static_cast<std::size_t>(
         remote::layout_reply(Spec::step_bytes, options_.max_batch, options_.max_window).meta_bytes);
-    const std::size_t bytes = reply_bytes_ * max_samples_in_flight;  // a reply area per sample
-    for (auto& s : slices_) {
-      s.memory = std::make_unique<fabric::host_region>(bytes);
-      s.area_bytes = reply_bytes_;
-      s.region = ep_->register_memory(s.memory->data(), bytes, FI_REMOTE_WRITE);
-    }
+    open_inlets(options_.fabric);  // on shm, an endpoint per shard to write into
+    for (std::size_t s = 0; s < slices_.size(); ++s)  // a reply area per sample, on s's inlet
+      slices_[s].open(inlet(inlet_of(s)), reply_bytes_);
     greet([&](std::size_t s) {
       remote::hello h;
       h.role = remote::peer_role::learner;
@@ -106,9 +102,10 @@ class remote_learner : public remote_client {
       h.slice_address = slices_[s].region.remote_address;
       h.slice_key.resize(sizeof(std::uint64_t));
       std::memcpy(h.slice_key.data(), &slices_[s].region.key, sizeof(std::uint64_t));
-      h.slice_bytes = bytes;
+      h.slice_bytes = slices_[s].memory->size();
       h.max_rows = options_.max_batch;
       h.max_window = options_.max_window;
+      h.reply_address = inlet_address(s);
       return h;
     });
   }
@@ -193,7 +190,7 @@ class remote_learner : public remote_client {
     tainted_.reserve(tainted_.size() + max_samples_in_flight);  // end_grant never allocates
     remote::sample_request& r = request_;  // one per shard, every field set anew
     r.column_address.resize(Spec::num_columns);
-    f.grant = ep_->register_memory(columns, granted, FI_REMOTE_WRITE);
+    f.grants.assign(inlet_count(), {});  // registered below, on the inlets its shards write into
     const auto until = clock::now() + deadline_;
     std::int64_t first = 0;  // the shard's first row
     bool sent = false;       // its requests went (or were given up)
@@ -201,6 +198,9 @@ class remote_learner : public remote_client {
     try {
       for (std::size_t s = 0; s < links_.size(); first += f.share[s], ++s) {
         if (f.share[s] == 0) continue;
+        fabric::region& grant = f.grants[inlet_of(s)];
+        if (grant.mr == nullptr)
+          grant = inlet(inlet_of(s)).register_memory(columns, granted, FI_REMOTE_WRITE);
         f.layouts[s] = remote::layout_reply(Spec::step_bytes, f.share[s], length);
         std::byte* reply = area(s, f.area);
         std::memset(reply, 0, remote::reply_header_bytes);  // poisoned
@@ -215,11 +215,11 @@ class remote_learner : public remote_client {
         r.call = draw.call * remote::max_peers + s;  // a stream of its own per shard
         r.mass_used = snapshot_[s].mass;
         r.reply_bytes = static_cast<std::uint64_t>(f.layouts[s].meta_bytes);
-        r.batch_address = f.grant.remote_address;
-        r.batch_key = f.grant.key;
+        r.batch_address = grant.remote_address;
+        r.batch_key = grant.key;
         r.batch_bytes = granted;
         for (std::size_t c = 0; c < Spec::num_columns; ++c)
-          r.column_address[c] = f.grant.remote_address +
+          r.column_address[c] = grant.remote_address +
                                 static_cast<std::uint64_t>(out.column_data(c) - columns +
                                                            first * length * Spec::step_bytes[c]);
         message_ = remote::encode(r, std::move(message_));
@@ -446,7 +446,7 @@ class remote_learner : public remote_client {
       if (f.share[s] > 0) snapshot_[s] = {headers[s].mass, headers[s].size, true};
   }
 
-  /// Ends flight f's registration of its batch once every shard it asked has written all of its
+  /// Ends flight f's registrations of its batch once every shard it asked has written all of its
   /// reply, or a grace (up to a second) past `until` is over: a write that starts later is
   /// refused (on tcp and verbs that ends the pair, on shm it never completes at the shard: the
   /// shard is lost to this learner). A write already under way when the registration ends may
@@ -467,15 +467,16 @@ class remote_learner : public remote_client {
       } catch (const error&) {  // a failed transfer: that shard's reply will not come
       }
     }
-    if (!all_in(true)) {
-      const auto from = reinterpret_cast<std::uintptr_t>(f.grant.base);
-      tainted_.push_back({from, from + f.grant.bytes});
+    const auto grant = std::ranges::find_if(f.grants, [](const auto& g) { return g.mr != nullptr; });
+    if (grant != f.grants.end() && !all_in(true)) {  // every grant covers the same memory
+      const auto from = reinterpret_cast<std::uintptr_t>(grant->base);
+      tainted_.push_back({from, from + grant->bytes});
     }
-    ep_->deregister(f.grant);
+    for (std::size_t i = 0; i < f.grants.size(); ++i) inlet(i).deregister(f.grants[i]);
   }
 
   options options_;
-  std::vector<reply_slice> slices_;  // their memory outlives the endpoint (reset by remote_client)
+  std::vector<reply_slice> slices_;  // their memory outlives the endpoints (closed by close())
   held_requests held_;               // requests held back (options.requests_per_message)
   std::vector<detail::remote::shard_share> snapshot_;
   std::uint32_t next_request_ = 0;

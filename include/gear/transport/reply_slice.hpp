@@ -31,6 +31,14 @@ struct reply_slice {
   std::array<bool, max_samples_in_flight> arrived{};         // the meta part
   std::array<std::size_t, max_samples_in_flight> columns{};  // writes of columns alone in
 
+  /// Allocates the slice, an area of `bytes` per sample in flight, and registers it on `on` (the
+  /// inlet its shard writes into) for that shard's writes. Throws errc::transport_error.
+  void open(fabric::endpoint& on, std::size_t bytes) {
+    memory = std::make_unique<fabric::host_region>(bytes * max_samples_in_flight);
+    area_bytes = bytes;
+    region = on.register_memory(memory->data(), memory->size(), FI_REMOTE_WRITE);
+  }
+
   [[nodiscard]] std::byte* area(std::size_t a) const { return memory->data() + a * area_bytes; }
 
   /// Area a awaits the reply to `r` from now on: nothing of it has come.

@@ -24,7 +24,8 @@ template <class Batch>
 struct sample_flight {
   Batch* out = nullptr;
   std::size_t area = 0;
-  fabric::region grant{};         // its batch's columns, registered for it alone
+  std::vector<fabric::region> grants;  // its batch's columns, registered for it alone: on each
+                                       // inlet its shards write into (remote_client.hpp)
   std::vector<std::size_t> sent;  // the shards it asked (or will: held)
   bool held = false;              // its requests are held back (held_requests.hpp)
   std::vector<std::int64_t> share;
@@ -77,7 +78,7 @@ class flight_spares {
   void recycle(sample_flight<Batch>&& f) noexcept {
     f.out = nullptr;
     f.area = 0;
-    f.grant = {};
+    f.grants.clear();  // (deregistered by then: end_grant)
     spare_.push_back(std::move(f));
   }
 

@@ -5,8 +5,9 @@
 //   an actor's intake   on shm, where it writes its insert entries, into its staging ring
 //                       (registered there alone, so it can write nowhere else).
 // On shm a write whose peer died in the middle never completes, and an endpoint takes a peer's
-// writes in order with everyone else's (without cross-memory attach, the receiving side copies
-// them): with one endpoint for all, one dead peer would stall every other. Providers with a
+// writes in order with everyone else's, through its one shared region (without cross-memory
+// attach through bounce buffers there, filled under the region's lock and emptied by the
+// receiving side): with one endpoint for all, one dead peer would stall every other. Providers with a
 // connection per peer (tcp, verbs, efa) have no such queue, and there actors write into the
 // control endpoint: a progress thread polling an intake per actor there paid for it (8 actors
 // over tcp;ofi_rxm inserted 45% less). Each endpoint is declared after the memory registered on
@@ -48,7 +49,7 @@ inline std::size_t replies_in_flight(std::uint64_t slot_bytes) noexcept {
 
 /// True when a shard on `provider` gives each actor an intake endpoint (see the top of this file).
 inline bool intake_per_actor(const std::string& provider) noexcept {
-  return provider.rfind("shm", 0) == 0;
+  return fabric::shared_region(provider);
 }
 
 struct shard_peer {

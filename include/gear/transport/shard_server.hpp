@@ -10,8 +10,9 @@
 // reply_packer.hpp, reply_writer.hpp):
 //   hello          a welcome: an actor gets its own staging ring (a registered region only it may
 //                  write; on shm, on an intake endpoint of its own), a learner's slice (its
-//                  memory for replies) is recorded and a channel endpoint opened for its replies
-//                  (shard_peer.hpp);
+//                  memory for replies) is recorded and a channel endpoint opened for its replies,
+//                  written to the learner's inlet for this shard (remote_client.hpp) where it
+//                  gives one (shard_peer.hpp);
 //   insert entry   published by remote CQ data (through its actor's intake where it has one; one
 //                  naming another actor is refused): checked against the layout computed here
 //                  (never the sender's; detail/remote/entry.hpp), inserted into the buffer,
@@ -30,7 +31,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -54,7 +54,6 @@
 #include <mutex>
 #include <optional>
 #include <random>
-#include <set>
 #include <span>
 #include <string>
 #include <thread>
@@ -332,7 +331,9 @@ class shard_server {
       return count(remote::refusal::mismatch);  // another job's token, or none
     peer p;
     const auto& a = h.value.address;
-    if (!ep_->fits_address(a)) return count(remote::refusal::out_of_range);
+    const auto& inlet = h.value.reply_address.empty() ? a : h.value.reply_address;
+    if (!ep_->fits_address(a) || !ep_->fits_address(inlet))
+      return count(remote::refusal::out_of_range);
     const auto slot_bytes = static_cast<std::uint64_t>(
         remote::layout_reply(spec::step_bytes, h.value.max_rows, h.value.max_window).total_bytes);
     if (h.value.role == remote::peer_role::learner &&
@@ -355,7 +356,7 @@ class shard_server {
       p.reply = std::make_unique<fabric::host_region>(slot_bytes * p.slots);
       p.channel = std::make_unique<fabric::endpoint>(options_.fabric);
       p.reply_region = p.channel->register_memory(p.reply->data(), p.reply->size(), FI_WRITE);
-      p.reply_to = p.channel->insert_peer(a);
+      p.reply_to = p.channel->insert_peer(inlet);  // the learner's inlet for this shard
     }
     if (p.role == remote::peer_role::actor && h.value.ring_blocks > 0) {
       p.ring_blocks =

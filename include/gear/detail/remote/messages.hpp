@@ -4,7 +4,8 @@
 // has an encoder and a parser; a parser checks every field against the limits this side holds
 // (never against what the peer claims) and refuses the message otherwise.
 //
-//   hello           client -> shard   role, fingerprints, token proof, ring blocks wanted
+//   hello           client -> shard   role, fingerprints, token proof, ring blocks wanted; a
+//                                     learner's slice and the inlet its replies go to
 //   welcome         shard -> client   the client's index, the shard's incarnation, its ring and
 //                                     the intake endpoint to write it through
 //   status_request  learner -> shard  (empty)
@@ -63,6 +64,8 @@ struct hello {
   std::vector<std::uint8_t> slice_key;
   std::uint64_t slice_bytes = 0;
   std::int64_t max_rows = 0, max_window = 0;
+  /// A learner's inlet for this shard: the address its replies are written to (empty: address).
+  std::vector<std::uint8_t> reply_address;
 };
 
 inline std::vector<std::byte> encode(const hello& m) {
@@ -81,6 +84,7 @@ inline std::vector<std::byte> encode(const hello& m) {
   w.put(m.slice_bytes);
   w.put(m.max_rows);
   w.put(m.max_window);
+  w.put_counted(m.reply_address);
   return finish_frame(std::move(w));
 }
 
@@ -105,6 +109,12 @@ inline decoded<hello> parse_hello(std::span<const std::byte> bytes, const messag
         m.slice_key.resize(key_bytes);
         if (!r.get_into(m.slice_key)) return refusal::none;
         if (!read_all(r, m.slice_bytes, m.max_rows, m.max_window)) return refusal::none;
+        std::uint16_t reply_bytes = 0;
+        if (!read_all(r, reply_bytes)) return refusal::none;
+        if (reply_bytes > max_hello_address)
+          return what = "reply address length", refusal::out_of_range;
+        m.reply_address.resize(reply_bytes);
+        if (!r.get_into(m.reply_address)) return refusal::none;
         m.role = static_cast<peer_role>(role);
         if (role < 1 || role > 3) return what = "role", refusal::out_of_range;
         if (m.ring_blocks > lim.max_ring_blocks) return what = "ring_blocks", refusal::out_of_range;
