@@ -50,8 +50,12 @@ inline std::vector<std::byte> receive_frame(int fd) {
 /// returns, 77 when the provider is not there, 2 for any other gear::error. Returns its pid.
 template <class Role>
 pid_t spawn(Role role, int fd, int other_fd, bool disable_cma) {
+  const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid != 0) return pid;
+  // Killed with the test, even stopped (a case's SIGSTOP) or past its alarm: a test killed at its
+  // timeout leaves no process of its behind.
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(1);
   if (other_fd >= 0) close(other_fd);
   // Any process of this user may look at it (gdb's stacks of a hung child, started by the test
   // and so not its ancestor, where Yama's ptrace_scope is 1).
