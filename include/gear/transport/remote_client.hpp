@@ -38,12 +38,6 @@
 
 namespace gear::transport {
 
-/// True when a client on `provider` gives each shard an inlet of its own (see the top of this
-/// file).
-inline bool inlet_per_shard(const std::string& provider) noexcept {
-  return fabric::shared_region(provider);
-}
-
 class remote_client {
  public:
   using clock = std::chrono::steady_clock;
@@ -127,11 +121,11 @@ class remote_client {
     ep_.reset();
   }
 
-  /// Opens an inlet per shard where `fabric`'s provider wants them (inlet_per_shard): the
-  /// endpoint each shard's one-sided writes come into. Elsewhere they come into the control
-  /// endpoint. Throws errc::transport_error.
+  /// Opens an inlet per shard where the provider's endpoints are shared regions (shm:
+  /// fabric::shared_region), once: the endpoint each shard's one-sided writes come into.
+  /// Elsewhere they come into the control endpoint. Throws errc::transport_error.
   void open_inlets(const libfabric_config& fabric) {
-    if (!inlet_per_shard(ep_->provider()) || !inlets_.empty()) return;
+    if (!fabric::shared_region(ep_->provider())) return;
     inlet_failed_.assign(links_.size(), false);
     inlets_.reserve(links_.size());
     for (std::size_t s = 0; s < links_.size(); ++s)
