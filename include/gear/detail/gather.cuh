@@ -14,6 +14,7 @@
 #include <cuda/stream_ref>
 #include <gear/detail/copy.cuh>
 #include <gear/detail/cuda.hpp>
+#include <gear/detail/dependent_launch.cuh>
 #include <gear/detail/gather.hpp>
 #include <gear/detail/last_block.cuh>
 #include <gear/detail/tuning.hpp>
@@ -118,6 +119,10 @@ void with_row_function(const std::variant<F...>& v, G&& g) {
 template <class Args, class Rows, class Epilogue>
 __global__ void __launch_bounds__(tuning::copy_threads)
     gather_kernel(const Args a, const column_blocks g, Rows rows, const Epilogue after) {
+  // Launched as a programmatic dependent (dependent_launch.cuh): nothing is read or written
+  // before the kernel before it has finished; the next sample's gather may be placed at once.
+  allow_dependents();
+  wait_for_prerequisites();
   int c;
   std::int64_t row, chunk;
   g.locate(blockIdx.x, c, row, chunk);
@@ -190,9 +195,9 @@ void gather_on_device(const gather_args& a, const column_blocks& g, const Rows& 
     }
     return;
   }
-  gather_kernel<<<static_cast<unsigned>(blocks), tuning::copy_threads, 0, stream.get()>>>(
-      a, g, rows, after);
-  GEAR_CHECK_LAUNCH("gather_kernel");
+  launch_dependent<gather_kernel<gather_args, Rows, Epilogue>>(
+      dim3(static_cast<unsigned>(blocks)), dim3(tuning::copy_threads), stream.get(), a, g, rows,
+      after);
 }
 
 /// Selects with `state` and gathers. Where the gather is small enough that one launch saves more

@@ -10,6 +10,7 @@
 #include <cub/block/block_reduce.cuh>
 #include <cuda/atomic>
 #include <gear/detail/cuda.hpp>
+#include <gear/detail/dependent_launch.cuh>
 #include <gear/detail/sum_tree.hpp>
 #include <gear/detail/tuning.hpp>
 #include <gear/select/prioritized.hpp>
@@ -89,6 +90,10 @@ inline constexpr int priority_mark_pooled = 512;
 /// update advance it as eager calls do).
 template <class Tree>  // always priority_tree; a template so that headers define it once per use
 __global__ void priority_mark_kernel(priority_source src, Tree t, double alpha) {
+  // Launched as a programmatic dependent (dependent_launch.cuh): nothing is touched before the
+  // kernel before it has finished; the apply may be placed at once.
+  allow_dependents();
+  wait_for_prerequisites();
   const unsigned long long epoch = t.status->epoch + 1;
   __shared__ unsigned pooled[priority_mark_pooled];
   std::int64_t top = t.shape.internal();  // nodes below `top` are pooled
@@ -178,6 +183,8 @@ __device__ void priority_fold_max(const Tree& t, float p) {
 /// coalesced line) and every lane folds them in index order (shuffles), as the host does.
 template <class Tree>  // always priority_tree; a template so that headers define it once per use
 __global__ void priority_apply_kernel(priority_source src, Tree t, double alpha) {
+  allow_dependents();  // as the mark: a dependent launch (dependent_launch.cuh)
+  wait_for_prerequisites();
   const unsigned long long epoch = t.status->epoch;  // this update's: its mark stored it
   const int lane = static_cast<int>(threadIdx.x % sum_tree_group);
   const std::int64_t i = (blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x) / sum_tree_group;

@@ -457,13 +457,13 @@ class prioritized::state<exec::device> {
   void apply(const detail::priority_source& src, cuda::stream_ref stream) {
     if (src.count <= 0) return;
     constexpr int threads = detail::tuning::priority_update_threads;
-    detail::
-        priority_mark_kernel<<<detail::blocks_for(src.count, threads), threads, 0, stream.get()>>>(
-            src, tree(), policy_.alpha);
-    GEAR_CHECK_LAUNCH("priority_mark_kernel");
-    detail::priority_apply_kernel<<<detail::blocks_for(src.count * detail::sum_tree_group, threads),
-                                    threads, 0, stream.get()>>>(src, tree(), policy_.alpha);
-    GEAR_CHECK_LAUNCH("priority_apply_kernel");
+    // Both as programmatic dependents: the apply is placed while the mark finishes.
+    detail::launch_dependent<detail::priority_mark_kernel<detail::priority_tree>>(
+        dim3(detail::blocks_for(src.count, threads)), dim3(threads), stream.get(), src, tree(),
+        policy_.alpha);
+    detail::launch_dependent<detail::priority_apply_kernel<detail::priority_tree>>(
+        dim3(detail::blocks_for(src.count * detail::sum_tree_group, threads)), dim3(threads),
+        stream.get(), src, tree(), policy_.alpha);
   }
 
   prioritized policy_;

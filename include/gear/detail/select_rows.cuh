@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cuda/stream_ref>
 #include <gear/detail/cuda.hpp>
+#include <gear/detail/dependent_launch.cuh>
 #include <gear/detail/last_block.cuh>
 #include <gear/detail/tuning.hpp>
 #include <gear/select/concept.hpp>
@@ -19,6 +20,7 @@ namespace gear::detail {
 /// microsecond).
 template <bool ClearsClaims, class Rows>
 __global__ void row_select_kernel(Rows rows, const selection_request r) {
+  allow_dependents();  // a gather after it may be placed now (dependent_launch.cuh)
   const std::int64_t row = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
   if (row < r.batch) {  // every thread goes on to the arrival
     if constexpr (requires { rows.read_device_counts(); }) rows.read_device_counts();

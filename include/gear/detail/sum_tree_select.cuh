@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <cub/block/block_reduce.cuh>
 #include <cub/warp/warp_scan.cuh>
+#include <gear/detail/dependent_launch.cuh>
 #include <gear/detail/last_block.cuh>
 #include <gear/detail/sum_tree.hpp>
 #include <gear/detail/tuning.hpp>
@@ -166,6 +167,7 @@ __global__ void __launch_bounds__(Threads)
     prioritized_select_kernel(slot_table table, Request r, const double* nodes,
                               sum_tree_shape shape, bool stratified, double beta,
                               select_weights weights) {
+  allow_dependents();  // a gather after it may be placed now (dependent_launch.cuh)
   static_assert(Threads % 32 == 0, "whole warps");
   constexpr int rows_per_block = Threads / sum_tree_group;
   __shared__ double top[sum_tree_shared_entries()];
@@ -238,6 +240,7 @@ __global__ void __launch_bounds__(Threads)
 template <int Threads, class Request>  // Request is always selection_request
 __global__ void __launch_bounds__(Threads)
     prioritized_weights_kernel(Request r, const double* nodes, double beta, unsigned minima) {
+  allow_dependents();  // a gather after it may be placed now (dependent_launch.cuh)
   // One row per thread (the grid covers the batch). The root, the row's log leaf and the blocks'
   // minima are loaded at once: one wait for memory, not three in a row.
   const std::int64_t row = blockIdx.x * std::int64_t{Threads} + threadIdx.x;

@@ -6,6 +6,7 @@
 #include <gear/detail/buffer/mirror.hpp>
 #include <gear/detail/buffer/staging.hpp>
 #include <gear/detail/cuda.hpp>
+#include <gear/detail/dependent_launch.cuh>
 #include <gear/detail/tuning.hpp>
 
 namespace gear::detail {
@@ -24,6 +25,7 @@ __device__ inline void apply_journal_part(const journal_args& a, std::int64_t fi
 
 template <class Args>  // always journal_args; a template so that headers define it once per use
 __global__ void journal_apply_kernel(const Args a) {
+  allow_dependents();  // a gather after it may be placed now (dependent_launch.cuh)
   apply_journal_part(a, blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x,
                      std::int64_t{gridDim.x} * blockDim.x);
 }

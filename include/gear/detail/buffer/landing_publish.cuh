@@ -13,6 +13,7 @@
 #include <gear/detail/buffer/staging.hpp>
 #include <gear/detail/copy.cuh>
 #include <gear/detail/cuda.hpp>
+#include <gear/detail/dependent_launch.cuh>
 #include <gear/detail/last_block.cuh>
 #include <gear/detail/tuning.hpp>
 
@@ -60,6 +61,7 @@ inline constexpr std::int64_t landing_max_blocks = 512;
 template <class Args>  // landing_publish_args or _inline (a template: headers define it once)
 __global__ void __launch_bounds__(landing_threads)
     landing_publish_kernel(const __grid_constant__ Args parameters) {
+  allow_dependents();  // a gather after it may be placed now (dependent_launch.cuh)
   const landing_publish_args& a = publish_args_of(parameters);
   // The pieces, a tile at a time into shared memory (from a lease they are read from mapped host
   // memory: one round trip per tile, not one per piece).
