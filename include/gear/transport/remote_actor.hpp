@@ -11,7 +11,9 @@
 // visible before the shard has checked it; an actor that dies mid-write leaves an entry no one
 // reads. Blocks are credits: an entry waits for ring space, freed by acknowledgements, up to the
 // deadline (errc::timeout). A shard that does not answer by the deadline is reported as
-// errc::peer_lost, named by its id, pid and host. The actor is driven by its caller's thread: its
+// errc::peer_lost, named by its id, pid and host. On shm each shard sends its welcome and
+// acknowledgements into an inlet endpoint of the actor's for that shard alone (remote_client.hpp),
+// so a stalled shard holds up none of the others'. The actor is driven by its caller's thread: its
 // calls make the progress.
 
 #include <unistd.h>
@@ -61,6 +63,7 @@ class remote_actor : public remote_client {
     }
     if (turns_.empty())
       for (std::size_t s = 0; s < links_.size(); ++s) turns_.push_back(s);
+    open_inlets(options_.fabric);  // on shm, an endpoint per shard to hear from
     greet([&](std::size_t s) {
       detail::remote::hello h;
       h.role = detail::remote::peer_role::actor;
@@ -287,7 +290,8 @@ class remote_actor : public remote_client {
     to.busy.assign(w.ring_blocks, 0);
   }
 
-  void on_message(std::span<const std::byte> message, detail::remote::message_type type) override {
+  void on_message(std::span<const std::byte> message, detail::remote::message_type type,
+                  std::optional<std::size_t> from) override {
     namespace remote = detail::remote;
     if (type != remote::message_type::ack) return;
     // Parsed once, against the largest ring: the entry it names holds its own blocks.
@@ -296,7 +300,8 @@ class remote_actor : public remote_client {
     for (auto& p : pending_) {
       if (p.acked) continue;
       if (a.value.sequence != p.sequence || a.value.first_block != p.first_block ||
-          a.value.stored.incarnation != links_[p.shard].blob.incarnation)
+          a.value.stored.incarnation != links_[p.shard].blob.incarnation ||
+          (from && *from != p.shard))
         continue;
       p.acked = true;
       p.stored = a.value.stored;

@@ -12,11 +12,14 @@
 // hand them back). A shard stopped holding it (a stop signal, a long preemption) would keep every
 // other shard from writing into the same region, and the learner would blame whichever shard it
 // waited for first (a CI run; 1 run in 60 of the stalled fault case under load).
-// There each shard writes into an inlet of its own (open_inlets): an endpoint of the client's
-// that only that shard is given, so a stalled shard stalls only its own replies. Providers with a
-// connection per peer (tcp, verbs, efa) have no such shared region, and there shards write into
-// the control endpoint. Control messages (a few hundred bytes each way) keep to the control
-// endpoints.
+// There each shard writes and sends into an inlet of its own (open_inlets): an endpoint of the
+// client's that only that shard is given, which takes that shard's replies, welcome, statuses,
+// update results and acknowledgements alike, so a stalled shard stalls only its own. (A message
+// is posted under the same lock as a write: with one control endpoint for all, a shard stopped
+// inside a send held up the others' messages.) Providers with a connection per peer (tcp, verbs,
+// efa) have no such shared region, and there shards write and send to the control endpoint.
+// Messages from a client to a shard go to the shard's control endpoint (the shard's own
+// endpoints are its concern).
 
 #include <unistd.h>
 
@@ -122,14 +125,22 @@ class remote_client {
   }
 
   /// Opens an inlet per shard where the provider's endpoints are shared regions (shm:
-  /// fabric::shared_region), once: the endpoint each shard's one-sided writes come into.
-  /// Elsewhere they come into the control endpoint. Throws errc::transport_error.
+  /// fabric::shared_region), once, before greet: the endpoint each shard's one-sided writes and
+  /// messages come into, with a receive buffer of four messages. Elsewhere they come into the
+  /// control endpoint. Throws errc::transport_error, errc::out_of_memory.
   void open_inlets(const libfabric_config& fabric) {
     if (!fabric::shared_region(ep_->provider())) return;
+    constexpr std::size_t max_message = detail::remote::default_max_message;
     inlet_failed_.assign(links_.size(), false);
     inlets_.reserve(links_.size());
-    for (std::size_t s = 0; s < links_.size(); ++s)
+    inlet_inboxes_.reserve(links_.size());
+    for (std::size_t s = 0; s < links_.size(); ++s) {
+      inlet_inboxes_.emplace_back(4 * max_message);
       inlets_.push_back(std::make_unique<fabric::endpoint>(fabric));
+      const fabric::region r = inlets_.back()->register_memory(
+          inlet_inboxes_.back().data(), inlet_inboxes_.back().size(), FI_RECV);
+      inlets_.back()->receive_into(r, max_message);
+    }
   }
   /// Inlets: 1 (the control endpoint for every shard) or one per shard.
   [[nodiscard]] std::size_t inlet_count() const noexcept {
@@ -147,8 +158,9 @@ class remote_client {
     return inlets_.empty() ? std::vector<std::uint8_t>{} : inlets_[s]->name();
   }
 
-  /// Greets every shard with the hello `make(s)` returns (with this client's address and its
-  /// proof of the token) and waits for every welcome; a shard that refuses the proof sends none.
+  /// Greets every shard with the hello `make(s)` returns (with this client's address, the inlet
+  /// it is to write and send to, and its proof of the token) and waits for every welcome; a shard
+  /// that refuses the proof sends none.
   void greet(const std::function<detail::remote::hello(std::size_t)>& make) {
     const auto until = clock::now() + deadline_;
     for (std::size_t s = 0; s < links_.size(); ++s) {
@@ -157,6 +169,7 @@ class remote_client {
       h.token_proof = detail::remote::token_proof(token_, links_[s].blob.nonce,
                                                   static_cast<std::uint8_t>(h.role), h.pid);
       h.address = ep_->name();
+      h.reply_address = inlet_address(s);
       send(detail::remote::encode(h), s, until);
     }
     for (std::size_t s = 0; s < links_.size(); ++s)
@@ -215,25 +228,29 @@ class remote_client {
   }
 
   /// Makes progress: control messages go to on_message (welcomes and statuses are handled
-  /// here), remote writes to on_remote_write. A failed transfer of a shard's throws
-  /// errc::peer_lost naming it: a failed send, or the first failed write into shard s's inlet
-  /// (its later ones are left to the deadlines, so that one shard's failures cannot come up
-  /// again and again in calls about another). A failure that names no shard is left to the
-  /// deadline of the wait it belongs to (every wait has one), whose peer_lost names the shard
-  /// that did not answer. On shm, polling shard s's inlet may wait on that inlet's lock, which of
-  /// the peers only shard s takes (to post a write): a shard stopped in that very moment holds up
-  /// this poll, and the thread calling it, until it goes on (README, "A limit of shm in libfabric
-  /// 1.17"), as it did with one endpoint for all; the other shards' writes still go in.
+  /// here), remote writes to on_remote_write. With inlets, what comes into inlet s is shard s's
+  /// (a message naming another shard is ignored: sent_by), and no message that comes into the
+  /// control endpoint is taken (shards have no cause to send there). A failed transfer of a
+  /// shard's throws errc::peer_lost naming it: a failed send, or the first failed write into
+  /// shard s's inlet (its later ones are left to the deadlines, so that one shard's failures
+  /// cannot come up again and again in calls about another). A failure that names no shard is
+  /// left to the deadline of the wait it belongs to (every wait has one), whose peer_lost names
+  /// the shard that did not answer. On shm, polling shard s's inlet may wait on that inlet's
+  /// lock, which of the peers only shard s takes (to post a write or a message): a shard stopped
+  /// in that very moment holds up this poll, and the thread calling it, until it goes on
+  /// (README, "A limit of shm in libfabric 1.17"), as it did with one endpoint for all; the
+  /// other shards' writes and messages still go in.
   std::size_t poll() {
     namespace remote = detail::remote;
     std::size_t n = 0;
-    for (std::size_t s = 0; s < inlets_.size(); ++s)  // shard s's writes, and only those
+    for (std::size_t s = 0; s < inlets_.size(); ++s)  // shard s's, and only those
       n += inlets_[s]->poll([&](const fabric::completion& c) {
         using kind = fabric::completion::kind;
         if (c.what == kind::failed && !written_off(s) && !inlet_failed_[s]) {
           inlet_failed_[s] = true;
           lost(s, "sample reply (a write of its failed here: " + c.detail + ")");
         }
+        if (c.what == kind::received) return handle(c.message, s);
         if (c.what != kind::remote_write) return;
         const auto d = remote::cq_data::decode(c.data);
         if (d.peer == links_[s].blob.shard) on_remote_write(d);
@@ -254,12 +271,20 @@ class remote_client {
       if (c.what == kind::sent) (void)outbox_.completed(c.context);
       if (c.what == kind::remote_write && inlets_.empty())  // (with inlets, none come here)
         on_remote_write(remote::cq_data::decode(c.data));
-      if (c.what != kind::received) return;
-      handle(c.message);
+      if (c.what != kind::received || !inlets_.empty()) return;
+      handle(c.message, std::nullopt);
     });
   }
 
-  virtual void on_message(std::span<const std::byte>, detail::remote::message_type) {}
+  /// A control message that is neither a welcome nor a status, from shard `from` (its inlet)
+  /// or from any shard (no inlets): see sent_by.
+  virtual void on_message(std::span<const std::byte>, detail::remote::message_type,
+                          std::optional<std::size_t> /*from*/) {}
+  /// False for a message naming shard incarnation `incarnation` that came into another shard's
+  /// inlet (ignored: only that shard is given the inlet's address).
+  [[nodiscard]] bool sent_by(std::optional<std::size_t> from, std::uint64_t incarnation) const {
+    return !from || links_[*from].blob.incarnation == incarnation;
+  }
   /// True for a shard this client no longer counts on: its failed transfers are ignored.
   [[nodiscard]] bool written_off(std::size_t s) const { return lost_[s]; }
   /// Runs `call` for shard s. When it throws errc::peer_lost naming a shard and skip_lost_ is
@@ -291,20 +316,22 @@ class remote_client {
   std::vector<bool> lost_;         // shards left out (a learner's skip_lost_shards)
   bool skip_lost_ = false;
   std::unique_ptr<fabric::endpoint> ep_;
+  std::vector<fabric::host_region> inlet_inboxes_;         // their receive buffers (outlive them)
   std::vector<std::unique_ptr<fabric::endpoint>> inlets_;  // open_inlets (after ep_: closed first)
   std::vector<bool> inlet_failed_;  // a failed write into that inlet was reported
   fabric::region inbox_region_{};
   fabric::outbox outbox_;
 
  private:
-  void handle(std::span<const std::byte> message) {
+  /// Handles a control message that came from shard `from` (its inlet), or from any shard.
+  void handle(std::span<const std::byte> message, std::optional<std::size_t> from) {
     namespace remote = detail::remote;
     const auto info = remote::frame_type(message, remote::default_max_message);
     if (!info) return;
     if (info.value.type == remote::message_type::bundle) {  // a shard's acknowledgements
       if (remote::split_bundle(message, remote::default_max_message, remote::message_type::ack,
                                bundled_))
-        for (const auto frame : bundled_) handle(frame);  // (never a bundle: bundled_ stays)
+        for (const auto frame : bundled_) handle(frame, from);  // (never a bundle: bundled_ stays)
       return;
     }
     remote::message_limits l;
@@ -314,7 +341,8 @@ class remote_client {
       const auto w = remote::parse_welcome(message, l);
       if (!w) return;
       for (std::size_t s = 0; s < links_.size(); ++s)  // the shard of that incarnation
-        if (!links_[s].welcome && links_[s].blob.incarnation == w.value.incarnation) {
+        if (!links_[s].welcome && links_[s].blob.incarnation == w.value.incarnation &&
+            sent_by(from, w.value.incarnation)) {
           on_welcome(s, w.value);
           links_[s].welcome = w.value;
           return;
@@ -323,9 +351,10 @@ class remote_client {
       const auto st = remote::parse_status(message, l);
       if (!st) return;
       for (auto& link : links_)
-        if (link.blob.incarnation == st.value.incarnation) link.last_status = st.value;
+        if (link.blob.incarnation == st.value.incarnation && sent_by(from, st.value.incarnation))
+          link.last_status = st.value;
     } else {
-      on_message(message, info.value.type);
+      on_message(message, info.value.type, from);
     }
   }
   std::vector<std::span<const std::byte>> bundled_;  // a bundle's frames, in handle()

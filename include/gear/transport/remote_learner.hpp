@@ -3,20 +3,19 @@
 // they were one buffer, with no buffer of its own (decentralised selection).
 //
 // At construction it greets every shard (hello) and grants each a slice of its own registered
-// memory that only that shard may write (the meta part of its replies; on shm through an inlet
-// endpoint of that shard's alone: remote_client.hpp). A sample splits the batch's B rows across the
-// shards by their selection masses (detail/remote/split.hpp: Multinomial(B, M_s / M), from a
-// snapshot: the first sample asks every shard's status, later ones use the masses the last replies
-// carried), registers the batch's columns for the sample alone (on the inlets of the shards asked)
-// and asks each shard for its share; each shard selects and gathers its rows with its own policy
-// and writes them with one-sided writes: each column's rows straight into the batch, then the rest
-// (header, mask, keys, probabilities, footer) into its slice. The learner counts the writes, checks
-// every reply against the request (header and footer, poisoned before the request) and copies the
-// small parts into the batch. Each row's probability is global, P_i = (M_s / M) * (p_i / M'_s): the
-// union's p_i / M when nothing changed since the snapshot. Importance weights follow the local
-// formula over the union with options.beta (0: all 1). Rows come grouped by shard. sample_begin /
-// sample_end split a sample in two, so that the shards' work and the transfers overlap a training
-// step.
+// memory that only that shard may write (the meta part of its replies; on shm on an inlet of that
+// shard's: remote_client.hpp). A sample splits the batch's B rows across the shards by their
+// selection masses (detail/remote/split.hpp: Multinomial(B, M_s / M), from a snapshot: the first
+// sample asks every shard's status, later ones use the masses the last replies carried), registers
+// the batch's columns for the sample alone (on the inlets of the shards asked) and asks each shard
+// for its share; each shard selects and gathers its rows with its own policy and writes them with
+// one-sided writes: each column's rows straight into the batch, then the rest (header, mask, keys,
+// probabilities, footer) into its slice. The learner counts the writes, checks every reply against
+// the request (header and footer, poisoned before the request) and copies the small parts into the
+// batch. Each row's probability is global, P_i = (M_s / M) * (p_i / M'_s): the union's p_i / M when
+// nothing changed since the snapshot. Importance weights follow the local formula over the union
+// with options.beta (0: all 1). Rows come grouped by shard. sample_begin / sample_end split a
+// sample in two, so that the shards' work and the transfers overlap a training step.
 
 #include <algorithm>
 #include <cmath>
@@ -105,7 +104,6 @@ class remote_learner : public remote_client {
       h.slice_bytes = slices_[s].memory->size();
       h.max_rows = options_.max_batch;
       h.max_window = options_.max_window;
-      h.reply_address = inlet_address(s);
       return h;
     });
   }
@@ -363,10 +361,12 @@ class remote_learner : public remote_client {
     return total;
   }
 
-  void on_message(std::span<const std::byte> message, detail::remote::message_type type) override {
+  void on_message(std::span<const std::byte> message, detail::remote::message_type type,
+                  std::optional<std::size_t> from) override {
     if (type != detail::remote::message_type::update_result) return;
     const auto r = detail::remote::parse_update_result(message, {});
-    if (r && r.value.incarnation == awaited_incarnation_) update_answer_ = r.value;
+    if (r && r.value.incarnation == awaited_incarnation_ && sent_by(from, awaited_incarnation_))
+      update_answer_ = r.value;
   }
 
   using flight = sample_flight<batch<Spec>>;

@@ -53,7 +53,7 @@ inline bool intake_per_actor(const std::string& provider) noexcept {
 }
 
 struct shard_peer {
-  fi_addr_t address = FI_ADDR_UNSPEC;  // on the shard's control endpoint
+  fi_addr_t address = FI_ADDR_UNSPEC;  // its inlet for this shard, else its control endpoint
   detail::remote::peer_role role{};
 
   // An actor's staging ring, and its intake (null where the control endpoint takes entries).

@@ -341,7 +341,7 @@ class shard_server {
          h.value.slice_bytes > max_slice_bytes || h.value.max_rows < 1 || h.value.max_window < 1 ||
          slot_bytes * replies_in_flight(slot_bytes) > max_slice_bytes))
       return count(remote::refusal::out_of_range);  // no slice it could answer into
-    p.address = ep_->insert_peer(a);
+    p.address = ep_->insert_peer(inlet);  // where its messages go: its inlet for us, if any
     p.role = h.value.role;
     remote::welcome w;
     w.peer_index = static_cast<std::uint32_t>(peers_.size() + 1);

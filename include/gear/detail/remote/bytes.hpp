@@ -21,7 +21,7 @@ static_assert(std::endian::native == std::endian::little,
 
 /// Version of the wire format (frame.hpp, messages.hpp, entry.hpp) and of the packed layouts it
 /// carries; part of every fingerprint (fingerprint.hpp).
-inline constexpr std::uint16_t wire_version = 6;
+inline constexpr std::uint16_t wire_version = 7;
 
 /// Appends fields to a message.
 class wire_writer {

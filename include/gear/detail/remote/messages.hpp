@@ -64,7 +64,7 @@ struct hello {
   std::vector<std::uint8_t> slice_key;
   std::uint64_t slice_bytes = 0;
   std::int64_t max_rows = 0, max_window = 0;
-  /// A learner's inlet for this shard: the address its replies are written to (empty: address).
+  /// The client's inlet for this shard: where the shard writes and sends (empty: `address`).
   std::vector<std::uint8_t> reply_address;
 };
 
