@@ -20,6 +20,7 @@
 //
 //   gear_fabric_bench [provider] [seconds per phase] [rounds] [B ...]
 //                                                 (default tcp;ofi_rxm, 1, 3, and B = 256 16 1)
+//   A bad argument, or a provider that cannot be opened, is refused before anything starts.
 //
 // Every figure is printed with the reference it is a ratio of, measured in the same run. The
 // sampling figures and their raw reference are measured in `rounds` interleaved rounds (raw with
@@ -43,6 +44,7 @@
 #include <gear/transport/remote_actor.hpp>
 #include <gear/transport/remote_learner.hpp>
 #include <gear/transport/shard_server.hpp>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -230,12 +232,44 @@ pid_t start_shard(const gear::transport::libfabric_config& config, std::int64_t 
 
 }  // namespace
 
+/// argv[a] as a number in [lo, hi], or nullopt (not a number, trailing characters, out of range).
+std::optional<double> number_arg(const char* text, double lo, double hi) {
+  char* end = nullptr;
+  const double v = std::strtod(text, &end);
+  if (end == text || *end != '\0' || !(v >= lo && v <= hi)) return std::nullopt;
+  return v;
+}
+
+constexpr const char* usage =
+    "usage: gear_fabric_bench [provider] [seconds per phase, 0.01 to 3600] [rounds, 1 to 1000] "
+    "[B, 1 to 1024 ...]\n       (default tcp;ofi_rxm, 1, 3, and B = 256 16 1)\n";
+
 int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);  // a write to a dead child fails instead of killing the bench
   gear::transport::libfabric_config config;
+  if (argc > 1 && (std::strcmp(argv[1], "-h") == 0 || std::strcmp(argv[1], "--help") == 0))
+    return std::printf("%s", usage), 0;
   if (argc > 1) config.provider = argv[1];
-  const double seconds = argc > 2 ? std::atof(argv[2]) : 1.0;
-  const int rounds = argc > 3 ? std::max(1, std::atoi(argv[3])) : 3;
+  std::vector<double> numbers;  // seconds, rounds, then the batch sizes
+  for (int a = 2; a < argc; ++a) {
+    const auto v = a == 2 ? number_arg(argv[a], 0.01, 3600)
+                          : number_arg(argv[a], 1, a == 3 ? 1000 : 1024);
+    if (!v || (a >= 3 && *v != static_cast<double>(static_cast<std::int64_t>(*v)))) {
+      std::fprintf(stderr, "gear_fabric_bench: argument %d ('%s') is out of range\n%s", a - 1,
+                   argv[a], usage);
+      return 2;
+    }
+    numbers.push_back(*v);
+  }
+  try {  // the provider, before any process is started for it
+    const fabric::endpoint probe(config);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gear_fabric_bench: provider '%s' cannot be opened here: %s\n%s",
+                 config.provider.c_str(), e.what(), usage);
+    return 2;
+  }
+  const double seconds = numbers.size() > 0 ? numbers[0] : 1.0;
+  const int rounds = numbers.size() > 1 ? static_cast<int>(numbers[1]) : 3;
   auto progress = [](const char* what) { std::fprintf(stderr, "gear_fabric_bench: %s\n", what); };
   const std::int64_t window = steps;
   const std::size_t in_flight = gear::transport::max_samples_in_flight;
@@ -335,9 +369,7 @@ int main(int argc, char** argv) {
   };
   std::vector<sampled> samples;
   std::vector<std::int64_t> batch_sizes{256, 16, 1};  // or those named after the rounds
-  if (argc > 4) batch_sizes.clear();
-  for (int a = 4; a < argc; ++a)
-    batch_sizes.push_back(std::max<std::int64_t>(1, std::atoll(argv[a])));
+  if (numbers.size() > 2) batch_sizes.assign(numbers.begin() + 2, numbers.end());
   for (const std::int64_t rows : batch_sizes) samples.push_back(sample_rounds(rows));
 
   // Inserting: the actors connect, then start together; each counts what it inserted in its
