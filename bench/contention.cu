@@ -186,12 +186,23 @@ double learn(Buffer& buf, cuda::stream_ref s, double seconds, std::int64_t windo
 }  // namespace
 
 int main(int argc, char** argv) {
+  double phase = 2.0;
+  if (argc > 1) {
+    char* end = nullptr;
+    phase = std::strtod(argv[1], &end);
+    if (end == argv[1] || *end != '\0' || !(phase >= 0.1 && phase <= 600) || argc > 3 ||
+        (argc == 3 && std::strcmp(argv[2], "gpu-time") != 0)) {
+      std::fprintf(stderr,
+                   "gear_contention: bad arguments\nusage: gear_contention [seconds per phase, "
+                   "0.1 to 600; default 2] [gpu-time]\n");
+      return 2;
+    }
+  }
+  const bool timing = argc > 2;
   if (!gear::detail::gpu_available()) {
     std::printf("gear_contention: no GPU; skipping\n");
     return 77;
   }
-  const double phase = argc > 1 ? std::atof(argv[1]) : 2.0;
-  const bool timing = argc > 2 && std::strcmp(argv[2], "gpu-time") == 0;
   gpu_time solo_time, with_time, copy_time;  // filled in gpu-time mode
   auto timed = [&](gpu_time& t) { return timing ? &t : nullptr; };
   auto progress = [](const char* what) { std::fprintf(stderr, "gear_contention: %s\n", what); };
