@@ -469,7 +469,7 @@ TEST_CASE("shm without CMA: killed actors, learners and shards") {
 // again to hand them back). With one endpoint of the learner's for both shards, shard 1 stopped
 // holding that lock kept shard 0's reply out, and the learner named shard 0 (exit 60: a CI run,
 // then 1 of 60 runs of the case here beside 6 busy loops). The learner takes each shard's writes
-// on an inlet endpoint of that shard's alone (remote_client.hpp).
+// and messages on an inlet endpoint of that shard's alone (remote_client.hpp).
 TEST_CASE("tcp;ofi_rxm: a stalled shard's late reply lands nowhere") { stalled("tcp;ofi_rxm"); }
 TEST_CASE("shm: a stalled shard's late reply lands nowhere") { stalled("shm"); }
 TEST_CASE("shm without CMA: a stalled shard's late reply lands nowhere") {

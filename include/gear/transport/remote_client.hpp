@@ -1,6 +1,6 @@
 #pragma once
 // What remote actors and learners (remote_actor.hpp, remote_learner.hpp) share: a fabric
-// endpoint for control messages, its inbox and outbox (and a learner's inlets, below), one link
+// endpoint for control messages, its inbox and outbox (and its inlets on shm, below), one link
 // per shard (its address blob, its welcome, its last status), the handshake, deadlines, and
 // progress driven by the caller's thread.
 // A shard that does not answer by the deadline is reported as errc::peer_lost, named by its id,
@@ -153,7 +153,8 @@ class remote_client {
   [[nodiscard]] fabric::endpoint& inlet(std::size_t i) {
     return inlets_.empty() ? *ep_ : *inlets_[i];
   }
-  /// The address shard s is to write to, for its hello: none where it is the control endpoint's.
+  /// The address shard s is to write and send to, for its hello: none where it is the control
+  /// endpoint's.
   [[nodiscard]] std::vector<std::uint8_t> inlet_address(std::size_t s) const {
     return inlets_.empty() ? std::vector<std::uint8_t>{} : inlets_[s]->name();
   }
@@ -218,7 +219,13 @@ class remote_client {
   void wait_until(Done done, clock::time_point until, std::size_t s, const char* what) {
     while (!done()) {
       const auto now = clock::now();
-      if (now > until) lost(s, what);
+      if (now > until) {
+        // One more poll first: the last one may have been held up (on shm, by another shard
+        // stopped while posting into its inlet) while s's answer came in.
+        (void)poll();
+        if (done()) return;
+        lost(s, what);
+      }
       if (poll() == 0) {
         std::this_thread::yield();
         waiting_ns_ += static_cast<std::uint64_t>(
@@ -247,8 +254,8 @@ class remote_client {
       n += inlets_[s]->poll([&](const fabric::completion& c) {
         using kind = fabric::completion::kind;
         if (c.what == kind::failed && !written_off(s) && !inlet_failed_[s]) {
-          inlet_failed_[s] = true;
-          lost(s, "sample reply (a write of its failed here: " + c.detail + ")");
+          inlet_failed_[s] = true;  // a write of its, or a message it sent (only s has the inlet)
+          lost(s, "transfer into its inlet (one failed here: " + c.detail + ")");
         }
         if (c.what == kind::received) return handle(c.message, s);
         if (c.what != kind::remote_write) return;
@@ -318,7 +325,7 @@ class remote_client {
   std::unique_ptr<fabric::endpoint> ep_;
   std::vector<fabric::host_region> inlet_inboxes_;         // their receive buffers (outlive them)
   std::vector<std::unique_ptr<fabric::endpoint>> inlets_;  // open_inlets (after ep_: closed first)
-  std::vector<bool> inlet_failed_;  // a failed write into that inlet was reported
+  std::vector<bool> inlet_failed_;  // a failed transfer into that inlet was reported
   fabric::region inbox_region_{};
   fabric::outbox outbox_;
 
@@ -340,9 +347,9 @@ class remote_client {
     if (info.value.type == remote::message_type::welcome) {
       const auto w = remote::parse_welcome(message, l);
       if (!w) return;
-      for (std::size_t s = 0; s < links_.size(); ++s)  // the shard of that incarnation
-        if (!links_[s].welcome && links_[s].blob.incarnation == w.value.incarnation &&
-            sent_by(from, w.value.incarnation)) {
+      for (std::size_t s = 0; s < links_.size(); ++s)  // the shard of that inlet or incarnation
+        if ((!from || s == *from) && !links_[s].welcome &&
+            links_[s].blob.incarnation == w.value.incarnation) {
           on_welcome(s, w.value);
           links_[s].welcome = w.value;
           return;
@@ -350,9 +357,9 @@ class remote_client {
     } else if (info.value.type == remote::message_type::status) {
       const auto st = remote::parse_status(message, l);
       if (!st) return;
-      for (auto& link : links_)
-        if (link.blob.incarnation == st.value.incarnation && sent_by(from, st.value.incarnation))
-          link.last_status = st.value;
+      for (std::size_t s = 0; s < links_.size(); ++s)
+        if ((!from || s == *from) && links_[s].blob.incarnation == st.value.incarnation)
+          links_[s].last_status = st.value;
     } else {
       on_message(message, info.value.type, from);
     }

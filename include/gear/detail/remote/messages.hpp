@@ -5,7 +5,8 @@
 // (never against what the peer claims) and refuses the message otherwise.
 //
 //   hello           client -> shard   role, fingerprints, token proof, ring blocks wanted; a
-//                                     learner's slice and the inlet its replies go to
+//                                     learner's slice; the client's inlet for this shard (where
+//                                     the shard writes and sends)
 //   welcome         shard -> client   the client's index, the shard's incarnation, its ring and
 //                                     the intake endpoint to write it through
 //   status_request  learner -> shard  (empty)
