@@ -12,6 +12,9 @@
 //                   threads (progress, packer, writer) and the learner's was busy: which one
 //                   bounds it; and the same with every request sent alone (no bundles of
 //                   requests: remote_learner's requests_per_message 1)
+//   shards          the pipelined sample of B = 256 and the latency at B = 16 over 1, 2, 4 and 8
+//                   shards, each against one shard in the same run (on shm: what the learner's
+//                   inlet per shard costs as they grow)
 //   insert          2 and 8 actor processes insert trajectories of 16 steps of 4 KiB into one
 //                   shard, started together once all are connected, with keys and without:
 //                   GB/s together (the sum of their rates), against raw writedata of an entry's
@@ -205,9 +208,10 @@ raw_result raw(const gear::transport::libfabric_config& config, std::size_t byte
   return out;
 }
 
-/// A shard with `count` trajectories of 16 steps (4 KiB each), serving until told; its blob first.
-/// Asked 's', it answers its threads' busy seconds (progress, packer, writers, inserter).
-pid_t start_shard(const gear::transport::libfabric_config& config, std::int64_t count, int fd) {
+/// Shard `id` with `count` trajectories of 16 steps (4 KiB each), serving until told; its blob
+/// first. Asked 's', it answers its threads' busy seconds (progress, packer, writers, inserter).
+pid_t start_shard(const gear::transport::libfabric_config& config, std::int64_t count, int fd,
+                  std::uint32_t id = 0) {
   return child([&] {
     buffer buf{gear::capacity{4096}, gear::max_length{steps}};
     std::vector<std::uint8_t> data(static_cast<std::size_t>(steps) * 4096, 7);
@@ -218,6 +222,7 @@ pid_t start_shard(const gear::transport::libfabric_config& config, std::int64_t 
     gear::transport::shard_server<buffer>::options o;
     o.fabric = config;
     o.max_ring_blocks = 1024;
+    o.shard = id;
     gear::transport::shard_server<buffer> server(buf, o);
     put_bytes(fd, server.address());
     for (char byte = 0; get(fd, &byte, 1) && byte == 's';) {
@@ -244,30 +249,8 @@ constexpr const char* usage =
     "usage: gear_fabric_bench [provider] [seconds per phase, 0.01 to 3600] [rounds, 1 to 1000] "
     "[B, 1 to 1024 ...]\n       (default tcp;ofi_rxm, 1, 3, and B = 256 16 1)\n";
 
-int main(int argc, char** argv) {
-  std::signal(SIGPIPE, SIG_IGN);  // a write to a dead child fails instead of killing the bench
-  gear::transport::libfabric_config config;
-  if (argc > 1 && (std::strcmp(argv[1], "-h") == 0 || std::strcmp(argv[1], "--help") == 0))
-    return std::printf("%s", usage), 0;
-  if (argc > 1) config.provider = argv[1];
-  std::vector<double> numbers;  // seconds, rounds, then the batch sizes
-  for (int a = 2; a < argc; ++a) {
-    const auto v = a == 2 ? number_arg(argv[a], 0.01, 3600)
-                          : number_arg(argv[a], 1, a == 3 ? 1000 : 1024);
-    if (!v || (a >= 3 && *v != static_cast<double>(static_cast<std::int64_t>(*v)))) {
-      std::fprintf(stderr, "gear_fabric_bench: argument %d ('%s') is out of range\n%s", a - 1,
-                   argv[a], usage);
-      return 2;
-    }
-    numbers.push_back(*v);
-  }
-  try {  // the provider, before any process is started for it
-    const fabric::endpoint probe(config);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "gear_fabric_bench: provider '%s' cannot be opened here: %s\n%s",
-                 config.provider.c_str(), e.what(), usage);
-    return 2;
-  }
+/// The whole run: `numbers` are the seconds per phase, the rounds and the batch sizes, as given.
+int run(const gear::transport::libfabric_config& config, const std::vector<double>& numbers) {
   const double seconds = numbers.size() > 0 ? numbers[0] : 1.0;
   const int rounds = numbers.size() > 1 ? static_cast<int>(numbers[1]) : 3;
   auto progress = [](const char* what) { std::fprintf(stderr, "gear_fabric_bench: %s\n", what); };
@@ -289,7 +272,7 @@ int main(int argc, char** argv) {
     std::int64_t rows = 0;
     std::size_t reply_bytes = 0;
     std::vector<double> raw_reply, raw_shallow, sample_gbps, sample_us, pipelined_gbps;
-    std::vector<double> alone_gbps;  // pipelined, every request sent alone (no bundles)
+    std::vector<double> alone_gbps;           // pipelined, every request sent alone (no bundles)
     std::array<std::vector<double>, 4> busy;  // pipelined: the shard's threads and the learner
   };
   // The shard's threads' busy seconds so far: progress, packer, writers.
@@ -444,6 +427,65 @@ int main(int argc, char** argv) {
     close(ready[0]);
     close(result[0]);
   }
+  // Sampling over several shards: the same learner loop (B = 256, as many in flight as it may
+  // have) over the first S of 8 shards, and one sample of B = 16 at a time, each against S = 1
+  // in the same run. On shm a learner registers each batch on every shard's inlet and polls an
+  // inlet per shard: what that costs shows as S grows.
+  const std::array<std::size_t, 4> shard_counts{1, 2, 4, 8};
+  std::vector<std::vector<std::byte>> many_blobs{blobs[0]};
+  std::vector<std::array<int, 2>> more_fds;
+  std::vector<pid_t> more_shards;
+  for (std::size_t i = 1; i < shard_counts.back(); ++i) {
+    std::array<int, 2> f{};
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, f.data()) != 0) return 1;
+    more_fds.push_back(f);
+    more_shards.push_back(start_shard(config, 512, f[0], static_cast<std::uint32_t>(i)));
+    many_blobs.push_back(get_bytes(f[1]));
+  }
+  std::array<std::vector<double>, 4> over_gbps, over_us;  // by shard count, the rounds
+  for (int round = 0; round < rounds; ++round)
+    for (std::size_t k = 0; k < shard_counts.size(); ++k) {
+      progress(("sample over " + std::to_string(shard_counts[k]) + " shards").c_str());
+      const std::span<const std::vector<std::byte>> some(many_blobs.data(), shard_counts[k]);
+      gear::transport::remote_learner<spec>::options o;
+      o.fabric = config;
+      o.max_batch = 256;
+      o.max_window = window;
+      gear::transport::remote_learner<spec> learner(some, o);
+      std::vector<gear::batch<spec>> batches;
+      for (std::size_t i = 0; i < in_flight; ++i)
+        batches.emplace_back(gear::memory_kind::host, gear::batch_size{256},
+                             gear::window_length{window});
+      gear::rng g{2};
+      const gear::window w{.length = window};
+      for (auto& b : batches) learner.sample_begin(b, w, g);
+      std::int64_t n = 0;
+      auto t = clock_type::now();
+      while (seconds_since(t) < seconds) {
+        gear::batch<spec>& b = batches[static_cast<std::size_t>(n++) % in_flight];
+        learner.sample_end(b);
+        learner.sample_begin(b, w, g);
+      }
+      const std::size_t bytes = static_cast<std::size_t>(256 * window * 4096);
+      over_gbps[k].push_back(double(n) * double(bytes) / seconds_since(t) / 1e9);
+      for (auto& b : batches) learner.sample_end(b);
+      gear::batch<spec> small(gear::memory_kind::host, gear::batch_size{16},
+                              gear::window_length{window});
+      for (int i = 0; i < 5; ++i) learner.sample(small, w, g);
+      n = 0;
+      t = clock_type::now();
+      while (seconds_since(t) < seconds / 2) {
+        learner.sample(small, w, g);
+        ++n;
+      }
+      over_us[k].push_back(seconds_since(t) / double(n) * 1e6);
+    }
+  for (std::size_t i = 0; i < more_shards.size(); ++i) {
+    (void)put(more_fds[i][1], "q", 1);
+    reap(more_shards[i]);
+    close(more_fds[i][0]);
+    close(more_fds[i][1]);
+  }
   (void)put(fds[1], "q", 1);
   reap(shard);
 
@@ -509,7 +551,53 @@ int main(int argc, char** argv) {
             .c_str(),
         insert_gbps[k], raw_entry.gbps, 100 * insert_gbps[k] / raw_entry.gbps, insert_busy[k][0],
         insert_busy[k][1]);
+  for (std::size_t k = 0; k < shard_counts.size(); ++k) {
+    const auto by_rate = ratios(over_gbps[k], over_gbps[0]);
+    std::vector<double> by_time;  // one shard's time per sample over this one's: higher, faster
+    for (std::size_t i = 0; i < over_us[k].size(); ++i)
+      by_time.push_back(100 * over_us[0][i] / over_us[k][i]);
+    char what[64];
+    std::snprintf(what, sizeof what, "sample B=256 over %zu shards, %zu in flight", shard_counts[k],
+                  in_flight);
+    std::printf("%-52s %7.2f GB/s %11.2f GB/s %7.1f%%   rounds: %s\n", what, median(over_gbps[k]),
+                median(over_gbps[0]), median(by_rate), listed(by_rate).c_str());
+    std::snprintf(what, sizeof what, "  latency B=16, against one shard's");
+    std::printf("%-52s %7.0f us %13.0f us %7.1f%%   rounds: %s\n", what, median(over_us[k]),
+                median(over_us[0]), median(by_time), listed(by_time).c_str());
+  }
   close(fds[0]);
   close(fds[1]);
   return 0;
+}
+
+int main(int argc, char** argv) {
+  std::signal(SIGPIPE, SIG_IGN);  // a write to a dead child fails instead of killing the bench
+  gear::transport::libfabric_config config;
+  if (argc > 1 && (std::strcmp(argv[1], "-h") == 0 || std::strcmp(argv[1], "--help") == 0))
+    return std::printf("%s", usage), 0;
+  if (argc > 1) config.provider = argv[1];
+  std::vector<double> numbers;  // seconds, rounds, then the batch sizes
+  for (int a = 2; a < argc; ++a) {
+    const auto v =
+        a == 2 ? number_arg(argv[a], 0.01, 3600) : number_arg(argv[a], 1, a == 3 ? 1000 : 1024);
+    if (!v || (a >= 3 && *v != static_cast<double>(static_cast<std::int64_t>(*v)))) {
+      std::fprintf(stderr, "gear_fabric_bench: argument %d ('%s') is out of range\n%s", a - 1,
+                   argv[a], usage);
+      return 2;
+    }
+    numbers.push_back(*v);
+  }
+  try {  // the provider, before any process is started for it
+    const fabric::endpoint probe(config);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gear_fabric_bench: provider '%s' cannot be opened here: %s\n%s",
+                 config.provider.c_str(), e.what(), usage);
+    return 2;
+  }
+  try {
+    return run(config, numbers);
+  } catch (const std::exception& e) {  // the children see their sockets close, and stop
+    std::fprintf(stderr, "gear_fabric_bench: %s\n", e.what());
+    return 1;
+  }
 }
