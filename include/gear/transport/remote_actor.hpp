@@ -301,7 +301,7 @@ class remote_actor : public remote_client {
       if (p.acked) continue;
       if (a.value.sequence != p.sequence || a.value.first_block != p.first_block ||
           a.value.stored.incarnation != links_[p.shard].blob.incarnation ||
-          (from && *from != p.shard))
+          !from_shard(from, p.shard))
         continue;
       p.acked = true;
       p.stored = a.value.stored;

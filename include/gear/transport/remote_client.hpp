@@ -236,8 +236,8 @@ class remote_client {
 
   /// Makes progress: control messages go to on_message (welcomes and statuses are handled
   /// here), remote writes to on_remote_write. With inlets, what comes into inlet s is shard s's
-  /// (a message naming another shard is ignored: sent_by), and no message that comes into the
-  /// control endpoint is taken (shards have no cause to send there). A failed transfer of a
+  /// (a message about another shard is ignored: from_shard), and no message that comes into
+  /// the control endpoint is taken (shards have no cause to send there). A failed transfer of a
   /// shard's throws errc::peer_lost naming it: a failed send, or the first failed write into
   /// shard s's inlet (its later ones are left to the deadlines, so that one shard's failures
   /// cannot come up again and again in calls about another). A failure that names no shard is
@@ -284,13 +284,13 @@ class remote_client {
   }
 
   /// A control message that is neither a welcome nor a status, from shard `from` (its inlet)
-  /// or from any shard (no inlets): see sent_by.
+  /// or from any shard (no inlets): see from_shard.
   virtual void on_message(std::span<const std::byte>, detail::remote::message_type,
                           std::optional<std::size_t> /*from*/) {}
-  /// False for a message naming shard incarnation `incarnation` that came into another shard's
-  /// inlet (ignored: only that shard is given the inlet's address).
-  [[nodiscard]] bool sent_by(std::optional<std::size_t> from, std::uint64_t incarnation) const {
-    return !from || links_[*from].blob.incarnation == incarnation;
+  /// False for a message about shard s that came into another shard's inlet (ignored: only s is
+  /// given its inlet's address); true for one from inlet s, or where there are no inlets.
+  [[nodiscard]] static bool from_shard(std::optional<std::size_t> from, std::size_t s) noexcept {
+    return !from || *from == s;
   }
   /// True for a shard this client no longer counts on: its failed transfers are ignored.
   [[nodiscard]] bool written_off(std::size_t s) const { return lost_[s]; }
@@ -348,7 +348,7 @@ class remote_client {
       const auto w = remote::parse_welcome(message, l);
       if (!w) return;
       for (std::size_t s = 0; s < links_.size(); ++s)  // the shard of that inlet or incarnation
-        if ((!from || s == *from) && !links_[s].welcome &&
+        if (from_shard(from, s) && !links_[s].welcome &&
             links_[s].blob.incarnation == w.value.incarnation) {
           on_welcome(s, w.value);
           links_[s].welcome = w.value;
@@ -358,7 +358,7 @@ class remote_client {
       const auto st = remote::parse_status(message, l);
       if (!st) return;
       for (std::size_t s = 0; s < links_.size(); ++s)
-        if ((!from || s == *from) && links_[s].blob.incarnation == st.value.incarnation)
+        if (from_shard(from, s) && links_[s].blob.incarnation == st.value.incarnation)
           links_[s].last_status = st.value;
     } else {
       on_message(message, info.value.type, from);

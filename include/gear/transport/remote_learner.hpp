@@ -346,7 +346,7 @@ class remote_learner : public remote_client {
             .entries = {from, from + static_cast<std::ptrdiff_t>(n)}, .erase = erase});
         remote::stamp_sender(bytes, links_[s].welcome->peer_index);
         update_answer_.reset();
-        awaited_incarnation_ = links_[s].blob.incarnation;
+        awaited_ = s;
         guarded(
             s,
             [&] {
@@ -365,7 +365,7 @@ class remote_learner : public remote_client {
                   std::optional<std::size_t> from) override {
     if (type != detail::remote::message_type::update_result) return;
     const auto r = detail::remote::parse_update_result(message, {});
-    if (r && r.value.incarnation == awaited_incarnation_ && sent_by(from, awaited_incarnation_))
+    if (r && r.value.incarnation == links_[awaited_].blob.incarnation && from_shard(from, awaited_))
       update_answer_ = r.value;
   }
 
@@ -481,7 +481,7 @@ class remote_learner : public remote_client {
   std::vector<detail::remote::shard_share> snapshot_;
   std::uint32_t next_request_ = 0;
   std::optional<detail::remote::update_result> update_answer_;
-  std::uint32_t awaited_incarnation_ = 0;  // the shard whose update answer is awaited
+  std::size_t awaited_ = 0;      // the shard whose update answer is awaited
   std::vector<flight> flights_;  // reserved: a begun sample is recorded without allocating
   flight_spares<batch<Spec>> spares_;
   // Kept between samples so that a sample allocates nothing once its sizes were seen: the request
