@@ -50,6 +50,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -249,6 +250,50 @@ constexpr const char* usage =
     "usage: gear_fabric_bench [provider] [seconds per phase, 0.01 to 3600] [rounds, 1 to 1000] "
     "[B, 1 to 1024 ...]\n       (default tcp;ofi_rxm, 1, 3, and B = 256 16 1)\n";
 
+/// Samples into `out` one at a time for `seconds`, after 5 samples of warm-up: samples taken and
+/// the seconds they took.
+template <class Learner, class Batch>
+std::pair<std::int64_t, double> one_at_a_time(Learner& l, Batch& out, const gear::window& w,
+                                              gear::rng& g, double seconds) {
+  for (int i = 0; i < 5; ++i) l.sample(out, w, g);
+  std::int64_t n = 0;
+  const auto t = clock_type::now();
+  while (seconds_since(t) < seconds) {
+    l.sample(out, w, g);
+    ++n;
+  }
+  return {n, seconds_since(t)};
+}
+
+/// Keeps every batch of `batches` in flight for `seconds`, each taken back and begun again in
+/// turn (after one such round of warm-up where `warm_up`), then takes them all back: samples
+/// taken and the seconds they took. `started()` and `stopped(seconds)` run right around the
+/// timed loop.
+template <class Learner, class Batch, class Started, class Stopped>
+std::pair<std::int64_t, double> pipelined(Learner& l, std::vector<Batch>& batches,
+                                          const gear::window& w, gear::rng& g, double seconds,
+                                          bool warm_up, Started&& started, Stopped&& stopped) {
+  for (auto& b : batches) l.sample_begin(b, w, g);
+  if (warm_up)
+    for (auto& b : batches) {
+      l.sample_end(b);
+      l.sample_begin(b, w, g);
+    }
+  std::int64_t k = 0;
+  started();
+  const auto t = clock_type::now();
+  while (seconds_since(t) < seconds) {
+    Batch& b = batches[static_cast<std::size_t>(k) % batches.size()];
+    l.sample_end(b);
+    l.sample_begin(b, w, g);
+    ++k;
+  }
+  const double phase = seconds_since(t);
+  stopped(phase);
+  for (auto& b : batches) l.sample_end(b);
+  return {k, phase};
+}
+
 /// The whole run: `numbers` are the seconds per phase, the rounds and the batch sizes, as given.
 int run(const gear::transport::libfabric_config& config, const std::vector<double>& numbers) {
   const double seconds = numbers.size() > 0 ? numbers[0] : 1.0;
@@ -300,14 +345,7 @@ int run(const gear::transport::libfabric_config& config, const std::vector<doubl
       gear::batch<spec> out(gear::memory_kind::host, gear::batch_size{rows},
                             gear::window_length{window});
       gear::rng g{1};
-      for (int i = 0; i < 5; ++i) learner.sample(out, gear::window{.length = window}, g);
-      std::int64_t n = 0;
-      const auto t = clock_type::now();
-      while (seconds_since(t) < seconds) {
-        learner.sample(out, gear::window{.length = window}, g);
-        ++n;
-      }
-      const double s = seconds_since(t);
+      const auto [n, s] = one_at_a_time(learner, out, gear::window{.length = window}, g, seconds);
       r.sample_gbps.push_back(double(n) * double(r.reply_bytes) / s / 1e9);
       r.sample_us.push_back(s / double(n) * 1e6);
       // As many in flight as a learner may have (a training loop keeps the next batches
@@ -318,35 +356,31 @@ int run(const gear::transport::libfabric_config& config, const std::vector<doubl
       for (std::size_t i = 0; i < in_flight; ++i)
         batches.emplace_back(gear::memory_kind::host, gear::batch_size{rows},
                              gear::window_length{window});
-      const auto pipelined = [&](gear::transport::remote_learner<spec>& l, bool busy) {
-        for (auto& b : batches) l.sample_begin(b, gear::window{.length = window}, g);
-        std::int64_t k = 0;
-        const auto busy_before = shard_busy();
-        const double waited_before = l.waiting_seconds();
-        const auto t2 = clock_type::now();
-        while (seconds_since(t2) < seconds) {
-          gear::batch<spec>& b = batches[static_cast<std::size_t>(k) % in_flight];
-          l.sample_end(b);
-          l.sample_begin(b, gear::window{.length = window}, g);
-          ++k;
-        }
-        const double phase = seconds_since(t2);
-        const auto busy_after = shard_busy();
-        if (busy) {
-          for (std::size_t j = 0; j < 3; ++j)
-            r.busy[j].push_back(100 * (busy_after[j] - busy_before[j]) / phase);
-          r.busy[3].push_back(100 * (1 - (l.waiting_seconds() - waited_before) / phase));
-        }
-        for (auto& b : batches) l.sample_end(b);
+      const auto rate = [&](gear::transport::remote_learner<spec>& l, bool busy) {
+        std::array<double, 4> busy_before{};
+        double waited_before = 0;
+        const auto [k, phase] = pipelined(
+            l, batches, gear::window{.length = window}, g, seconds, /*warm_up=*/false,
+            [&] {
+              busy_before = shard_busy();
+              waited_before = l.waiting_seconds();
+            },
+            [&](double took) {
+              const auto busy_after = shard_busy();
+              if (!busy) return;
+              for (std::size_t j = 0; j < 3; ++j)
+                r.busy[j].push_back(100 * (busy_after[j] - busy_before[j]) / took);
+              r.busy[3].push_back(100 * (1 - (l.waiting_seconds() - waited_before) / took));
+            });
         return double(k) * double(r.reply_bytes) / phase / 1e9;
       };
       // The reference the pipelined phases are ratios of, measured just before them (the raw
       // rate drifts over a run: the closer in time, the less of that is in the ratio).
       r.raw_reply.push_back(raw(config, r.reply_bytes, seconds).gbps);
-      r.pipelined_gbps.push_back(pipelined(learner, true));
+      r.pipelined_gbps.push_back(rate(learner, true));
       o.requests_per_message = 1;
       gear::transport::remote_learner<spec> alone(blobs, o);
-      r.alone_gbps.push_back(pipelined(alone, false));
+      r.alone_gbps.push_back(rate(alone, false));
     }
     return r;
   };
@@ -458,31 +492,15 @@ int run(const gear::transport::libfabric_config& config, const std::vector<doubl
                              gear::window_length{window});
       gear::rng g{2};
       const gear::window w{.length = window};
-      for (auto& b : batches) learner.sample_begin(b, w, g);
-      for (auto& b : batches) {  // warm-up: every batch registered and answered once
-        learner.sample_end(b);
-        learner.sample_begin(b, w, g);
-      }
-      std::int64_t n = 0;
-      auto t = clock_type::now();
-      while (seconds_since(t) < seconds) {
-        gear::batch<spec>& b = batches[static_cast<std::size_t>(n++) % in_flight];
-        learner.sample_end(b);
-        learner.sample_begin(b, w, g);
-      }
+      // Warm-up: every batch registered and answered once.
+      const auto [n, phase] = pipelined(
+          learner, batches, w, g, seconds, /*warm_up=*/true, [] {}, [](double) {});
       const std::size_t bytes = static_cast<std::size_t>(256 * window * 4096);
-      over_gbps[k].push_back(double(n) * double(bytes) / seconds_since(t) / 1e9);
-      for (auto& b : batches) learner.sample_end(b);
+      over_gbps[k].push_back(double(n) * double(bytes) / phase / 1e9);
       gear::batch<spec> small(gear::memory_kind::host, gear::batch_size{16},
                               gear::window_length{window});
-      for (int i = 0; i < 5; ++i) learner.sample(small, w, g);
-      n = 0;
-      t = clock_type::now();
-      while (seconds_since(t) < seconds / 2) {
-        learner.sample(small, w, g);
-        ++n;
-      }
-      over_us[k].push_back(seconds_since(t) / double(n) * 1e6);
+      const auto [m, took] = one_at_a_time(learner, small, w, g, seconds / 2);
+      over_us[k].push_back(took / double(m) * 1e6);
     }
   for (std::size_t i = 0; i < more_shards.size(); ++i) {
     (void)put(more_fds[i][1], "q", 1);
