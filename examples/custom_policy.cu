@@ -25,12 +25,14 @@ struct recent_mix {
 // The per-row rule, shared by both sides (GEAR_HD = __host__ __device__ under nvcc). Row r depends
 // only on r and the call's random numbers, and it writes nothing, so the device state can also
 // offer it as a row_selector: sample() then draws small batches inside its gather kernel, one
-// launch instead of two.
+// launch instead of two. `per_thread` says that one thread may draw a row on its own, so short
+// rows share a gather block (one warp each) instead of taking a block per row.
 struct recent_mix_rows {
   gear::slot_table t;
   gear::selection_request r;
   std::int64_t newest;
   double q;
+  static constexpr bool per_thread = true;
 
   GEAR_HD gear::selected_row operator()(std::int64_t row) const {
     const auto window = static_cast<std::uint64_t>(newest < t.occupied ? newest : t.occupied);

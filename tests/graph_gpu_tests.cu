@@ -189,8 +189,11 @@ TEST_CASE("1000 replays of a captured sample equal 1000 eager calls of the same 
   SUBCASE("uniform, rows drawn in the gather (B = 64)") {
     check_replays_equal_eager(gear::select::uniform{}, 64, random_start, 1000, false);
   }
-  SUBCASE("uniform, a selection launch first (B = 4096)") {
-    check_replays_equal_eager(gear::select::uniform{}, 4096, random_start, 200, false);
+  SUBCASE("uniform, a selection launch first (B = 32768: 4096 gather blocks of 8 rows)") {
+    REQUIRE(std::int64_t{gear::detail::tuning::fused_gather_max_waves} *
+                gear::detail::multiprocessors() * gear::detail::tuning::copy_blocks_per_sm <
+            4096);
+    check_replays_equal_eager(gear::select::uniform{}, 32768, random_start, 50, false);
   }
   SUBCASE("uniform without replacement: distinct rows every replay") {
     // Not bit for bit: when two rows draw the same trajectory, which keeps it depends on the

@@ -15,6 +15,7 @@
 #include <future>
 #include <gear/detail/buffer/landing.hpp>
 #include <gear/detail/buffer/landing_state.hpp>
+#include <gear/detail/column_blocks.hpp>
 #include <gear/detail/host_copy.hpp>
 #include <gear/detail/scatter.hpp>
 #include <map>
@@ -225,8 +226,8 @@ TEST_CASE(
           const bool in_row = i >= 0 && off < lens[static_cast<std::size_t>(i)] * steps_of[c];
           wrong_count += writes[c][b] != (in_row ? 1 : 0);
           const std::byte want =
-              in_row ? src[c][static_cast<std::size_t>(rows[static_cast<std::size_t>(i)].src_step *
-                                                        steps_of[c] + off)]
+              in_row ? src[c][static_cast<std::size_t>(
+                           rows[static_cast<std::size_t>(i)].src_step * steps_of[c] + off)]
                      : std::byte{0xEE};
           wrong_byte += dst[c][b] != want;
         }
@@ -263,6 +264,68 @@ TEST_CASE(
   CHECK_FALSE(scatter_plan_pays(26, 26));
   CHECK_FALSE(scatter_plan_pays(20, 26));  // saves less than a quarter
   CHECK_FALSE(scatter_plan_pays(0, 0));
+}
+
+TEST_CASE(
+    "gather blocks: small rows share a block, a group of whole warps each; every byte of every "
+    "row is copied by exactly one thread") {
+  using gear::detail::column_blocks;
+  namespace tuning = gear::detail::tuning;
+  constexpr int threads = tuning::copy_threads;
+  constexpr std::int64_t chunk = tuning::copy_chunk_bytes;
+  // 8-byte rows, 8 to a block: the select-cost shape of gear_bench (B = 4096).
+  const std::int64_t eight[1] = {8};
+  CHECK(column_blocks::make(1, 4096, eight, tuning::gather_max_rows_per_block).first_block[1] ==
+        512);
+  CHECK(column_blocks::make(1, 4096, eight, 1).first_block[1] == 4096);  // a block per row
+  const std::int64_t bytes[] = {1, 8, 64, 2048, 4096, 8192, 8200, chunk, chunk + 1, 3 * chunk};
+  std::int64_t wrong_shape = 0, wrong_group = 0, wrong_byte = 0, rows_seen = 0;
+  for (const int most : {1, 2, tuning::gather_max_rows_per_block}) {
+    for (const std::int64_t items : {1, 7, 8, 9, 125, 1000}) {
+      for (int first = 0; first + 3 <= static_cast<int>(std::size(bytes)); first += 3) {
+        const std::int64_t* item_bytes = bytes + first;  // three columns of different widths
+        const column_blocks g = column_blocks::make(3, items, item_bytes, most);
+        std::int64_t blocks = 0;
+        for (int c = 0; c < 3; ++c) {
+          const int k = g.items_per_block[c];
+          wrong_shape += k < 1 || k > most || (k & (k - 1)) != 0 ||
+                         (k > 1 && k * item_bytes[c] > chunk) ||  // more than a chunk together
+                         (k < most && 2 * k * item_bytes[c] <= chunk) ||  // could take more
+                         threads / k % 32 != 0;                           // split warps
+          blocks += (items + k - 1) / k * g.chunks[c];
+        }
+        wrong_shape += blocks != g.first_block[3];
+        // Every thread of every block as the gather kernel maps it: each byte of each row of
+        // each column is written once.
+        std::vector<std::vector<int>> writes(3);
+        for (int c = 0; c < 3; ++c) writes[c].assign(std::size_t(items * item_bytes[c]), 0);
+        for (std::int64_t block = 0; block < g.first_block[3]; ++block) {
+          int c, group, lane, group_threads;
+          std::int64_t item0, part;
+          g.locate(block, c, item0, part);
+          std::vector<int> groups_with_row;
+          for (int t = 0; t < threads; ++t) {
+            g.group_of(c, t, threads, group, lane, group_threads);
+            wrong_group += group_threads % 32 != 0 || group * group_threads + lane != t;
+            const std::int64_t row = item0 + group;
+            if (row >= items) continue;
+            const std::int64_t lo = part * chunk, hi = std::min(lo + chunk, item_bytes[c]);
+            for (std::int64_t b = lo + lane; b < hi; b += group_threads)
+              ++writes[c][std::size_t(row * item_bytes[c] + b)];
+          }
+        }
+        for (int c = 0; c < 3; ++c) {
+          wrong_byte +=
+              std::count_if(writes[c].begin(), writes[c].end(), [](int w) { return w != 1; });
+          rows_seen += items;
+        }
+      }
+    }
+  }
+  CHECK(rows_seen > 0);
+  CHECK(wrong_shape == 0);
+  CHECK(wrong_group == 0);
+  CHECK(wrong_byte == 0);
 }
 
 TEST_CASE("copy workers are started once and shared: every part runs once, after fork too") {

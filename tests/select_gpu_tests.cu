@@ -385,11 +385,10 @@ TEST_CASE(
         k,
         zeros ? std::vector<float>(std::size_t(n), 0.0f) : random_priorities(seed, std::size_t(n)),
         s);
-    // A row of one 4-byte column is one gather block: the largest batch the gather draws itself.
-    const std::int64_t fused_rows = std::int64_t{gd::tuning::fused_gather_max_waves} *
-                                    gd::multiprocessors() * gd::tuning::copy_blocks_per_sm;
+    // Rows of one 4-byte column, 8 to a gather block (601: a block's last groups have no row),
+    // up to the largest batch whose weights the gather's last block writes.
     for (const std::int64_t rows : {std::int64_t{1}, std::int64_t{64}, std::int64_t{600},
-                                    std::min<std::int64_t>(2048, fused_rows)}) {
+                                    std::int64_t{601}, std::int64_t{2048}}) {
       CAPTURE(rows);
       // sample(): the gather draws the rows (at most two waves of blocks, an arrivals word).
       auto fused = buf.make_batch(gear::batch_size{rows}, gear::window_length{1});
@@ -541,17 +540,16 @@ TEST_CASE(
   // Batches of every trajectory, five times over: a claim left from one sample would make a row
   // of the next find no slot (-1). The claim table and the arrivals word must be all 0 after.
   stream_holder s;
-  // Up to 600 rows the gather draws them (its last block clears the claims); 4096 rows (over two
-  // waves of gather blocks) a selection launch whose last block clears them; 9000 rows take a
-  // memset and the selection launch instead.
+  // Up to 4096 rows of 4 bytes (8 to a gather block) the gather draws them (its last block clears
+  // the claims); 4096 rows of 16 KiB (a block each, over two waves of gather blocks) a selection
+  // launch whose last block clears them; 9000 rows take a memset and the selection launch
+  // instead.
+  using padded =
+      gear::spec<gear::column<"id", std::int32_t>, gear::column<"pad", std::int32_t, 4096>>;
   REQUIRE(std::int64_t{gd::tuning::fused_gather_max_waves} * gd::multiprocessors() *
               gd::tuning::copy_blocks_per_sm <
           4096);  // so that 4096 rows of one block each take the selection launch
-  for (const std::int64_t n : {1, 255, 256, 257, 600, 4096, 9000}) {
-    INFO("capacity and batch " << n);
-    gear::replay_buffer<spec, gear::storage::device, gear::select::uniform> buf{
-        gear::capacity{n}, gear::max_length{1}, gear::select::uniform{.replacement = false}};
-    (void)insert_ids(buf, 0, n, cuda::stream_ref{s});
+  auto check = [&](auto& buf, std::int64_t n) {
     auto b = buf.make_batch(gear::batch_size{n}, gear::window_length{1});
     gear::rng g{static_cast<std::uint64_t>(n)};
     for (int call = 0; call < 5; ++call) {
@@ -565,6 +563,26 @@ TEST_CASE(
       CHECK(std::count(claims.begin(), claims.end(), std::uint64_t{0}) == w.size());
       CHECK(to_host(w.arrivals(), 1)[0] == 0u);
     }
+  };
+  for (const std::int64_t n : {1, 255, 256, 257, 600, 4096, 9000}) {
+    INFO("capacity and batch " << n << " of 4 bytes");
+    gear::replay_buffer<spec, gear::storage::device, gear::select::uniform> buf{
+        gear::capacity{n}, gear::max_length{1}, gear::select::uniform{.replacement = false}};
+    (void)insert_ids(buf, 0, n, cuda::stream_ref{s});
+    check(buf, n);
+  }
+  {
+    constexpr std::int64_t n = 4096;
+    INFO("capacity and batch " << n << " of 16 KiB");
+    gear::replay_buffer<padded, gear::storage::device, gear::select::uniform> buf{
+        gear::capacity{n}, gear::max_length{1}, gear::select::uniform{.replacement = false}};
+    std::vector<std::int32_t> ids(n), pad(std::size_t(n) * 4096, 7);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::vector<gear::key> keys(n);
+    buf.insert({std::vector<std::int64_t>(n, 1),
+                {gear::input(ids.data()), gear::input(pad.data(), {4096})}},
+               keys, s);
+    check(buf, n);
   }
 }
 

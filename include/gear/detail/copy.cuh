@@ -12,10 +12,11 @@ namespace gear::detail {
 __device__ constexpr std::int64_t min64(std::int64_t a, std::int64_t b) { return a < b ? a : b; }
 __device__ constexpr std::int64_t max64(std::int64_t a, std::int64_t b) { return a < b ? b : a; }
 
-/// The block copies n bytes from src to dst (16-, 4- or 1-byte accesses by alignment).
-__device__ inline void block_copy(std::byte* dst, const std::byte* src, std::int64_t n) {
+/// Threads [0, stride) of a group, this one `tid`, copy n bytes from src to dst (16-, 4- or
+/// 1-byte accesses by alignment).
+__device__ inline void group_copy(std::byte* dst, const std::byte* src, std::int64_t n,
+                                  std::int64_t tid, std::int64_t stride) {
   const auto align = reinterpret_cast<std::uintptr_t>(dst) | reinterpret_cast<std::uintptr_t>(src);
-  const std::int64_t tid = threadIdx.x, stride = blockDim.x;
   std::int64_t done = 0;
   if ((align & 15) == 0) {
     // All loads of an unrolled group are issued before its stores, so each thread keeps
@@ -44,9 +45,9 @@ __device__ inline void block_copy(std::byte* dst, const std::byte* src, std::int
   for (std::int64_t i = done + tid; i < n; i += stride) dst[i] = src[i];
 }
 
-/// The block writes n zero bytes at dst.
-__device__ inline void block_zero(std::byte* dst, std::int64_t n) {
-  const std::int64_t tid = threadIdx.x, stride = blockDim.x;
+/// Threads [0, stride) of a group, this one `tid`, write n zero bytes at dst.
+__device__ inline void group_zero(std::byte* dst, std::int64_t n, std::int64_t tid,
+                                  std::int64_t stride) {
   std::int64_t done = 0;
   if ((reinterpret_cast<std::uintptr_t>(dst) & 15) == 0) {
     const std::int64_t vectors = n / 16;
@@ -55,6 +56,15 @@ __device__ inline void block_zero(std::byte* dst, std::int64_t n) {
     done = vectors * 16;
   }
   for (std::int64_t i = done + tid; i < n; i += stride) dst[i] = std::byte{0};
+}
+
+/// The block copies n bytes from src to dst.
+__device__ inline void block_copy(std::byte* dst, const std::byte* src, std::int64_t n) {
+  group_copy(dst, src, n, threadIdx.x, blockDim.x);
+}
+/// The block writes n zero bytes at dst.
+__device__ inline void block_zero(std::byte* dst, std::int64_t n) {
+  group_zero(dst, n, threadIdx.x, blockDim.x);
 }
 
 }  // namespace gear::detail

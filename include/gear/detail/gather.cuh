@@ -2,7 +2,10 @@
 // The fused gather kernel: one launch copies the windows of every row of every column.
 //
 // Column c's rows are split into chunks of tuning::copy_chunk_bytes; block b finds its column
-// from the per-column block counts, then its row and chunk. Each block learns its row's slot
+// from the per-column block counts, then its row and chunk. Rows of one chunk or less share a
+// block where the row function allows (column_blocks: up to tuning::gather_max_rows_per_block, a
+// group of whole warps per row); what follows a block does for its row, a group does for its
+// row there. Each block learns its row's slot
 // (Rows: read from an earlier select() launch, drawn right here by the policy's row_selector, or
 // read from the staging where the host chose them: fifo, lifo),
 // resolves the row's window (plan_window, the same function as the host loop), copies the
@@ -24,10 +27,30 @@
 
 namespace gear::detail {
 
+static_assert(tuning::gather_max_rows_per_block == row_group::max_groups);
+
+/// A row function called by every thread of the block with its group (select/concept.hpp).
+template <class F>
+concept grouped_rows = requires(const F& f, std::int64_t row, const row_group& g) {
+  { f(row, g) } -> std::same_as<selected_row>;
+};
+/// A row function that any thread may call on its own (`static constexpr bool per_thread`).
+template <class F>
+concept per_thread_rows = requires {
+  { F::per_thread } -> std::convertible_to<bool>;
+}
+&&F::per_thread;
+/// Most rows one gather block copies with row function F: a block per row for a function that
+/// works as a block without saying so with a group.
+template <class F>
+inline constexpr int gather_rows_per_block =
+    grouped_rows<F> || per_thread_rows<F> ? tuning::gather_max_rows_per_block : 1;
+
 /// Rows chosen by an earlier select() launch.
 struct stored_rows {
   const std::int64_t* slots = nullptr;
   static constexpr bool publishes = false;
+  static constexpr bool per_thread = true;
   __device__ selected_row operator()(std::int64_t row) const { return {slots[row], 0.0f, 0.0f}; }
 };
 
@@ -39,7 +62,14 @@ struct drawn_rows {
   float* probabilities = nullptr;
   float* weights = nullptr;
   static constexpr bool publishes = true;
-  __device__ selected_row operator()(std::int64_t row) const { return draw(row); }
+  static constexpr bool per_thread = per_thread_rows<F>;
+  __device__ selected_row operator()(std::int64_t row) const requires(!grouped_rows<F>) {
+    return draw(row);
+  }
+  __device__ selected_row operator()(std::int64_t row,
+                                     const row_group& g) const requires grouped_rows<F> {
+    return draw(row, g);
+  }
   __device__ void read_device_counts() {
     if constexpr (requires { draw.read_device_counts(); }) draw.read_device_counts();
   }
@@ -123,9 +153,12 @@ __global__ void __launch_bounds__(tuning::copy_threads)
   // before the kernel before it has finished; the next sample's gather may be placed at once.
   allow_dependents();
   wait_for_prerequisites();
-  int c;
-  std::int64_t row, chunk;
-  g.locate(blockIdx.x, c, row, chunk);
+  int c, group, lane, threads;
+  std::int64_t first, chunk;
+  g.locate(blockIdx.x, c, first, chunk);
+  g.group_of(c, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), group, lane, threads);
+  const std::int64_t row = first + group;
+  const bool active = row < a.batch;  // a block's last groups may have no row (batch's end)
 
   rng_draw draw = a.draw;
   if (a.counter != nullptr) {  // a sample with a device_rng: the call number as of now
@@ -133,14 +166,18 @@ __global__ void __launch_bounds__(tuning::copy_threads)
     if constexpr (requires { rows.read_device_counts(); }) rows.read_device_counts();
     arrive_draw(*a.counter);
   }
-  const selected_row selected = rows(row);
+  selected_row selected{};
+  if constexpr (grouped_rows<Rows>)
+    selected = rows(row, row_group{group, lane, threads, active});  // every thread
+  else if (active)  // every thread where a block has one row
+    selected = rows(row);
   const std::int64_t slot = selected.slot;
-  const window_plan p = row_plan(a, draw, row, slot);
-  if (c == 0 && chunk == 0) {
+  const window_plan p = active ? row_plan(a, draw, row, slot) : window_plan{};
+  if (active && c == 0 && chunk == 0) {
     std::uint8_t* mask = a.mask + row * a.win.length;
-    for (std::int64_t t = threadIdx.x; t < a.win.length; t += blockDim.x)
+    for (std::int64_t t = lane; t < a.win.length; t += threads)
       mask[t] = (t >= p.dst_pos && t < p.dst_pos + p.count);
-    if (threadIdx.x == 0) {
+    if (lane == 0) {
       a.keys[row] = row_key(a, slot);
       if constexpr (Rows::publishes) {
         rows.slots[row] = slot;
@@ -153,6 +190,7 @@ __global__ void __launch_bounds__(tuning::copy_threads)
   // copy, which reads slot bytes only).
   if constexpr (Epilogue::present)
     if (last_block_to_arrive(after.arrivals)) after();
+  if (!active) return;
 
   const auto& col = a.columns[c];
   const std::int64_t row_bytes = a.win.length * col.step_bytes;
@@ -165,22 +203,24 @@ __global__ void __launch_bounds__(tuning::copy_threads)
 
   const std::int64_t copy_lo = max64(lo, valid_lo), copy_hi = min64(hi, valid_hi);
   if (copy_lo < copy_hi) {
-    block_copy(dst + copy_lo, src + copy_lo, copy_hi - copy_lo);
-    block_zero(dst + lo, copy_lo - lo);
-    block_zero(dst + copy_hi, hi - copy_hi);
+    group_copy(dst + copy_lo, src + copy_lo, copy_hi - copy_lo, lane, threads);
+    group_zero(dst + lo, copy_lo - lo, lane, threads);
+    group_zero(dst + copy_hi, hi - copy_hi, lane, threads);
   } else {
-    block_zero(dst + lo, hi - lo);
+    group_zero(dst + lo, hi - lo, lane, threads);
   }
 }
 
-/// How the blocks of the gather described by `a` are shared out.
-inline column_blocks gather_blocks(const gather_args& a) {
+/// How the blocks of the gather described by `a` are shared out, at most `rows_per_block` rows
+/// (gather_rows_per_block of its row function) in a block.
+inline column_blocks gather_blocks(const gather_args& a, int rows_per_block) {
   std::int64_t row_bytes[max_columns];
   for (int c = 0; c < a.num_columns; ++c) row_bytes[c] = a.win.length * a.columns[c].step_bytes;
-  return column_blocks::make(a.num_columns, a.batch, row_bytes);
+  return column_blocks::make(a.num_columns, a.batch, row_bytes, rows_per_block);
 }
 
-/// Launches the gather of the rows `rows` names on `stream`, with `after` run by its last block
+/// Launches the gather of the rows `rows` names on `stream`, on grid g (gather_blocks with
+/// gather_rows_per_block<Rows> rows a block at most), with `after` run by its last block
 /// once every block has read its row's metadata (no_epilogue: nothing); checks the launch, never
 /// synchronises. Expects fewer than 2^31 blocks (select_and_gather_on_device checks), and at
 /// least one where `after` has work (batches and windows have a row and a step at least).
@@ -195,9 +235,9 @@ void gather_on_device(const gather_args& a, const column_blocks& g, const Rows& 
     }
     return;
   }
-  launch_dependent<gather_kernel<gather_args, Rows, Epilogue>>(
-      dim3(static_cast<unsigned>(blocks)), dim3(tuning::copy_threads), stream.get(), a, g, rows,
-      after);
+  launch_dependent<gather_kernel<gather_args, Rows, Epilogue>>(dim3(static_cast<unsigned>(blocks)),
+                                                               dim3(tuning::copy_threads),
+                                                               stream.get(), a, g, rows, after);
 }
 
 /// Selects with `state` and gathers. Where the gather is small enough that one launch saves more
@@ -211,35 +251,46 @@ template <class State, class Prepare>
 void select_and_gather_on_device(State& state, const slot_table& table,
                                  const selection_request& request, const gather_args& a,
                                  cuda::stream_ref stream, Prepare&& prepare) {
-  const column_blocks g = gather_blocks(a);
-  const std::int64_t blocks = g.first_block[a.num_columns];
+  // A block per row: the largest grid any row function takes.
+  const column_blocks row_blocks = gather_blocks(a, 1);
   // Before anything is selected or prepared: a refusal here changes nothing.
-  GEAR_REQUIRE(blocks < (std::int64_t{1} << 31), errc::invalid_argument,
+  GEAR_REQUIRE(row_blocks.first_block[a.num_columns] < (std::int64_t{1} << 31),
+               errc::invalid_argument,
                "a batch this large needs more than 2^31 copy blocks; sample fewer rows at once");
   const std::int64_t one_wave = std::int64_t{multiprocessors()} * tuning::copy_blocks_per_sm;
-  const bool fused = blocks > 0 && blocks <= tuning::fused_gather_max_waves * one_wave;
+  const auto fits = [&](const column_blocks& g) {  // small enough to draw its rows itself
+    const std::int64_t blocks = g.first_block[a.num_columns];
+    return blocks > 0 && blocks <= tuning::fused_gather_max_waves * one_wave;
+  };
   auto gather_drawn = [&](const auto& draw) {
-    using F = std::remove_cvref_t<decltype(draw)>;
-    gather_on_device(a, g,
-                     drawn_rows<F>{draw, request.slots, request.probabilities, request.weights},
-                     stream, combine_epilogues(prepare(), epilogue_of(draw)));
+    using Rows = drawn_rows<std::remove_cvref_t<decltype(draw)>>;
+    gather_on_device(a, gather_blocks(a, gather_rows_per_block<Rows>),
+                     Rows{draw, request.slots, request.probabilities, request.weights}, stream,
+                     combine_epilogues(prepare(), epilogue_of(draw)));
   };
   if constexpr (row_selecting<State>) {
-    if (fused) {
-      if (auto draw = state.row_selector(table, request)) {
-        with_row_function(*draw, gather_drawn);
-        return;
-      }
+    if (auto draw = state.row_selector(table, request)) {
+      bool drawn = false;
+      with_row_function(*draw, [&](const auto& f) {
+        using Rows = drawn_rows<std::remove_cvref_t<decltype(f)>>;
+        if (!fits(gather_blocks(a, gather_rows_per_block<Rows>))) return;
+        gather_drawn(f);
+        drawn = true;
+      });
+      if (drawn) return;
     }
   }
   if constexpr (host_row_choosing<State>) {
-    if (fused) {
+    // Decided before the rows are chosen, on the grid of a block per row (the row function's
+    // type is the state's own): the largest the gather may take.
+    if (fits(row_blocks)) {
       state.with_chosen_rows(table, request, stream, gather_drawn);
       return;
     }
   }
   state.select(table, request, stream);
-  gather_on_device(a, g, stored_rows{a.slots}, stream, prepare());
+  gather_on_device(a, gather_blocks(a, gather_rows_per_block<stored_rows>), stored_rows{a.slots},
+                   stream, prepare());
 }
 
 }  // namespace gear::detail

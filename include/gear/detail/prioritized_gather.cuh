@@ -2,10 +2,11 @@
 // Prioritized rows drawn inside the gather kernel (select::prioritized's row_selector): one launch
 // per sample where select() takes one and the gather another.
 //
-// In each block that copies part of a row, warp 0 descends the sum tree for the row (two groups of
-// 16 lanes with the same target, sum_tree_find_group, reading every level from the tree) and the
-// block shares the slot and leaf; the row's log leaf goes to the request's scratch, as the select
-// kernel leaves it (every block of the row writes the same word). The weights need the batch's
+// In each block that copies part of a row, the first warp of the row's group (gather.cuh) descends
+// the sum tree for the row (two groups of 16 lanes with the same target, sum_tree_find_group,
+// reading every level from the tree) and the group shares the slot and leaf; the row's log leaf
+// goes to the request's scratch, as the select kernel leaves it (every block of the row writes
+// the same word). The weights need the batch's
 // smallest leaf: the gather's last block to draw its row reduces the logs and writes every weight
 // (prioritized_weights_epilogue), after the row's first block has published the rest. Rows,
 // probabilities and weights are those select() gives, bit for bit: the same descent, the same
@@ -44,7 +45,7 @@ struct prioritized_weights_epilogue {
 };
 
 /// The row function (block-cooperative: only for a kernel whose every thread calls it once, with
-/// tuning::copy_threads threads per block: the gather).
+/// tuning::copy_threads threads per block and groups of whole warps: the gather).
 struct prioritized_gather_rows {
   slot_table table;
   selection_request request;  // scratch: 2 * batch words, the log leaves at [batch, 2 * batch)
@@ -53,37 +54,41 @@ struct prioritized_gather_rows {
   bool stratified = false;
   double beta = 0;
 
-  __device__ selected_row operator()(std::int64_t row) const {
-    __shared__ sum_tree_scan::TempStorage storage[2];
-    __shared__ std::int64_t chosen;
-    __shared__ double chosen_leaf, chosen_root;
-    if (threadIdx.x < 32) {
+  __device__ selected_row operator()(std::int64_t row, const row_group& g) const {
+    constexpr int halves = 32 / sum_tree_group;  // 16-lane groups in a warp
+    __shared__ sum_tree_scan::TempStorage storage[row_group::max_groups * halves];
+    __shared__ std::int64_t chosen[row_group::max_groups];
+    __shared__ double chosen_leaf[row_group::max_groups], chosen_root[row_group::max_groups];
+    const int k = g.group;
+    if (g.active && g.lane < 32) {  // the group's first warp, all of it or none
       const double root = nodes[0];
       if (root > 0) {
         const double u = priority_target(request.draw, row, request.batch, stratified, root);
         double leaf = root;  // a tree of one leaf is its root
-        const int lane = static_cast<int>(threadIdx.x % sum_tree_group);
+        const int lane = g.lane % sum_tree_group;
         const std::int64_t slot =
-            shape.levels > 1 ? sum_tree_find_group(storage[threadIdx.x / sum_tree_group], nodes,
-                                                   nodes, /*top_levels=*/0, shape, u, lane, leaf)
-                             : 0;
-        if (threadIdx.x == 0) {
-          chosen = slot;
-          chosen_leaf = leaf;
-          chosen_root = root;
+            shape.levels > 1
+                ? sum_tree_find_group(storage[k * halves + g.lane / sum_tree_group], nodes, nodes,
+                                      /*top_levels=*/0, shape, u, lane, leaf)
+                : 0;
+        if (g.lane == 0) {
+          chosen[k] = slot;
+          chosen_leaf[k] = leaf;
+          chosen_root[k] = root;
           request.scratch[request.batch + row] = double_as_word(::log(leaf));
         }
-      } else if (threadIdx.x == 0) {
-        chosen = uniform_row(table, request, true, row);
-        chosen_leaf = 0;
-        chosen_root = 0;
+      } else if (g.lane == 0) {
+        chosen[k] = uniform_row(table, request, true, row);
+        chosen_leaf[k] = 0;
+        chosen_root[k] = 0;
       }
     }
     __syncthreads();
-    const std::int64_t slot = chosen;
-    if (!(chosen_root > 0))
+    if (!g.active) return {};
+    const std::int64_t slot = chosen[k];
+    if (!(chosen_root[k] > 0))
       return {slot, table.live > 0 ? 1.0f / static_cast<float>(table.live) : 0.0f, 1.0f};
-    return {slot, static_cast<float>(chosen_leaf / chosen_root), 1.0f};  // weight: the epilogue's
+    return {slot, static_cast<float>(chosen_leaf[k] / chosen_root[k]), 1.0f};  // weight: epilogue
   }
   /// In a kernel of a sample with a gear::device_rng: the live count and draw as they are now.
   __device__ void read_device_counts() noexcept { detail::read_device_counts(table, request); }

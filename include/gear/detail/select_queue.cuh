@@ -22,6 +22,7 @@ namespace gear::detail {
 /// and weight 1.
 struct chosen_rows {
   const std::int64_t* slots = nullptr;  // the GPU's address of the staged rows
+  static constexpr bool per_thread = true;
   GEAR_HD selected_row operator()(std::int64_t row) const { return {slots[row], 1.0f, 1.0f}; }
 };
 

@@ -25,19 +25,20 @@ struct claims_epilogue {
   }
 };
 
-/// Uniform rows without replacement drawn inside the gather kernel: in each block, thread 0 walks
-/// the row's candidates and claims one for the row in request.claims (uniform_row_claimed_for:
-/// the row's other blocks, columns and chunks, settle on the same slot); the block shares it.
-/// Block-cooperative: only for a kernel whose every thread calls it once (the gather).
+/// Uniform rows without replacement drawn inside the gather kernel: in each row group of a block,
+/// lane 0 walks the row's candidates and claims one for the row in request.claims
+/// (uniform_row_claimed_for: the row's other blocks, columns and chunks, settle on the same
+/// slot); the group shares it. Block-cooperative: only for a kernel whose every thread calls it
+/// once (the gather).
 struct uniform_gather_claims {
   slot_table table;
   selection_request request;  // scratch: the claim table (request.claims)
 
-  __device__ selected_row operator()(std::int64_t row) const {
-    __shared__ std::int64_t chosen;
-    if (threadIdx.x == 0) chosen = uniform_row_claimed_for(table, request, row);
+  __device__ selected_row operator()(std::int64_t row, const row_group& g) const {
+    __shared__ std::int64_t chosen[row_group::max_groups];
+    if (g.lane == 0 && g.active) chosen[g.group] = uniform_row_claimed_for(table, request, row);
     __syncthreads();
-    const std::int64_t slot = chosen;
+    const std::int64_t slot = g.active ? chosen[g.group] : -1;
     return {slot, slot < 0 ? 0.0f : 1.0f / static_cast<float>(table.live), 1.0f};
   }
   /// In a kernel of a sample with a gear::device_rng: the live count and draw as they are now.

@@ -52,6 +52,12 @@ inline constexpr int copy_vectors_per_thread = 4;
 inline constexpr std::int64_t copy_chunk_bytes =
     std::int64_t{16} * copy_threads * copy_vectors_per_thread;
 
+/// Most sampled rows one gather block copies: rows of at most a chunk share a block (the largest
+/// power of two of them that fits one chunk, up to this many), each copied by a group of
+/// copy_threads / rows threads, whole warps. A block per 8-byte row was slower than a selection
+/// launch and a gather of the landed core's (B = 4096 rows, gear_bench select/device).
+inline constexpr int gather_max_rows_per_block = 8;
+
 /// Copy blocks one SM holds at once (2048 resident threads per SM on sm_80 and sm_90).
 inline constexpr int copy_blocks_per_sm = 2048 / copy_threads;
 /// sample() draws rows inside the gather kernel (a policy's row_selector) only while the gather

@@ -49,13 +49,23 @@
 // writes nothing):
 //
 //   std::optional<F> row_selector(const slot_table& table, const selection_request& request) const;
-//       F is trivially copyable with `__device__ gear::selected_row operator()(std::int64_t row)
-//       const`, giving the same row, probability and weight as select() would (or a
-//       std::variant of such types). sample() then draws inside the gather kernel when the gather
-//       fits tuning::fused_gather_max_waves waves of blocks, one launch instead of two: every
-//       block that copies part of a row draws that row itself (every thread of the block calls F
-//       once, so F may work as a block), and one of them writes it to the request's outputs. F
-//       may have `E epilogue() const`, work that the gather's last block runs once every block
+//       F is trivially copyable (or a std::variant of such types) and gives the same row,
+//       probability and weight as select() would. sample() then draws inside the gather kernel
+//       when the gather fits tuning::fused_gather_max_waves waves of blocks, one launch instead of
+//       two: every block that copies part of a row draws that row itself, and one of them writes
+//       it to the request's outputs. F says how it is called by the operator it has:
+//         `__device__ gear::selected_row operator()(std::int64_t row) const` alone: every thread
+//           of the block calls it once, with the block's one row (so F may work as a block), and
+//           a block copies one row;
+//         the same with `static constexpr bool per_thread = true;`: F is a pure function of the
+//           row that a thread may call on its own; rows of at most 16 KiB then share a block
+//           (gear::row_group), each thread calling F for its group's row, rows of the batch only;
+//         `__device__ gear::selected_row operator()(std::int64_t row, const gear::row_group& g)
+//           const`: rows share blocks too, and every thread of the block calls F once with its
+//           group's row and g, groups past the batch's last row as well (g.active false, their
+//           results unused), so F may use block barriers and shared arrays of
+//           row_group::max_groups entries, one per group.
+//       F may have `E epilogue() const`, work that the gather's last block runs once every block
 //       has drawn its row (uniform without replacement clears its claims there; E as the
 //       epilogues of gather.cuh: `static constexpr bool present = true`, the batch's `arrivals`
 //       word, and a `__device__ void operator()() const`). std::nullopt makes the buffer call
@@ -184,6 +194,17 @@ GEAR_HD inline void read_device_counts(slot_table& t, selection_request& r) noex
 }
 
 }  // namespace detail
+
+/// The threads of a gather block that copy one sampled row: rows of at most 16 KiB share a block,
+/// a group of whole warps each. A row_selector's F with operator()(row, const row_group&) gets the
+/// calling thread's group (see the top of this file).
+struct row_group {
+  static constexpr int max_groups = 8;  ///< most rows (groups) in one block
+  int group = 0;                        ///< the row's index among the block's rows, < max_groups
+  int lane = 0;                         ///< the calling thread's index in the group
+  int threads = 0;                      ///< threads in the group (a multiple of 32)
+  bool active = true;  ///< false past the batch's last row: F is called, its result unused
+};
 
 /// One row of a selection, as a row_selector gives it.
 struct selected_row {

@@ -373,6 +373,7 @@ struct recency_rows {
   slot_table table;
   selection_request request;
   recency_window window;
+  static constexpr bool per_thread = true;  // each thread may draw a row on its own
 
   GEAR_HD selected_row operator()(std::int64_t row) const {
     const std::int64_t slot = recency_row(table, request, window, row);

@@ -98,6 +98,7 @@ struct uniform_rows {
   slot_table table;
   selection_request request;
   bool replacement = true;
+  static constexpr bool per_thread = true;  // each thread may draw a row on its own
 
   GEAR_HD selected_row operator()(std::int64_t row) const {
     const std::int64_t slot = uniform_row(table, request, replacement, row);
