@@ -278,7 +278,8 @@ TEST_CASE(
   CHECK(column_blocks::make(1, 4096, eight, tuning::gather_max_rows_per_block).first_block[1] ==
         512);
   CHECK(column_blocks::make(1, 4096, eight, 1).first_block[1] == 4096);  // a block per row
-  const std::int64_t bytes[] = {1, 8, 64, 2048, 4096, 8192, 8200, chunk, chunk + 1, 3 * chunk};
+  const std::int64_t bytes[] = {1,    8,         64,        2048,  4096,      8192,
+                                8200, chunk / 2, chunk - 8, chunk, chunk + 1, 3 * chunk};
   std::int64_t wrong_shape = 0, wrong_group = 0, wrong_byte = 0, rows_seen = 0;
   for (const int most : {1, 2, tuning::gather_max_rows_per_block}) {
     for (const std::int64_t items : {1, 7, 8, 9, 125, 1000}) {

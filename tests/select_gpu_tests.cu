@@ -589,8 +589,9 @@ TEST_CASE(
 TEST_CASE(
     "uniform without replacement (device), rows drawn in the gather: a row's blocks copy one "
     "trajectory; rows distinct; inclusion uniform (chi-square 0.001), with its power") {
-  // Rows of three blocks each (two 16 KiB chunks of column a, one of id): every block of a row
-  // claims the row's slot itself, and all must copy the same trajectory.
+  // Each row takes two blocks of its own (16 KiB chunks of column a) and a group in a block of
+  // eight id rows: every block and group of a row claims the row's slot itself, and all must
+  // copy the same trajectory.
   using wide = gear::spec<gear::column<"a", std::int32_t, 2048>, gear::column<"id", std::int32_t>>;
   constexpr std::int64_t n = 300, len = 4, steps = n * len;
   stream_holder s;
@@ -664,6 +665,89 @@ TEST_CASE(
     planted.statistic *= scale;
     MESSAGE("planted 5% tilt: chi2 (scaled) " << planted.statistic);
     CHECK(planted.rejects());
+  }
+}
+
+namespace {
+
+/// A row function that works as a block (thread 0 draws, a barrier shares the row) and says
+/// neither per_thread nor row_group: the gather gives each of its rows a block of its own.
+struct block_drawn_rows {
+  gear::detail::uniform_rows inner;
+  __device__ gear::selected_row operator()(std::int64_t row) const {
+    __shared__ std::int64_t slot;
+    __shared__ float probability;
+    if (threadIdx.x == 0) {
+      const gear::selected_row s = inner(row);
+      slot = s.slot;
+      probability = s.probability;
+    }
+    __syncthreads();
+    return {slot, probability, 1.0f};
+  }
+};
+static_assert(gear::detail::gather_rows_per_block<gear::detail::drawn_rows<block_drawn_rows>> == 1);
+static_assert(
+    gear::detail::gather_rows_per_block<gear::detail::drawn_rows<gear::detail::uniform_rows>> ==
+    gear::detail::tuning::gather_max_rows_per_block);
+
+/// Uniform with replacement, drawn in the gather by block_drawn_rows: a policy written outside
+/// gear whose row function needs the whole block.
+struct block_uniform {
+  template <class Space>
+  class state {
+   public:
+    state(const block_uniform&, std::int64_t capacity)
+        : inner_(gear::select::uniform{}, capacity) {}
+    void validate(const gear::slot_table& t, std::int64_t batch) const {
+      inner_.validate(t, batch);
+    }
+    void select(const gear::slot_table& t, const gear::selection_request& r,
+                cuda::stream_ref stream) {
+      inner_.select(t, r, stream);
+    }
+    [[nodiscard]] std::optional<block_drawn_rows> row_selector(
+        const gear::slot_table& t,
+        const gear::selection_request& r) const requires std::same_as<Space, gear::exec::device> {
+      return block_drawn_rows{{t, r, true}};
+    }
+
+   private:
+    gear::select::uniform::state<Space> inner_;
+  };
+};
+
+}  // namespace
+
+TEST_CASE(
+    "a row function that works as a block gets a gather block per row: the rows, bytes and keys "
+    "of the grouped uniform gather of the same draws") {
+  stream_holder s;
+  constexpr std::int64_t n = 1000;
+  gear::replay_buffer<spec, gear::storage::device, block_uniform> blocks{gear::capacity{n},
+                                                                         gear::max_length{1}};
+  gear::replay_buffer<spec, gear::storage::device, gear::select::uniform> groups{
+      gear::capacity{n}, gear::max_length{1}};
+  (void)insert_ids(blocks, 0, n, cuda::stream_ref{s});
+  (void)insert_ids(groups, 0, n, cuda::stream_ref{s});
+  for (const std::int64_t rows : {1, 125, 1000}) {  // 125 and 1000: one gather launch each
+    CAPTURE(rows);
+    auto a = blocks.make_batch(gear::batch_size{rows}, gear::window_length{1});
+    auto b = groups.make_batch(gear::batch_size{rows}, gear::window_length{1});
+    gear::rng ga{static_cast<std::uint64_t>(rows)}, gb{static_cast<std::uint64_t>(rows)};
+    for (int call = 0; call < 3; ++call) {
+      blocks.sample(a, gear::window{1}, ga, s);
+      groups.sample(b, gear::window{1}, gb, s);
+      const auto slots = to_host(a.slots_data(), rows);
+      CHECK(slots == to_host(b.slots_data(), rows));
+      CHECK(to_host(a.probabilities_data(), rows) == to_host(b.probabilities_data(), rows));
+      const auto ids = to_host(a.column<"id">().data_handle(), rows);
+      CHECK(ids == to_host(b.column<"id">().data_handle(), rows));
+      std::int64_t wrong = 0;  // insert_ids put id i in slot i
+      for (std::int64_t r = 0; r < rows; ++r)
+        wrong += slots[std::size_t(r)] < 0 || ids[std::size_t(r)] != slots[std::size_t(r)];
+      CHECK(wrong == 0);
+    }
   }
 }
 

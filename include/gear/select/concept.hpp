@@ -58,7 +58,7 @@
 //           of the block calls it once, with the block's one row (so F may work as a block), and
 //           a block copies one row;
 //         the same with `static constexpr bool per_thread = true;`: F is a pure function of the
-//           row that a thread may call on its own; rows of at most 16 KiB then share a block
+//           row that a thread may call on its own; rows of at most 8 KiB then share a block
 //           (gear::row_group), each thread calling F for its group's row, rows of the batch only;
 //         `__device__ gear::selected_row operator()(std::int64_t row, const gear::row_group& g)
 //           const`: rows share blocks too, and every thread of the block calls F once with its
@@ -195,7 +195,7 @@ GEAR_HD inline void read_device_counts(slot_table& t, selection_request& r) noex
 
 }  // namespace detail
 
-/// The threads of a gather block that copy one sampled row: rows of at most 16 KiB share a block,
+/// The threads of a gather block that copy one sampled row: rows of at most 8 KiB share a block,
 /// a group of whole warps each. A row_selector's F with operator()(row, const row_group&) gets the
 /// calling thread's group (see the top of this file).
 struct row_group {

@@ -173,10 +173,10 @@ inline constexpr unsigned long long priority_sibling = ~0ull - 1;
 /// incarnation, with a good priority) or the pair's verdict. Runs unchanged in the update kernel.
 GEAR_HD inline unsigned long long check_priority_pair(const key& k, float priority, double alpha,
                                                       std::uint64_t index,
-                                                         const std::int64_t* lengths,
-                                                         const std::uint64_t* tickets,
-                                                         std::int64_t capacity, key_owner owner,
-                                                         std::uint32_t siblings = 0) noexcept {
+                                                      const std::int64_t* lengths,
+                                                      const std::uint64_t* tickets,
+                                                      std::int64_t capacity, key_owner owner,
+                                                      std::uint32_t siblings = 0) noexcept {
   const bool sibling =
       k.incarnation == owner.incarnation && k.shard != owner.shard && k.shard < siblings;
   if (!owner.owns(k) && !sibling)  // another buffer's shard, or another incarnation

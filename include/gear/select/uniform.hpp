@@ -93,7 +93,9 @@ GEAR_HD inline std::int64_t uniform_row_claimed_for(const slot_table& t, const s
 }
 
 /// Row function of uniform selection (see selection_policy_for's row_selector). Without
-/// replacement it claims slots in request.scratch, so only the select() launch may use it then.
+/// replacement it claims slots in request.scratch, so only the select() launch may use it then
+/// (one thread per row; per_thread holds there too: a row is claimed by the one thread that
+/// draws it).
 struct uniform_rows {
   slot_table table;
   selection_request request;
