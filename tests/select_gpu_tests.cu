@@ -686,10 +686,28 @@ struct block_drawn_rows {
     return {slot, probability, 1.0f};
   }
 };
-static_assert(gear::detail::gather_rows_per_block<gear::detail::drawn_rows<block_drawn_rows>> == 1);
-static_assert(
-    gear::detail::gather_rows_per_block<gear::detail::drawn_rows<gear::detail::uniform_rows>> ==
-    gear::detail::tuning::gather_max_rows_per_block);
+// How each of gear's row functions is called (select/concept.hpp), checked when this compiles:
+// each thread on its own, or every thread with its group; a function that says neither gets a
+// block per row.
+namespace gd_rows {
+using namespace gear::detail;
+template <class F>
+constexpr int shared_by = gather_rows_per_block<drawn_rows<F>>;
+static_assert(shared_by<block_drawn_rows> == 1);
+static_assert(per_thread_rows<uniform_rows> && !grouped_rows<uniform_rows>);
+static_assert(per_thread_rows<recency_rows> && !grouped_rows<recency_rows>);
+static_assert(per_thread_rows<chosen_rows> && !grouped_rows<chosen_rows>);
+static_assert(per_thread_rows<stored_rows> && !grouped_rows<stored_rows>);
+static_assert(grouped_rows<uniform_gather_claims> && !per_thread_rows<uniform_gather_claims>);
+static_assert(grouped_rows<prioritized_gather_rows> && !per_thread_rows<prioritized_gather_rows>);
+static_assert(grouped_rows<drawn_rows<prioritized_gather_rows>>);
+static_assert(per_thread_rows<drawn_rows<recency_rows>>);
+static_assert(shared_by<uniform_rows> == tuning::gather_max_rows_per_block &&
+              shared_by<recency_rows> == tuning::gather_max_rows_per_block &&
+              shared_by<uniform_gather_claims> == tuning::gather_max_rows_per_block &&
+              shared_by<prioritized_gather_rows> == tuning::gather_max_rows_per_block &&
+              gather_rows_per_block<stored_rows> == tuning::gather_max_rows_per_block);
+}  // namespace gd_rows
 
 /// Uniform with replacement, drawn in the gather by block_drawn_rows: a policy written outside
 /// gear whose row function needs the whole block.
