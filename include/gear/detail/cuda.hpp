@@ -68,13 +68,26 @@ inline bool gpu_available() noexcept {
   return count > 0;
 }
 
-/// Streaming multiprocessors of the current device: the count is asked of the driver once per
-/// device, the current device (cudaGetDevice) on every call.
+/// The device a gear call made current for its duration (device_scope, core.hpp) on this
+/// thread, or -1 outside such a call. Inside one, nothing changes the current device, so the
+/// per-device caches below need not ask the runtime for it on every launch.
+inline thread_local int scoped_device = -1;
+
+/// The current device: the call's own (scoped_device) inside a gear call, else cudaGetDevice.
+/// Throws errc::cuda_error.
+inline int current_device() {
+  if (scoped_device >= 0) return scoped_device;
+  int device = 0;
+  GEAR_CUDA_TRY(cudaGetDevice(&device));
+  return device;
+}
+
+/// Streaming multiprocessors of the current device (current_device()): the count is asked of the
+/// driver once per device.
 inline int multiprocessors() {
   constexpr int cached_devices = 64;
   static std::atomic<int> counts[cached_devices] = {};  // 0: not asked yet
-  int device = 0;
-  GEAR_CUDA_TRY(cudaGetDevice(&device));
+  const int device = current_device();
   if (device < cached_devices)
     if (const int known = counts[device].load(std::memory_order_relaxed); known > 0) return known;
   int count = 0;

@@ -43,8 +43,7 @@ template <auto Kernel>
 bool carries_the_wait() {
   constexpr int cached_devices = 64;
   static std::atomic<int> versions[cached_devices] = {};  // 0: not asked yet
-  int device = 0;
-  GEAR_CUDA_TRY(cudaGetDevice(&device));
+  const int device = current_device();
   if (device < cached_devices)
     if (const int known = versions[device].load(std::memory_order_relaxed); known > 0)
       return known >= 90;

@@ -425,25 +425,34 @@ class buffer_core {
   }
 };
 
-/// Makes the buffer's device current for a call and restores the caller's afterwards.
+/// Makes the buffer's device current for a call and restores the caller's afterwards. While it
+/// lives, scoped_device (cuda.hpp) names that device, so the call's launches do not ask the
+/// runtime for it again (nor does a scope nested in it: a sharded_buffer's shard).
 class device_scope {
  public:
   explicit device_scope(int device) {
     if (device < 0) return;
-    GEAR_CUDA_TRY(cudaGetDevice(&previous_));
-    if (previous_ != device)
+    const int current = current_device();
+    if (current != device) {
       GEAR_CUDA_TRY(cudaSetDevice(device));
-    else
-      previous_ = -1;
+      previous_ = current;
+    }
+    outer_ = scoped_device;
+    scoped_device = device;
+    active_ = true;
   }
   device_scope(const device_scope&) = delete;
   device_scope& operator=(const device_scope&) = delete;
   ~device_scope() {
+    if (!active_) return;
+    scoped_device = outer_;
     if (previous_ >= 0) (void)cudaSetDevice(previous_);
   }
 
  private:
-  int previous_ = -1;
+  int previous_ = -1;  ///< the device to make current again, if this scope changed it
+  int outer_ = -1;     ///< scoped_device before this scope
+  bool active_ = false;
 };
 
 /// The plain (synchronous) calls' wait for their stream, on the buffer's device; refused on a

@@ -157,7 +157,7 @@ void remove_in_gather(Core& b, const slot_table& table, selection_request reques
   const std::size_t rows_at = b.journal_bytes(request.batch);
   request.chosen_rows_host = reinterpret_cast<std::int64_t*>(removal->host + rows_at);
   request.chosen_rows_device = reinterpret_cast<const std::int64_t*>(removal->mapped + rows_at);
-  b.order_before(stream, Core::write);
+  b.order_before(stream, Core::write, /*capturable=*/true);  // a capture was refused: sample_into
   bool changed = false;
   const staging_pool::signal done = b.staging_.signal_of(*removal);
   try {
@@ -285,7 +285,9 @@ void sample_into(Core& b, Batch& out, const window& w, Draws& g, cuda::stream_re
         if constexpr (rows_on_host)
           remove_in_gather(b, drawn_from, request, args, removal, stream);
       } else {
-        b.order_before(stream, Core::read, /*capturable=*/device_draws, /*binding=*/device_draws);
+        // capturable: with a gear::rng, check_usable(stream) refused a capture above (one
+        // driver query a call).
+        b.order_before(stream, Core::read, /*capturable=*/true, /*binding=*/device_draws);
         select_and_gather_on_device(*b.selection_, drawn_from, request, args, stream,
                                     [] { return no_epilogue{}; });
         // The gather is enqueued: a write on another stream must wait for its read event, so a
