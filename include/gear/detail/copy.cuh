@@ -14,8 +14,8 @@ __device__ constexpr std::int64_t max64(std::int64_t a, std::int64_t b) { return
 
 /// Threads [0, stride) of a group, this one `tid`, copy n bytes from src to dst (16-, 4- or
 /// 1-byte accesses by alignment).
-__device__ inline void group_copy(std::byte* dst, const std::byte* src, std::int64_t n,
-                                  std::int64_t tid, std::int64_t stride) {
+__device__ inline void group_copy(std::byte* dst, const std::byte* src, std::int64_t n, int tid,
+                                  int stride) {
   const auto align = reinterpret_cast<std::uintptr_t>(dst) | reinterpret_cast<std::uintptr_t>(src);
   std::int64_t done = 0;
   if ((align & 15) == 0) {
@@ -46,8 +46,7 @@ __device__ inline void group_copy(std::byte* dst, const std::byte* src, std::int
 }
 
 /// Threads [0, stride) of a group, this one `tid`, write n zero bytes at dst.
-__device__ inline void group_zero(std::byte* dst, std::int64_t n, std::int64_t tid,
-                                  std::int64_t stride) {
+__device__ inline void group_zero(std::byte* dst, std::int64_t n, int tid, int stride) {
   std::int64_t done = 0;
   if ((reinterpret_cast<std::uintptr_t>(dst) & 15) == 0) {
     const std::int64_t vectors = n / 16;
@@ -60,11 +59,11 @@ __device__ inline void group_zero(std::byte* dst, std::int64_t n, std::int64_t t
 
 /// The block copies n bytes from src to dst.
 __device__ inline void block_copy(std::byte* dst, const std::byte* src, std::int64_t n) {
-  group_copy(dst, src, n, threadIdx.x, blockDim.x);
+  group_copy(dst, src, n, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x));
 }
 /// The block writes n zero bytes at dst.
 __device__ inline void block_zero(std::byte* dst, std::int64_t n) {
-  group_zero(dst, n, threadIdx.x, blockDim.x);
+  group_zero(dst, n, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x));
 }
 
 }  // namespace gear::detail

@@ -146,19 +146,25 @@ void with_row_function(const std::variant<F...>& v, G&& g) {
 
 // Kernels in gear's headers are templates (here on the argument type, always gather_args), so that
 // every translation unit that includes them can instantiate them without duplicate symbols.
-template <class Args, class Rows, class Epilogue>
+// Grouped: some column's rows share blocks (g.items_per_block). A grid of a block per row takes
+// the kernel without groups: the group's values are then the block's, known to the compiler, and
+// the kernel keeps the registers of a plain block copy (32 where grouped code takes 64 on sm_90,
+// half the resident blocks).
+template <class Args, class Rows, class Epilogue, bool Grouped>
 __global__ void __launch_bounds__(tuning::copy_threads)
     gather_kernel(const Args a, const column_blocks g, Rows rows, const Epilogue after) {
   // Launched as a programmatic dependent (dependent_launch.cuh): nothing is read or written
   // before the kernel before it has finished; the next sample's gather may be placed at once.
   allow_dependents();
   wait_for_prerequisites();
-  int c, group, lane, threads;
+  int c, group = 0, lane = static_cast<int>(threadIdx.x), threads = static_cast<int>(blockDim.x);
   std::int64_t first, chunk;
   g.locate(blockIdx.x, c, first, chunk);
-  g.group_of(c, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), group, lane, threads);
+  if constexpr (Grouped)
+    g.group_of(c, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), group, lane,
+               threads);
   const std::int64_t row = first + group;
-  const bool active = row < a.batch;  // a block's last groups may have no row (batch's end)
+  const bool active = !Grouped || row < a.batch;  // a block's last groups may have no row
 
   rng_draw draw = a.draw;
   if (a.counter != nullptr) {  // a sample with a device_rng: the call number as of now
@@ -203,9 +209,10 @@ __global__ void __launch_bounds__(tuning::copy_threads)
 
   const std::int64_t copy_lo = max64(lo, valid_lo), copy_hi = min64(hi, valid_hi);
   if (copy_lo < copy_hi) {
-    group_copy(dst + copy_lo, src + copy_lo, copy_hi - copy_lo, lane, threads);
+    // The fills first: nothing but the copy's own values is live in its unrolled loop.
     group_zero(dst + lo, copy_lo - lo, lane, threads);
     group_zero(dst + copy_hi, hi - copy_hi, lane, threads);
+    group_copy(dst + copy_lo, src + copy_lo, copy_hi - copy_lo, lane, threads);
   } else {
     group_zero(dst + lo, hi - lo, lane, threads);
   }
@@ -235,9 +242,19 @@ void gather_on_device(const gather_args& a, const column_blocks& g, const Rows& 
     }
     return;
   }
-  launch_dependent<gather_kernel<gather_args, Rows, Epilogue>>(dim3(static_cast<unsigned>(blocks)),
-                                                               dim3(tuning::copy_threads),
-                                                               stream.get(), a, g, rows, after);
+  bool grouped = false;
+  for (int c = 0; c < a.num_columns; ++c) grouped = grouped || g.items_per_block[c] > 1;
+  if constexpr (gather_rows_per_block < Rows >> 1) {
+    if (grouped) {
+      launch_dependent<gather_kernel<gather_args, Rows, Epilogue, true>>(
+          dim3(static_cast<unsigned>(blocks)), dim3(tuning::copy_threads), stream.get(), a, g, rows,
+          after);
+      return;
+    }
+  }
+  launch_dependent<gather_kernel<gather_args, Rows, Epilogue, false>>(
+      dim3(static_cast<unsigned>(blocks)), dim3(tuning::copy_threads), stream.get(), a, g, rows,
+      after);
 }
 
 /// Selects with `state` and gathers. Where the gather is small enough that one launch saves more
