@@ -279,19 +279,29 @@ void select_and_gather_on_device(State& state, const slot_table& table,
     const std::int64_t blocks = g.first_block[a.num_columns];
     return blocks > 0 && blocks <= tuning::fused_gather_max_waves * one_wave;
   };
+  // The gather of rows that row function `draw` gives, on its grid g.
+  auto gather_drawn_on = [&](const auto& draw, const column_blocks& g) {
+    using Rows = drawn_rows<std::remove_cvref_t<decltype(draw)>>;
+    gather_on_device(a, g, Rows{draw, request.slots, request.probabilities, request.weights},
+                     stream, combine_epilogues(prepare(), epilogue_of(draw)));
+  };
   auto gather_drawn = [&](const auto& draw) {
     using Rows = drawn_rows<std::remove_cvref_t<decltype(draw)>>;
-    gather_on_device(a, gather_blocks(a, gather_rows_per_block<Rows>),
-                     Rows{draw, request.slots, request.probabilities, request.weights}, stream,
-                     combine_epilogues(prepare(), epilogue_of(draw)));
+    gather_drawn_on(draw, gather_blocks(a, gather_rows_per_block<Rows>));
   };
+  // The smallest grid any row function takes: where even it does not fit, no row_selector is
+  // asked for (a policy may compute something to make one).
   if constexpr (row_selecting<State>) {
-    if (auto draw = state.row_selector(table, request)) {
+    auto draw = fits(gather_blocks(a, tuning::gather_max_rows_per_block))
+                    ? state.row_selector(table, request)
+                    : decltype(state.row_selector(table, request)){};
+    if (draw) {
       bool drawn = false;
       with_row_function(*draw, [&](const auto& f) {
         using Rows = drawn_rows<std::remove_cvref_t<decltype(f)>>;
-        if (!fits(gather_blocks(a, gather_rows_per_block<Rows>))) return;
-        gather_drawn(f);
+        const column_blocks g = gather_blocks(a, gather_rows_per_block<Rows>);
+        if (!fits(g)) return;
+        gather_drawn_on(f, g);
         drawn = true;
       });
       if (drawn) return;
