@@ -491,6 +491,45 @@ TEST_CASE("GPU-side errors leave the buffer unchanged") {
   CHECK_MESSAGE(err.empty(), err);
 }
 
+TEST_CASE("a call's device scope names the buffer's device while it runs, and nothing after") {
+  // scoped_device spares a call's launches the runtime's cudaGetDevice: it must name the device
+  // the scope made current, be restored by nested scopes, and be -1 once the call returns.
+  using gear::detail::device_scope;
+  using gear::detail::scoped_device;
+  REQUIRE(scoped_device == -1);
+  int devices = 0;
+  GEAR_CUDA_TRY(cudaGetDeviceCount(&devices));
+  {
+    const device_scope outer(0);
+    CHECK(scoped_device == 0);
+    {
+      const device_scope inner(0);
+      CHECK(scoped_device == 0);
+    }
+    CHECK(scoped_device == 0);
+    // A device this machine does not have: the scope throws, and names nothing.
+    CHECK(code_of([&] { const device_scope none(devices); }) == gear::errc::cuda_error);
+    CHECK(scoped_device == 0);
+    int current = -1;
+    GEAR_CUDA_TRY(cudaGetDevice(&current));
+    CHECK(current == 0);
+  }
+  CHECK(scoped_device == -1);
+  // A sample, and a sample that throws, leave no scope behind.
+  stream_holder s;
+  gear::replay_buffer<spec, gear::storage::device> buf{gear::capacity{8}, gear::max_length{4}};
+  model m;
+  auto out = buf.make_batch(gear::batch_size{2}, gear::window_length{2});
+  gear::rng g{1};
+  CHECK(code_of([&] { buf.sample(out, gear::window{2}, g, s); }) == gear::errc::empty_buffer);
+  CHECK(scoped_device == -1);
+  insert(buf, m, {2, 3}, s, false);
+  buf.sample(out, gear::window{2}, g, s);
+  CHECK(scoped_device == -1);
+  const std::string err = m.check(copy_device_batch(out), gear::window{2});
+  CHECK_MESSAGE(err.empty(), err);
+}
+
 TEST_CASE("gear's kernels link from two translation units") {
   stream_holder s;
   CHECK(sample_in_second_unit(s) == 2);
