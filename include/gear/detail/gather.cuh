@@ -251,6 +251,11 @@ void gather_on_device(const gather_args& a, const column_blocks& g, const Rows& 
           after);
       return;
     }
+  } else {
+    // The kernel without groups copies one row a block: a grid that shares blocks would lose rows.
+    GEAR_REQUIRE(!grouped, errc::invalid_argument,
+                 "gather: a grid whose blocks share rows, for a row function that takes a block "
+                 "per row");
   }
   launch_dependent<gather_kernel<gather_args, Rows, Epilogue, false>>(
       dim3(static_cast<unsigned>(blocks)), dim3(tuning::copy_threads), stream.get(), a, g, rows,

@@ -108,6 +108,9 @@
 // host_row_choosing, staging_reserving, consuming_policy, device_counted); the buffer asks for
 // them by name.
 //
+// Every part runs inside a buffer call, with the buffer's device current: it must leave the current
+// device as it found it (the call's launches go to the device the call made current).
+//
 // slot_table points at metadata in the memory of Space (and at the host's copy of the lengths).
 // Ticket t (an insertion sequence number) lives in slot t % capacity. A user-written policy follows
 // the same contract and plugs in as the third template argument of replay_buffer, with no change to

@@ -446,12 +446,14 @@ class device_scope {
   ~device_scope() {
     if (!active_) return;
     scoped_device = outer_;
-    if (previous_ >= 0) (void)cudaSetDevice(previous_);
+    if (previous_ >= 0 && cudaSetDevice(previous_) != cudaSuccess) {
+      (void)cudaGetLastError();
+      scoped_device = -1;  // the caller's device did not come back: later calls ask the runtime
+    }
   }
 
  private:
-  int previous_ = -1;  ///< the device to make current again, if this scope changed it
-  int outer_ = -1;     ///< scoped_device before this scope
+  int previous_ = -1, outer_ = -1;  // the device to make current again; scoped_device before
   bool active_ = false;
 };
 
