@@ -491,6 +491,45 @@ TEST_CASE("GPU-side errors leave the buffer unchanged") {
   CHECK_MESSAGE(err.empty(), err);
 }
 
+namespace {
+/// Uniform selection whose hooks record, at each call, whether scoped_device is set and names the
+/// device the runtime has current.
+struct scope_record {
+  int calls = 0, mismatches = 0, unscoped = 0;
+};
+struct scope_probe {
+  static inline scope_record seen{};
+  static void look() {
+    int current = -1;
+    GEAR_CUDA_TRY(cudaGetDevice(&current));
+    ++seen.calls;
+    if (gear::detail::scoped_device < 0) ++seen.unscoped;
+    if (gear::detail::scoped_device >= 0 && gear::detail::scoped_device != current)
+      ++seen.mismatches;
+  }
+  template <class Space>
+  class state {
+   public:
+    state(const scope_probe&, std::int64_t capacity) : inner_(gear::select::uniform{}, capacity) {}
+    void validate(const gear::slot_table& t, std::int64_t batch) const {
+      look();
+      inner_.validate(t, batch);
+    }
+    void select(const gear::slot_table& t, const gear::selection_request& r,
+                cuda::stream_ref stream) {
+      look();
+      inner_.select(t, r, stream);
+    }
+    void on_commit(const gear::slot_table&, std::uint64_t, std::int64_t, cuda::stream_ref) {
+      look();
+    }
+
+   private:
+    gear::select::uniform::state<Space> inner_;
+  };
+};
+}  // namespace
+
 TEST_CASE("a call's device scope names the buffer's device while it runs, and nothing after") {
   // scoped_device spares a call's launches the runtime's cudaGetDevice: it must name the device
   // the scope made current, be restored by nested scopes, and be -1 once the call returns.
@@ -515,9 +554,11 @@ TEST_CASE("a call's device scope names the buffer's device while it runs, and no
     CHECK(current == 0);
   }
   CHECK(scoped_device == -1);
-  // A sample, and a sample that throws, leave no scope behind.
+  // Inside a buffer's calls (its policy's hooks run there), scoped_device names the device the
+  // runtime has current; a sample, and a sample that throws, leave no scope behind.
   stream_holder s;
-  gear::replay_buffer<spec, gear::storage::device> buf{gear::capacity{8}, gear::max_length{4}};
+  gear::replay_buffer<spec, gear::storage::device, scope_probe> buf{gear::capacity{8},
+                                                                    gear::max_length{4}};
   model m;
   auto out = buf.make_batch(gear::batch_size{2}, gear::window_length{2});
   gear::rng g{1};
@@ -528,6 +569,9 @@ TEST_CASE("a call's device scope names the buffer's device while it runs, and no
   CHECK(scoped_device == -1);
   const std::string err = m.check(copy_device_batch(out), gear::window{2});
   CHECK_MESSAGE(err.empty(), err);
+  CHECK(scope_probe::seen.calls >= 3);  // the commit, the sample's check and its selection
+  CHECK(scope_probe::seen.mismatches == 0);
+  CHECK(scope_probe::seen.unscoped == 0);
 }
 
 TEST_CASE("gear's kernels link from two translation units") {
