@@ -1145,3 +1145,82 @@ TEST_CASE(
   CHECK(rebases > 400);
   CHECK(mismatches == 0);
 }
+
+// ---- the dense index, kept only for policies that read it ---------------------------------------
+
+namespace {
+
+template <bool WithoutIndex>
+struct dense_declaration {};
+template <>
+struct dense_declaration<true> {
+  static constexpr bool reads_dense = false;
+};
+
+/// Takes the committed slots in slot order, cyclically (found from the lengths), and records the
+/// table's dense index as each select sees it. `WithoutIndex` declares `reads_dense = false`.
+template <bool WithoutIndex>
+struct dense_probe : dense_declaration<WithoutIndex> {
+  template <class Space>
+  class state {
+   public:
+    state(const dense_probe&, std::int64_t) {}
+    void validate(const gear::slot_table&, std::int64_t) const {}
+    void select(const gear::slot_table& t, const gear::selection_request& r, cuda::stream_ref) {
+      seen_dense = t.dense;
+      listed = t.dense != nullptr ? std::vector<std::int64_t>(t.dense, t.dense + t.live)
+                                  : std::vector<std::int64_t>{};
+      committed.clear();
+      for (std::int64_t s = 0; s < t.occupied; ++s)
+        if (t.lengths[s] > 0) committed.push_back(s);
+      for (std::int64_t row = 0; row < r.batch; ++row) {
+        r.slots[row] = committed[static_cast<std::size_t>(row) % committed.size()];
+        r.probabilities[row] = 1.0f / static_cast<float>(committed.size());
+        r.weights[row] = 1.0f;
+      }
+    }
+    const std::int64_t* seen_dense = nullptr;
+    std::vector<std::int64_t> listed, committed;
+  };
+};
+
+}  // namespace
+
+// prioritized reads the index where every priority is 0 (its uniform fallback).
+static_assert(gear::dense_reading<gear::select::uniform> &&
+              gear::dense_reading<gear::select::prioritized> &&
+              gear::dense_reading<dense_probe<false>>);  // undeclared: the index is kept
+static_assert(!gear::dense_reading<gear::select::recency> &&
+              !gear::dense_reading<gear::select::fifo> &&
+              !gear::dense_reading<gear::select::lifo> && !gear::dense_reading<dense_probe<true>>);
+
+TEST_CASE_TEMPLATE(
+    "the dense index: kept for a policy that may read it, null for one that reads "
+    "none, samples the same either way",
+    Probe, dense_probe<false>, dense_probe<true>) {
+  constexpr bool indexed = gear::dense_reading<Probe>;
+  gear::replay_buffer<spec, gear::storage::host, Probe> buf{gear::capacity{8}, gear::max_length{1}};
+  const auto keys = insert_ids(buf, 0, 8);
+  (void)insert_ids(buf, 8, 2);               // ids 0 and 1 evicted
+  buf.erase(std::span(keys).subspan(4, 2));  // ids 4 and 5: slots 4 and 5
+  auto b = buf.make_batch(gear::batch_size{12}, gear::window_length{1});
+  gear::rng g{3};
+  buf.sample(b, gear::window{1}, g);
+  const auto& st = buf.selection_state();
+  CHECK(st.committed == std::vector<std::int64_t>{0, 1, 2, 3, 6, 7});
+  if constexpr (indexed) {
+    REQUIRE(st.seen_dense != nullptr);
+    auto listed = st.listed;
+    std::sort(listed.begin(), listed.end());
+    CHECK(listed == st.committed);
+  } else {
+    CHECK(st.seen_dense == nullptr);
+  }
+  // Slot s holds id s + 8 for s < 2 (the second lap), id s otherwise.
+  for (std::int64_t r = 0; r < 12; ++r) {
+    const std::int64_t slot = b.slots_data()[r];
+    CHECK(slot == st.committed[static_cast<std::size_t>(r % 6)]);
+    CHECK(reinterpret_cast<const std::int32_t*>(b.column_data(0))[r] ==
+          (slot < 2 ? slot + 8 : slot));
+  }
+}

@@ -103,10 +103,14 @@
 // A policy may also declare `static constexpr bool consumes = true;`: the buffer then removes every
 // trajectory a sample returns (each is returned once), as a queue or stack does.
 //
+// A policy that never reads slot_table::dense may declare `static constexpr bool reads_dense =
+// false;`: the buffer then keeps no dense index of committed slots (its upkeep is a few scattered
+// writes per insert and removal, and its copy on the device), and the table's `dense` is null.
+//
 // Each optional part has a concept of its own at the bottom of this file (commit_hook,
 // evict_hook, host_priority_update, device_priority_update, row_selecting, host_chosen_rows,
-// host_row_choosing, staging_reserving, consuming_policy, device_counted); the buffer asks for
-// them by name.
+// host_row_choosing, staging_reserving, consuming_policy, device_counted, dense_reading); the
+// buffer asks for them by name.
 //
 // Every part runs inside a buffer call, with the buffer's device current: it must leave the current
 // device as it found it (the call's launches go to the device the call made current).
@@ -135,11 +139,13 @@ struct device {};
 struct slot_table {
   const std::int64_t* lengths = nullptr;   ///< committed length; 0 if empty, pending or removed
   const std::uint64_t* tickets = nullptr;  ///< ticket of each slot's latest reservation
-  const std::int64_t* dense = nullptr;     ///< [live]: every committed slot once, any order
-  std::int64_t capacity = 0;               ///< number of slots
-  std::int64_t occupied = 0;               ///< slots [0, occupied) have ever been reserved
-  std::int64_t live = 0;                   ///< committed slots (length > 0)
-  std::uint64_t next_ticket = 0;           ///< ticket the next reservation gets
+  /// [live]: every committed slot once, any order; null for a policy that declares
+  /// `reads_dense = false`
+  const std::int64_t* dense = nullptr;
+  std::int64_t capacity = 0;      ///< number of slots
+  std::int64_t occupied = 0;      ///< slots [0, occupied) have ever been reserved
+  std::int64_t live = 0;          ///< committed slots (length > 0)
+  std::uint64_t next_ticket = 0;  ///< ticket the next reservation gets
   /// Device memory, or null: the live count as of stream order (the device mirror's). Set for
   /// samples drawn with a gear::device_rng, which CUDA graphs replay: their kernels take `live`
   /// from here (detail::read_device_counts), not from the host's count at the call.
@@ -292,5 +298,11 @@ concept consuming_policy = requires {
   { Policy::consumes } -> std::convertible_to<bool>;
 }
 &&Policy::consumes;
+/// Reads slot_table::dense: every policy but one that declares `reads_dense = false`.
+template <class Policy>
+concept dense_reading = !requires {
+  { Policy::reads_dense } -> std::convertible_to<bool>;
+}
+|| Policy::reads_dense;
 
 }  // namespace gear

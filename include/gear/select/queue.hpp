@@ -151,6 +151,7 @@ namespace gear::select {
 /// The oldest committed trajectories first, each returned once (a queue).
 struct fifo {
   static constexpr bool consumes = true;
+  static constexpr bool reads_dense = false;  // the order is the tickets'
   template <class Space>
   struct state : detail::queue_state<true, Space> {
     state(const fifo&, std::int64_t capacity) : detail::queue_state<true, Space>(capacity) {}
@@ -160,6 +161,7 @@ struct fifo {
 /// The newest committed trajectories first, each returned once (a stack).
 struct lifo {
   static constexpr bool consumes = true;
+  static constexpr bool reads_dense = false;  // the order is the tickets'
   template <class Space>
   struct state : detail::queue_state<false, Space> {
     state(const lifo&, std::int64_t capacity) : detail::queue_state<false, Space>(capacity) {}

@@ -45,6 +45,7 @@ struct recency {
   /// having age 0) has weight 2^(-a / h), so its weight halves every h insertions.
   double half_life = 0;
 
+  static constexpr bool reads_dense = false;  // draws among the newest tickets
   template <class Space>
   class state;
 };

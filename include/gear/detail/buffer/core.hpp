@@ -120,7 +120,7 @@ class buffer_core {
         transport_(std::move(transport)),
         device_(current_device()),
         regions_(placement, capacity, max_length),
-        ring_(capacity, next_buffer_id()) {
+        ring_(capacity, next_buffer_id(), /*indexed=*/dense_reading<Selection>) {
     if constexpr (on_device) {
       // The mirror, then the publish launch's arrivals word (landing.hpp), cleared together.
       mirror_ = allocation(memory_kind::device, slot_mirror::bytes(capacity) + sizeof(unsigned));
@@ -239,7 +239,7 @@ class buffer_core {
       const slot_mirror m = mirror();
       t.lengths = m.lengths;
       t.tickets = m.tickets;
-      t.dense = m.dense;
+      t.dense = ring_.indexed() ? m.dense : nullptr;
     } else {
       t.lengths = ring_.lengths();
       t.tickets = ring_.tickets();

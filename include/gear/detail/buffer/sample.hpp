@@ -71,19 +71,21 @@ void check_contents(const Core& b, std::int64_t batch) {
 
 /// The trajectories that the rows of a sample (`slots`, host memory) take to their limit of
 /// returns: their tickets into b.removal_tickets_ (sorted, distinct), the committed rows' slots
-/// into b.drawn_slots_. Changes nothing else.
+/// that stay to be counted into b.drawn_slots_. Changes nothing else.
 template <class Core>
 void plan_returns(Core& b, const std::int64_t* slots, std::int64_t rows) {
   const std::int64_t limit = consume_limit(b);
   std::vector<std::int64_t>& drawn = b.drawn_slots_;
   drawn.clear();
-  for (std::int64_t row = 0; row < rows; ++row)
-    if (slots[row] >= 0 && b.ring_.state(slots[row]) == slot_state::committed)
-      drawn.push_back(slots[row]);
   b.removal_tickets_.clear();
-  if (limit == 1) {  // every row returned is removed (a queue, a stack)
-    for (const std::int64_t slot : drawn) b.removal_tickets_.push_back(b.ring_.ticket(slot));
+  if (limit == 1) {  // every row returned is removed (a queue, a stack): none stays to count
+    for (std::int64_t row = 0; row < rows; ++row)
+      if (slots[row] >= 0 && b.ring_.state(slots[row]) == slot_state::committed)
+        b.removal_tickets_.push_back(b.ring_.ticket(slots[row]));
   } else {
+    for (std::int64_t row = 0; row < rows; ++row)
+      if (slots[row] >= 0 && b.ring_.state(slots[row]) == slot_state::committed)
+        drawn.push_back(slots[row]);
     std::sort(drawn.begin(), drawn.end());
     for (std::size_t i = 0; i < drawn.size();) {
       std::size_t end = i;

@@ -13,7 +13,8 @@
 // The committed slots are also kept dense: dense()[0, live) holds each once (in no particular
 // order; a removal moves the last one into the hole), so uniform selection draws a position in
 // [0, live) and is done, whatever the occupancy. The positions each transition writes are
-// collected and handed out by take_index_changes() as index_records, for the device's copy.
+// collected and handed out by take_index_changes() as index_records, for the device's copy. A
+// ring made without the index (its buffer's policy reads none) keeps only the live count.
 //
 // Every transition is noexcept, allocates nothing and writes the slot_records that carry it to
 // the device mirror (mirror.hpp) into memory the caller acquired beforehand, so a call can acquire
@@ -37,18 +38,23 @@ enum class slot_state : std::uint8_t { empty = 0, pending = 1, committed = 2 };
 
 class slot_ring {
  public:
-  /// `buffer_id` is stamped into reservations so that another buffer's are refused.
-  slot_ring(std::int64_t capacity, std::uint64_t buffer_id)
+  /// `buffer_id` is stamped into reservations so that another buffer's are refused. `indexed`:
+  /// keep the dense index of committed slots (without it, dense() is null and no transition
+  /// writes index changes).
+  slot_ring(std::int64_t capacity, std::uint64_t buffer_id, bool indexed = true)
       : capacity_(capacity),
         slot_of_(static_cast<std::uint64_t>(capacity)),
         buffer_id_(buffer_id),
+        indexed_(indexed),
         lengths_(static_cast<std::size_t>(capacity), 0),
         tickets_(static_cast<std::size_t>(capacity), 0),
-        states_(static_cast<std::size_t>(capacity), slot_state::empty),
-        dense_(static_cast<std::size_t>(capacity), 0),
-        where_(static_cast<std::size_t>(capacity), 0),
-        touched_at_(static_cast<std::size_t>(capacity), 0) {
-    touched_.reserve(static_cast<std::size_t>(capacity));
+        states_(static_cast<std::size_t>(capacity), slot_state::empty) {
+    if (!indexed_) return;
+    const auto n = static_cast<std::size_t>(capacity);
+    dense_.assign(n, 0);
+    where_.assign(n, 0);
+    touched_at_.assign(n, 0);
+    touched_.reserve(n);
   }
 
   // ---- queries -------------------------------------------------------------------------------
@@ -77,8 +83,11 @@ class slot_ring {
   [[nodiscard]] const std::int64_t* lengths() const noexcept { return lengths_.data(); }
   [[nodiscard]] const std::uint64_t* tickets() const noexcept { return tickets_.data(); }
   [[nodiscard]] const slot_state* states() const noexcept { return states_.data(); }
-  /// [capacity]: positions [0, live) hold every committed slot once.
-  [[nodiscard]] const std::int64_t* dense() const noexcept { return dense_.data(); }
+  /// [capacity]: positions [0, live) hold every committed slot once. Null without the index.
+  [[nodiscard]] const std::int64_t* dense() const noexcept {
+    return indexed_ ? dense_.data() : nullptr;
+  }
+  [[nodiscard]] bool indexed() const noexcept { return indexed_; }
 
   /// Index positions written since the last take_index_changes (at most capacity).
   [[nodiscard]] std::int64_t pending_index_changes() const noexcept {
@@ -203,12 +212,20 @@ class slot_ring {
     touched_.push_back(pos);
   }
   void list(std::int64_t slot) noexcept {
+    if (!indexed_) {
+      ++live_;
+      return;
+    }
     dense_[at(live_)] = slot;
     where_[at(slot)] = live_;
     touch(live_);
     ++live_;
   }
   void unlist(std::int64_t slot) noexcept {
+    if (!indexed_) {
+      --live_;
+      return;
+    }
     const std::int64_t pos = where_[at(slot)];
     const std::int64_t last = dense_[at(live_ - 1)];
     dense_[at(pos)] = last;
@@ -220,12 +237,14 @@ class slot_ring {
   std::int64_t capacity_;
   modulus slot_of_;  // ticket -> slot without a division
   std::uint64_t buffer_id_;
+  bool indexed_;
   std::vector<std::int64_t> lengths_;
   std::vector<std::uint64_t> tickets_;
   std::vector<slot_state> states_;
-  std::vector<std::int64_t> dense_;        // [capacity]; [0, live_) committed slots
-  std::vector<std::int64_t> where_;        // [capacity]; a committed slot's position
-  std::vector<std::uint64_t> touched_at_;  // [capacity]; the epoch a position was written in
+  // The dense index, [capacity] each if indexed_ (empty otherwise).
+  std::vector<std::int64_t> dense_;        // [0, live_): the committed slots
+  std::vector<std::int64_t> where_;        // a committed slot's position
+  std::vector<std::uint64_t> touched_at_;  // the epoch a position was written in
   std::vector<std::int64_t> touched_;      // positions written this epoch
   std::uint64_t epoch_ = 1;
   std::uint64_t next_ticket_ = 0;
