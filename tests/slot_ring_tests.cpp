@@ -278,8 +278,14 @@ class run {
     const std::string d = diff(ring_, m_);
     REQUIRE_MESSAGE(d.empty(), d);
     // The dense index: its changes, applied to a copy every few steps (as the device's copy gets
-    // them, one journal apply at a time), give the ring's own index.
-    if (gen_() % 3 == 0 && ring_.indexed()) {
+    // them, one journal apply at a time), give the ring's own index. A ring without the index
+    // hands out no change.
+    const bool apply = gen_() % 3 == 0;
+    if (apply && !ring_.indexed()) {
+      index_record none{-1, -1};
+      REQUIRE(ring_.take_index_changes(&none) == 0);
+      REQUIRE(none.position == -1);
+    } else if (apply) {
       std::vector<index_record> changes(static_cast<std::size_t>(ring_.pending_index_changes()));
       const std::int64_t n = ring_.take_index_changes(changes.data());
       REQUIRE(n <= static_cast<std::int64_t>(changes.size()));

@@ -104,8 +104,11 @@
 // trajectory a sample returns (each is returned once), as a queue or stack does.
 //
 // A policy that never reads slot_table::dense may declare `static constexpr bool reads_dense =
-// false;`: the buffer then keeps no dense index of committed slots (its upkeep is a few scattered
-// writes per insert and removal, and its copy on the device), and the table's `dense` is null.
+// false;`: the buffer then keeps no dense index of committed slots (it saves the index's upkeep,
+// a few scattered host writes per insert and removal and their copies to the device; the device
+// array is still allocated), and the table's `dense` is null. A policy derived from one that
+// declares it (fifo, lifo, recency) inherits the declaration: one that reads the index, e.g. in a
+// uniform fallback, declares `reads_dense = true` again.
 //
 // Each optional part has a concept of its own at the bottom of this file (commit_hook,
 // evict_hook, host_priority_update, device_priority_update, row_selecting, host_chosen_rows,
