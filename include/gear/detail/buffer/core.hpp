@@ -343,16 +343,16 @@ class buffer_core {
       return staging_.acquire(journal_bytes(count) + extra_bytes, 0);
     }
   }
-  /// Bytes one apply of `count` slot records needs: the records, then the dense index's changes:
-  /// those already pending, and two per record (an operation of `count` slots may both evict
-  /// and commit each, as an insert into a full ring does).
+  /// Bytes one apply of `count` slot records needs: the records, then, with a dense index, its
+  /// changes: those pending and two per record (an insert into a full ring evicts and commits).
   [[nodiscard]] std::size_t journal_bytes(std::int64_t count) const noexcept {
     return journal_bytes(count, ring_.pending_index_changes());
   }
   /// The same with `pending` changes of the dense index waiting (reserve_staging's allowance).
   [[nodiscard]] static std::size_t journal_bytes(std::int64_t count,
                                                  std::int64_t pending) noexcept {
-    return static_cast<std::size_t>(3 * count + pending) * sizeof(slot_record);
+    const std::int64_t n = dense_reading<Selection> ? 3 * count + pending : count;
+    return static_cast<std::size_t>(n) * sizeof(slot_record);
   }
   /// One apply of the `count` slot records at l.host + offset, with the dense index's pending
   /// changes, written after them now (room: journal_bytes(count) at lease time); enqueued by
