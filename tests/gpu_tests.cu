@@ -536,8 +536,6 @@ TEST_CASE("a call's device scope names the buffer's device while it runs, and no
   using gear::detail::device_scope;
   using gear::detail::scoped_device;
   REQUIRE(scoped_device == -1);
-  int devices = 0;
-  GEAR_CUDA_TRY(cudaGetDeviceCount(&devices));
   {
     const device_scope outer(0);
     CHECK(scoped_device == 0);
@@ -545,9 +543,6 @@ TEST_CASE("a call's device scope names the buffer's device while it runs, and no
       const device_scope inner(0);
       CHECK(scoped_device == 0);
     }
-    CHECK(scoped_device == 0);
-    // A device this machine does not have: the scope throws, and names nothing.
-    CHECK(code_of([&] { const device_scope none(devices); }) == gear::errc::cuda_error);
     CHECK(scoped_device == 0);
     int current = -1;
     GEAR_CUDA_TRY(cudaGetDevice(&current));
@@ -572,6 +567,23 @@ TEST_CASE("a call's device scope names the buffer's device while it runs, and no
   CHECK(scope_probe::seen.calls >= 3);  // the commit, the sample's check and its selection
   CHECK(scope_probe::seen.mismatches == 0);
   CHECK(scope_probe::seen.unscoped == 0);
+}
+
+TEST_CASE("a device scope of a planted device this machine does not have throws, names nothing") {
+  // The failed cudaSetDevice is compute-sanitizer's to report: runs leave this case out (README).
+  using gear::detail::device_scope;
+  using gear::detail::scoped_device;
+  int devices = 0;
+  GEAR_CUDA_TRY(cudaGetDeviceCount(&devices));
+  {
+    const device_scope outer(0);
+    CHECK(code_of([&] { const device_scope none(devices); }) == gear::errc::cuda_error);
+    CHECK(scoped_device == 0);
+    int current = -1;
+    GEAR_CUDA_TRY(cudaGetDevice(&current));
+    CHECK(current == 0);
+  }
+  CHECK(scoped_device == -1);
 }
 
 TEST_CASE("gear's kernels link from two translation units") {
