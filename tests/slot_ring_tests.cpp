@@ -171,14 +171,14 @@ std::string diff(const slot_ring& ring, const model& m) {
   if (!ring.indexed()) {
     if (ring.dense() != nullptr) return "dense index: kept by a ring made without it";
     if (ring.pending_index_changes() != 0) return "dense index: changes without an index";
+  } else {
+    std::vector<std::int64_t> listed(ring.dense(), ring.dense() + ring.live());
+    std::sort(listed.begin(), listed.end());
+    std::vector<std::int64_t> committed_slots;
+    for (std::int64_t s = 0; s < m.capacity; ++s)
+      if (m.state(s) == slot_state::committed) committed_slots.push_back(s);
+    if (listed != committed_slots) return "dense index: not the committed slots";
   }
-  std::vector<std::int64_t> listed;
-  if (ring.indexed()) listed.assign(ring.dense(), ring.dense() + ring.live());
-  std::sort(listed.begin(), listed.end());
-  std::vector<std::int64_t> committed_slots;
-  for (std::int64_t s = 0; s < m.capacity; ++s)
-    if (m.state(s) == slot_state::committed) committed_slots.push_back(s);
-  if (ring.indexed() && listed != committed_slots) return "dense index: not the committed slots";
   // Tickets around the ring's current lap, a few old ones, and the ticket no reservation gets.
   std::vector<std::uint64_t> probes{0, 1, gear::no_ticket, gear::no_ticket - 1};
   const std::uint64_t from = m.next > 3 * m.cap() ? m.next - 3 * m.cap() : 0;

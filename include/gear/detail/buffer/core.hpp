@@ -239,7 +239,7 @@ class buffer_core {
       const slot_mirror m = mirror();
       t.lengths = m.lengths;
       t.tickets = m.tickets;
-      t.dense = ring_.indexed() ? m.dense : nullptr;
+      t.dense = dense_reading<Selection> ? m.dense : nullptr;
     } else {
       t.lengths = ring_.lengths();
       t.tickets = ring_.tickets();

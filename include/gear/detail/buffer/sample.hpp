@@ -78,14 +78,15 @@ void plan_returns(Core& b, const std::int64_t* slots, std::int64_t rows) {
   std::vector<std::int64_t>& drawn = b.drawn_slots_;
   drawn.clear();
   b.removal_tickets_.clear();
-  if (limit == 1) {  // every row returned is removed (a queue, a stack): none stays to count
-    for (std::int64_t row = 0; row < rows; ++row)
-      if (slots[row] >= 0 && b.ring_.state(slots[row]) == slot_state::committed)
-        b.removal_tickets_.push_back(b.ring_.ticket(slots[row]));
-  } else {
-    for (std::int64_t row = 0; row < rows; ++row)
-      if (slots[row] >= 0 && b.ring_.state(slots[row]) == slot_state::committed)
-        drawn.push_back(slots[row]);
+  // With a limit of 1 (a queue, a stack) every row returned is removed: none stays to count.
+  for (std::int64_t row = 0; row < rows; ++row) {
+    if (slots[row] < 0 || b.ring_.state(slots[row]) != slot_state::committed) continue;
+    if (limit == 1)
+      b.removal_tickets_.push_back(b.ring_.ticket(slots[row]));
+    else
+      drawn.push_back(slots[row]);
+  }
+  if (limit != 1) {
     std::sort(drawn.begin(), drawn.end());
     for (std::size_t i = 0; i < drawn.size();) {
       std::size_t end = i;

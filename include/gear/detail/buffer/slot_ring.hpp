@@ -45,11 +45,10 @@ class slot_ring {
       : capacity_(capacity),
         slot_of_(static_cast<std::uint64_t>(capacity)),
         buffer_id_(buffer_id),
-        indexed_(indexed),
         lengths_(static_cast<std::size_t>(capacity), 0),
         tickets_(static_cast<std::size_t>(capacity), 0),
         states_(static_cast<std::size_t>(capacity), slot_state::empty) {
-    if (!indexed_) return;
+    if (!indexed) return;
     const auto n = static_cast<std::size_t>(capacity);
     dense_.assign(n, 0);
     where_.assign(n, 0);
@@ -85,9 +84,9 @@ class slot_ring {
   [[nodiscard]] const slot_state* states() const noexcept { return states_.data(); }
   /// [capacity]: positions [0, live) hold every committed slot once. Null without the index.
   [[nodiscard]] const std::int64_t* dense() const noexcept {
-    return indexed_ ? dense_.data() : nullptr;
+    return indexed() ? dense_.data() : nullptr;
   }
-  [[nodiscard]] bool indexed() const noexcept { return indexed_; }
+  [[nodiscard]] bool indexed() const noexcept { return !dense_.empty(); }  // capacity >= 1
 
   /// Index positions written since the last take_index_changes (at most capacity).
   [[nodiscard]] std::int64_t pending_index_changes() const noexcept {
@@ -212,7 +211,7 @@ class slot_ring {
     touched_.push_back(pos);
   }
   void list(std::int64_t slot) noexcept {
-    if (!indexed_) {
+    if (!indexed()) {
       ++live_;
       return;
     }
@@ -222,7 +221,7 @@ class slot_ring {
     ++live_;
   }
   void unlist(std::int64_t slot) noexcept {
-    if (!indexed_) {
+    if (!indexed()) {
       --live_;
       return;
     }
@@ -237,11 +236,10 @@ class slot_ring {
   std::int64_t capacity_;
   modulus slot_of_;  // ticket -> slot without a division
   std::uint64_t buffer_id_;
-  bool indexed_;
   std::vector<std::int64_t> lengths_;
   std::vector<std::uint64_t> tickets_;
   std::vector<slot_state> states_;
-  // The dense index, [capacity] each if indexed_ (empty otherwise).
+  // The dense index, [capacity] each if the ring keeps it (empty otherwise).
   std::vector<std::int64_t> dense_;        // [0, live_): the committed slots
   std::vector<std::int64_t> where_;        // a committed slot's position
   std::vector<std::uint64_t> touched_at_;  // the epoch a position was written in
