@@ -98,14 +98,16 @@ void plan_returns(Core& b, const std::int64_t* slots, std::int64_t rows) {
       i = end;
     }
   }
-  // A queue's rows come in ticket order, a stack's in reverse: sorted in O(rows) then.
+  // A queue's rows come in ticket order, a stack's in reverse (distinct either way): one pass
+  // then, where a sort and a pass for duplicates were needed otherwise.
   std::vector<std::uint64_t>& tickets = b.removal_tickets_;
-  if (std::is_sorted(tickets.begin(), tickets.end(), std::greater<>{}))
-    std::reverse(tickets.begin(), tickets.end());
-  else if (!std::is_sorted(tickets.begin(), tickets.end()))
+  if (std::adjacent_find(tickets.begin(), tickets.end(), std::less_equal<>{}) == tickets.end())
+    std::reverse(tickets.begin(), tickets.end());  // strictly descending, or at most one
+  else if (std::adjacent_find(tickets.begin(), tickets.end(), std::greater_equal<>{}) !=
+           tickets.end()) {
     std::sort(tickets.begin(), tickets.end());
-  b.removal_tickets_.erase(std::unique(b.removal_tickets_.begin(), b.removal_tickets_.end()),
-                           b.removal_tickets_.end());
+    tickets.erase(std::unique(tickets.begin(), tickets.end()), tickets.end());
+  }
 }
 
 /// Counts the returns plan_returns found, once its removal has changed the ring.

@@ -182,12 +182,18 @@ class slot_ring {
   }
 
   /// Removes committed trajectories (distinct tickets, each held). Writes one record per ticket.
+  /// A run of consecutive tickets (a queue's or a stack's rows) walks its slots without a
+  /// remainder per ticket.
   void remove(std::span<const std::uint64_t> tickets, slot_record* out) noexcept {
+    std::int64_t slot = 0;
     for (std::size_t i = 0; i < tickets.size(); ++i) {
-      const std::size_t s = at(slot_of(tickets[i]));
-      states_[s] = slot_state::empty;
-      lengths_[s] = 0;
-      unlist(slot_of(tickets[i]));
+      if (i > 0 && tickets[i] == tickets[i - 1] + 1)
+        slot = slot + 1 == capacity_ ? 0 : slot + 1;
+      else
+        slot = slot_of(tickets[i]);
+      states_[at(slot)] = slot_state::empty;
+      lengths_[at(slot)] = 0;
+      unlist(slot);
       if (out != nullptr) out[i] = slot_record::make(tickets[i], slot_record::removed);
     }
   }
