@@ -943,10 +943,15 @@ TEST_CASE("lifo: a drain of one row per sample is linear and returns the newest 
   drain_one_by_one(buf, w, n + 1, half + 10, want);
 }
 
-// The skip links against a model: random inserts, erases, open and committed writers and
-// samples of 1 to 4 rows; every sample must return the newest live tickets, newest first.
-TEST_CASE("lifo: skip links agree with a scan under random inserts, erases, writers and samples") {
-  using lifo_buffer = gear::replay_buffer<spec, gear::storage::host, gear::select::lifo>;
+// fifo's cursor and lifo's skip links (both moved on by on_consumed after a sample's removal)
+// against a model: random inserts, erases, open and committed writers and samples of 1 to 6 rows;
+// every sample must return the oldest (newest) live tickets, oldest (newest) first.
+TEST_CASE_TEMPLATE(
+    "fifo and lifo: the cursor and the skip links agree with a model under random "
+    "inserts, erases, writers and samples",
+    Policy, gear::select::fifo, gear::select::lifo) {
+  constexpr bool oldest_first = std::is_same_v<Policy, gear::select::fifo>;
+  using lifo_buffer = gear::replay_buffer<spec, gear::storage::host, Policy>;
   lifo_buffer buf{gear::capacity{64}, gear::max_length{1}};
   std::mt19937_64 gen(17);
   std::set<std::uint64_t> live;  // the model: committed tickets still stored
@@ -994,14 +999,14 @@ TEST_CASE("lifo: skip links agree with a scan under random inserts, erases, writ
         }
         break;
       default: {
-        const auto rows = static_cast<std::int64_t>(1 + gen() % 4);
+        const auto rows = static_cast<std::int64_t>(1 + gen() % 6);
         if (static_cast<std::int64_t>(live.size()) < rows) break;
         auto batch = buf.make_batch(gear::batch_size{rows}, gear::window_length{1});
         buf.sample(batch, gear::window{.length = 1}, g);
         for (std::int64_t r = 0; r < rows; ++r) {
-          const std::uint64_t newest = *live.rbegin();
-          CHECK(batch.keys()[static_cast<std::size_t>(r)].ticket == newest);
-          live.erase(newest);
+          const std::uint64_t next = oldest_first ? *live.begin() : *live.rbegin();
+          CHECK(batch.keys()[static_cast<std::size_t>(r)].ticket == next);
+          live.erase(next);
         }
         ++samples;
       }
@@ -1193,6 +1198,10 @@ static_assert(gear::dense_reading<gear::select::uniform> &&
 static_assert(!gear::dense_reading<gear::select::recency> &&
               !gear::dense_reading<gear::select::fifo> &&
               !gear::dense_reading<gear::select::lifo> && !gear::dense_reading<dense_probe<true>>);
+// The queue and the stack move past what they returned once it is removed (the model test above
+// checks what they return then).
+static_assert(gear::consumed_hook<gear::select::fifo::state<gear::exec::host>> &&
+              gear::consumed_hook<gear::select::lifo::state<gear::exec::host>>);
 
 TEST_CASE_TEMPLATE(
     "the dense index: kept for a policy that may read it, null for one that reads "

@@ -101,7 +101,13 @@
 // what the buffer holds when it runs.
 //
 // A policy may also declare `static constexpr bool consumes = true;`: the buffer then removes every
-// trajectory a sample returns (each is returned once), as a queue or stack does.
+// trajectory a sample returns (each is returned once), as a queue or stack does. Its state may
+// provide
+//
+//   void on_consumed();
+//       the rows the last selection returned have all been removed (called once the removal has
+//       changed the ring, never after a call that failed before it): a queue moves its cursor
+//       past them, a stack links over them, where the next selection would find them one by one.
 //
 // A policy that never reads slot_table::dense may declare `static constexpr bool reads_dense =
 // false;`: the buffer then keeps no dense index of committed slots (it saves the index's upkeep,
@@ -111,8 +117,9 @@
 // uniform fallback, declares `reads_dense = true` again.
 //
 // Each optional part has a concept of its own at the bottom of this file (commit_hook,
-// evict_hook, host_priority_update, device_priority_update, row_selecting, host_chosen_rows,
-// host_row_choosing, staging_reserving, consuming_policy, device_counted, dense_reading); the
+// evict_hook, consumed_hook, host_priority_update, device_priority_update, row_selecting,
+// host_chosen_rows, host_row_choosing, staging_reserving, consuming_policy, device_counted,
+// dense_reading); the
 // buffer asks for them by name.
 //
 // Every part runs inside a buffer call, with the buffer's device current: it must leave the current
@@ -265,6 +272,11 @@ concept device_priority_update = requires(State& s, const slot_table& t, std::sp
 template <class State>
 concept row_selecting = requires(const State& s, const slot_table& t, const selection_request& r) {
   s.row_selector(t, r);
+};
+/// on_consumed: told that the rows the last selection returned were all removed.
+template <class State>
+concept consumed_hook = requires(State& s) {
+  s.on_consumed();
 };
 /// host_rows: the last selection's slots, chosen on the host, kept there.
 template <class State>

@@ -117,16 +117,57 @@ class queue_order {
         links_(OldestFirst ? 0 : static_cast<std::size_t>(capacity)) {}
   void validate(const slot_table& t, std::int64_t batch) const { validate_queue(t, batch); }
 
+  /// The rows of the last choose() were all removed (gear::consumed_hook): fifo's cursor moves
+  /// past those at its head, lifo links over each run of consecutive tickets among them, so the
+  /// next selection does not step over them one ticket at a time.
+  void on_consumed() noexcept {
+    if (!armed_) return;
+    armed_ = false;
+    if constexpr (OldestFirst) {
+      cursor_ = std::max(cursor_, consumed_to_);
+    } else {
+      for (const lifo_link& run : runs_)
+        links_[static_cast<std::size_t>(slot_of_(run.ticket))] = run;
+    }
+  }
+
  protected:
-  /// Writes the slots of the next `batch` rows to `slots` (host memory) and moves past them.
+  /// Writes the slots of the next `batch` rows to `slots` (host memory) and prepares
+  /// on_consumed. Throws std::bad_alloc with the order as it was.
   void choose(const slot_table& t, std::int64_t batch, std::int64_t* slots) {
+    armed_ = false;
+    if constexpr (!OldestFirst) runs_.reserve(static_cast<std::size_t>(batch));
     queue_rows(t, slot_of_, OldestFirst, batch, slots, cursor_, links_.data());
+    // The rows' tickets: fifo's ascend from the cursor, lifo's descend.
+    const auto ticket = [&](std::int64_t row) {
+      return t.host_tickets[static_cast<std::size_t>(slots[row])];
+    };
+    if constexpr (OldestFirst) {
+      consumed_to_ = cursor_;  // through the rows that follow the cursor without a gap
+      for (std::int64_t row = 0; row < batch && slots[row] >= 0 && ticket(row) == consumed_to_;
+           ++row)
+        ++consumed_to_;
+    } else {
+      runs_.clear();
+      for (std::int64_t row = 0; row < batch && slots[row] >= 0; ++row) {
+        const std::uint64_t k = ticket(row);
+        if (!runs_.empty() && runs_.back().resume == k + 1)
+          runs_.back().resume = k;  // the run goes on down
+        else
+          runs_.push_back({k, k});  // a run [resume, ticket] of tickets returned
+      }
+    }
+    armed_ = true;
   }
 
  private:
   modulus slot_of_;
   std::uint64_t cursor_ = 0;
   std::vector<lifo_link> links_;
+  // on_consumed's plan for the last choose: fifo's cursor after its rows, lifo's runs of rows.
+  bool armed_ = false;
+  std::uint64_t consumed_to_ = 0;
+  std::vector<lifo_link> runs_;
 };
 
 /// The host and device states of fifo and lifo (the device one is in detail/select_queue.cuh).

@@ -118,6 +118,15 @@ void note_returns(Core& b) noexcept {
       ++b.times_sampled_[static_cast<std::size_t>(slot)];
 }
 
+/// Tells a consuming policy's state that the rows it chose last were all removed (the removal of
+/// a sample's rows has just changed the ring): gear::consumed_hook.
+template <class Core>
+void note_consumed(Core& b) noexcept {
+  if constexpr (consuming_policy<typename Core::selection_type> &&
+                consumed_hook<typename Core::state_type>)
+    b.selection_->on_consumed();
+}
+
 /// Counts the rows of a finished sample (`slots` in host memory) and removes the trajectories
 /// that reached the limit, with the records lease `removal` (room for every row) acquired before
 /// the sample. The counts change only once the removal is enqueued.
@@ -127,6 +136,7 @@ void count_returns(Core& b, const std::int64_t* slots, std::int64_t rows, cuda::
   plan_returns(b, slots, rows);
   remove_tickets(b, b.removal_tickets_, stream, removal);
   note_returns(b);
+  note_consumed(b);
 }
 
 /// Throws unless a sample with a gear::device_rng may run (see replay_buffer::sample_async).
@@ -172,6 +182,7 @@ void remove_in_gather(Core& b, const slot_table& table, selection_request reques
       changed = true;  // from the policy's eviction hook on (it may change its state)
       remove_in_ring(b, b.removal_tickets_, b.records_of(removal), stream);
       note_returns(b);
+      note_consumed(b);
       return journal_epilogue{b.journal_of(*removal, 0, n), request.arrivals, done};
     });
     // The gather's last block signals when it reads the records and the rows no more.
