@@ -11,11 +11,14 @@
 //
 // Cost: entries handed back wait in a queue. An acquire takes the smallest idle entry large enough
 // if it is about the size asked for (pick_from::snug), asking the driver nothing; otherwise it
-// asks at most `probe` entries at the queue's head whether their work has finished (a finished one
-// becomes idle, an unfinished one goes to the back) and takes the smallest idle entry that fits,
-// then asks `probe_more` before it makes a new one. So a call makes a bounded number of driver
-// queries however many entries are in flight, and none while snug idle entries wait (staging
-// reserved ahead, or collected two at a time by an earlier call).
+// first collects the signalled entries whose kernels have finished (below: a read of a word each)
+// and looks again, then asks at most `probe` entries at the queue's head whether their work has
+// finished (a finished one becomes idle, an unfinished one goes to the back) and takes the
+// smallest idle entry that fits, then asks `probe_more` before it makes a new one. So a call makes
+// a bounded number of driver queries however many entries are in flight, and none while snug idle
+// entries wait (staging reserved ahead, collected by an earlier call, or signalled finished: a
+// consuming sample's lease is found that way even behind an insert's, whose event would be
+// queried first).
 //
 // Signals: a lease read only by one of gear's kernels can be handed back without an event. The
 // kernel's last block, once nothing of the launch reads the lease any more, writes the lease's
@@ -80,6 +83,10 @@ class staging_pool {
     // one only after the queries, so that small calls do not take the entries reserved for
     // inserts while their own are finished but not yet collected.
     entry* pick = take_idle(pinned_bytes, device_bytes, pick_from::snug);
+    if (pick == nullptr) {
+      collect_signalled();
+      pick = take_idle(pinned_bytes, device_bytes, pick_from::snug);
+    }
     if (pick == nullptr) {
       collect(probe);
       pick = take_idle(pinned_bytes, device_bytes);
@@ -298,6 +305,22 @@ class staging_pool {
     allocation words(memory_kind::pinned_host, max_entries * sizeof(std::uint64_t));
     std::memset(words.data(), 0, words.size());  // below every lease's number: none finished
     words_ = std::move(words);
+  }
+
+  /// Makes idle every signalled entry in flight whose word says it is finished: a read each, no
+  /// driver query. The others keep their order.
+  void collect_signalled() noexcept {
+    std::size_t kept = 0;
+    for (const std::size_t e : in_flight_) {
+      entry& x = *entries_[e];
+      if (x.signalled && !x.unsafe && signalled(x)) {
+        x.signalled = false;
+        idle_.push_back(e);  // never allocates: both lists have room for every entry
+      } else {
+        in_flight_[kept++] = e;
+      }
+    }
+    in_flight_.resize(kept);
   }
 
   /// Asks the `count` oldest entries in flight whether their work has finished: the finished
