@@ -66,13 +66,30 @@ inline void queue_rows(const slot_table& t, const modulus& slot_of, bool oldest_
     // Scan down from the newest ticket. A run of removed tickets is crossed by its links; once
     // the scan stops below a run (a live or pending ticket, or the oldest slot), every ticket of
     // the run links there.
+    // Both walks below mostly step down one ticket at a time: the slot steps with it, and a
+    // remainder is taken only after a jump (as fifo's walk, one division per jump).
+    struct slot_walk {
+      const modulus& slot_of;
+      std::size_t cap;
+      std::uint64_t ticket = 0;  // the last ticket asked for (none yet: slot_of below)
+      std::size_t slot = cap;
+      std::size_t operator()(std::uint64_t k) {
+        if (slot != cap && k + 1 == ticket)
+          slot = slot == 0 ? cap - 1 : slot - 1;
+        else if (slot == cap || k != ticket)
+          slot = static_cast<std::size_t>(slot_of(k));
+        ticket = k;
+        return slot;
+      }
+    };
+    slot_walk scan_slot{slot_of, cap}, run_slot{slot_of, cap};
     std::uint64_t top = t.next_ticket;  // the next ticket looked at is top - 1
     std::uint64_t run_top = top;        // the run of removed tickets crossed since run_top
     auto close_run = [&](std::uint64_t resume) {
       if (links == nullptr) return;
       for (std::uint64_t r = run_top; r > resume;) {
         --r;
-        const auto slot = static_cast<std::size_t>(slot_of(r));
+        const auto slot = run_slot(r);
         lifo_link& l = links[slot];
         if (l.ticket == r) {  // linked before: follow it (its targets are at most r)
           const std::uint64_t next = l.resume;
@@ -85,7 +102,7 @@ inline void queue_rows(const slot_table& t, const modulus& slot_of, bool oldest_
     };
     while (n < batch && top > begin) {
       const std::uint64_t ticket = top - 1;
-      const auto slot = static_cast<std::size_t>(slot_of(ticket));
+      const auto slot = scan_slot(ticket);
       const bool removed = t.host_tickets[slot] == ticket && t.host_states[slot] == 0;
       if (removed) {
         const lifo_link* l = links != nullptr ? &links[slot] : nullptr;
