@@ -35,6 +35,7 @@ class queue_state<OldestFirst, exec::device> : public queue_order<OldestFirst> {
   /// Throws errc::out_of_memory or errc::cuda_error with the state as it was.
   void reserve_staging(std::int64_t batch) {
     chosen_.reserve(static_cast<std::size_t>(batch));
+    this->reserve_plan(batch);
     staging_.reserve(static_cast<std::size_t>(batch) * sizeof(std::int64_t));
   }
 

@@ -104,10 +104,11 @@
 // trajectory a sample returns (each is returned once), as a queue or stack does. Its state may
 // provide
 //
-//   void on_consumed();
+//   void on_consumed() noexcept;
 //       the rows the last selection returned have all been removed (called once the removal has
-//       changed the ring, never after a call that failed before it): a queue moves its cursor
-//       past them, a stack links over them, where the next selection would find them one by one.
+//       changed the ring, never after a call that failed before it; it must not throw, which a
+//       static_assert checks): a queue moves its cursor past them, a stack links over them, where
+//       the next selection would find them one by one.
 //
 // A policy that never reads slot_table::dense may declare `static constexpr bool reads_dense =
 // false;`: the buffer then keeps no dense index of committed slots (it saves the index's upkeep,

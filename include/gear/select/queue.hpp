@@ -134,6 +134,12 @@ class queue_order {
         links_(OldestFirst ? 0 : static_cast<std::size_t>(capacity)) {}
   void validate(const slot_table& t, std::int64_t batch) const { validate_queue(t, batch); }
 
+  /// Host memory for on_consumed's plan of batches of up to `batch` rows, allocated now
+  /// (reserve_staging). Throws std::bad_alloc with the order as it was.
+  void reserve_plan(std::int64_t batch) {
+    if constexpr (!OldestFirst) runs_.reserve(static_cast<std::size_t>(batch));
+  }
+
   /// The rows of the last choose() were all removed (gear::consumed_hook): fifo's cursor moves
   /// past those at its head, lifo links over each run of consecutive tickets among them, so the
   /// next selection does not step over them one ticket at a time.
@@ -153,7 +159,7 @@ class queue_order {
   /// on_consumed. Throws std::bad_alloc with the order as it was.
   void choose(const slot_table& t, std::int64_t batch, std::int64_t* slots) {
     armed_ = false;
-    if constexpr (!OldestFirst) runs_.reserve(static_cast<std::size_t>(batch));
+    reserve_plan(batch);
     queue_rows(t, slot_of_, OldestFirst, batch, slots, cursor_, links_.data());
     // The rows' tickets: fifo's ascend from the cursor, lifo's descend.
     const auto ticket = [&](std::int64_t row) {

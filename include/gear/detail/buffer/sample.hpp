@@ -123,8 +123,12 @@ void note_returns(Core& b) noexcept {
 template <class Core>
 void note_consumed(Core& b) noexcept {
   if constexpr (consuming_policy<typename Core::selection_type> &&
-                consumed_hook<typename Core::state_type>)
+                consumed_hook<typename Core::state_type>) {
+    static_assert(noexcept(b.selection_->on_consumed()),
+                  "gear::consumed_hook: on_consumed() must be noexcept (the buffer calls it once "
+                  "the removal has changed the ring, where nothing may fail any more)");
     b.selection_->on_consumed();
+  }
 }
 
 /// Counts the rows of a finished sample (`slots` in host memory) and removes the trajectories
