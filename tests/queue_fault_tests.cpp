@@ -39,7 +39,6 @@ void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace {
 
-using select_test::insert_ids;
 using select_test::spec;
 
 bool rows_chosen = false;  // set by the tracked policy's select
@@ -71,78 +70,39 @@ void run_model(std::uint64_t seed, std::int64_t capacity, fault_counts& counts) 
   using buffer = gear::replay_buffer<spec, gear::storage::host, tracked<Policy>>;
   static_assert(gear::consumed_hook<typename tracked<Policy>::template state<gear::exec::host>>);
   buffer buf{gear::capacity{capacity}, gear::max_length{1}};
+  select_test::queue_world<buffer> world{buf, {}, {}};
   std::mt19937_64 gen(seed);
-  std::set<std::uint64_t> live;  // the model: committed tickets still stored
-  using writer_type = decltype(buf.make_writer());
-  std::vector<std::unique_ptr<writer_type>> open;
   gear::rng g{seed};
   for (int step = 0; step < 400; ++step) {
-    switch (gen() % 7) {
-      case 0:
-      case 1: {
-        const auto n = std::min<std::int64_t>(capacity, 1 + static_cast<std::int64_t>(gen() % 3));
-        for (const auto& k : insert_ids(buf, 0, n)) live.insert(k.ticket);
-        break;
+    if (gen() % 7 < 5) {
+      world.change(gen);
+    } else {
+      const auto rows = static_cast<std::int64_t>(1 + gen() % 6);
+      if (static_cast<std::int64_t>(world.live.size()) < rows) continue;
+      auto batch = buf.make_batch(gear::batch_size{rows}, gear::window_length{1});
+      if (gen() % 3 == 0) allocations_left = 1 + static_cast<long>(gen() % 6);
+      rows_chosen = false;
+      bool failed = false;
+      try {
+        buf.sample(batch, gear::window{.length = 1}, g);
+      } catch (const std::bad_alloc&) {
+        failed = true;
+      } catch (const gear::error& e) {
+        CHECK(e.code() == gear::errc::out_of_memory);
+        failed = true;
       }
-      case 2:
-        if (!live.empty()) {
-          auto it = live.begin();
-          std::advance(it, static_cast<long>(gen() % live.size()));
-          const gear::key k{*it, 0, 0};
-          buf.erase(std::span<const gear::key>(&k, 1));
-          live.erase(it);
-        }
-        break;
-      case 3:
-        if (open.size() < 3)
-          open.push_back(std::make_unique<writer_type>(buf.make_writer()));
-        else
-          open.erase(open.begin());  // abandoned
-        break;
-      case 4:
-        if (!open.empty()) {
-          const std::int32_t v = 0;
-          try {
-            open.back()->append(&v);
-            live.insert(open.back()->commit().ticket);
-          } catch (const gear::error& e) {
-            CHECK(e.code() == gear::errc::invalid_reservation);  // the ring came round
-          }
-          open.pop_back();
-        }
-        break;
-      default: {
-        const auto rows = static_cast<std::int64_t>(1 + gen() % 6);
-        if (static_cast<std::int64_t>(live.size()) < rows) break;
-        auto batch = buf.make_batch(gear::batch_size{rows}, gear::window_length{1});
-        if (gen() % 3 == 0) allocations_left = 1 + static_cast<long>(gen() % 6);
-        rows_chosen = false;
-        bool failed = false;
-        try {
-          buf.sample(batch, gear::window{.length = 1}, g);
-        } catch (const std::bad_alloc&) {
-          failed = true;
-        } catch (const gear::error& e) {
-          CHECK(e.code() == gear::errc::out_of_memory);
-          failed = true;
-        }
-        allocations_left = -1;
-        if (failed) {
-          (rows_chosen ? counts.after_choice : counts.before_choice) += 1;
-          break;  // nothing removed: the model stays as it is
-        }
+      allocations_left = -1;
+      if (failed) {
+        (rows_chosen ? counts.after_choice : counts.before_choice) += 1;
+      } else {
         for (std::int64_t r = 0; r < rows; ++r) {
-          const std::uint64_t next = oldest_first ? *live.begin() : *live.rbegin();
-          REQUIRE(batch.keys()[static_cast<std::size_t>(r)].ticket == next);
-          live.erase(next);
+          REQUIRE(batch.keys()[static_cast<std::size_t>(r)].ticket == world.next(oldest_first));
+          world.live.erase(world.next(oldest_first));
         }
       }
     }
-    // Whatever the ring evicted is gone from the model too.
-    const std::uint64_t issued = buf.tickets_issued();
-    const auto cap = static_cast<std::uint64_t>(capacity);
-    live.erase(live.begin(), live.lower_bound(issued > cap ? issued - cap : 0));
-    REQUIRE(buf.size() == static_cast<std::int64_t>(live.size()));
+    // A failed sample removed nothing: the model stays as it was.
+    REQUIRE(buf.size() == static_cast<std::int64_t>(world.live.size()));
   }
 }
 

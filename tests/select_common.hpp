@@ -6,8 +6,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <gear/gear.hpp>
+#include <iterator>
+#include <memory>
 #include <numeric>
 #include <random>
+#include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -29,6 +33,67 @@ std::vector<gear::key> insert_ids(Buffer& buf, std::int32_t first, std::int64_t 
   buf.insert({lengths, {gear::input(ids.data())}, gear::memory_kind::host}, keys, stream...);
   return keys;
 }
+
+/// The queue and stack model tests' world: a host buffer of one-step trajectories, the committed
+/// tickets it should hold (`live`) and up to three open writers. change() makes one random change
+/// that is not a sample (inserts of 1 to 3, an erase, a writer opened, abandoned or committed) and
+/// keeps `live` in step, evictions included; next() is the ticket a queue (oldest_first) or a
+/// stack returns next.
+template <class Buffer>
+struct queue_world {
+  using writer_type = decltype(std::declval<Buffer&>().make_writer());
+  Buffer& buf;
+  std::set<std::uint64_t> live;
+  std::vector<std::unique_ptr<writer_type>> open;
+
+  void change(std::mt19937_64& gen) {
+    switch (gen() % 5) {
+      case 0:
+      case 1: {
+        const auto n =
+            std::min<std::int64_t>(buf.capacity(), 1 + static_cast<std::int64_t>(gen() % 3));
+        for (const auto& k : insert_ids(buf, 0, n)) live.insert(k.ticket);
+        break;
+      }
+      case 2:
+        if (!live.empty()) {
+          auto it = live.begin();
+          std::advance(it, static_cast<long>(gen() % live.size()));
+          const gear::key k{*it, 0, 0};
+          buf.erase(std::span<const gear::key>(&k, 1));
+          live.erase(it);
+        }
+        break;
+      case 3:
+        if (open.size() < 3)
+          open.push_back(std::make_unique<writer_type>(buf.make_writer()));
+        else
+          open.erase(open.begin());  // abandoned
+        break;
+      default:
+        if (!open.empty()) {
+          const std::int32_t v = 0;
+          try {
+            open.back()->append(&v);
+            live.insert(open.back()->commit().ticket);
+          } catch (const gear::error& e) {  // the ring came round: anything else is a failure
+            if (e.code() != gear::errc::invalid_reservation) throw;
+          }
+          open.pop_back();
+        }
+    }
+    evict();
+  }
+  /// Whatever the ring evicted is gone from the model too.
+  void evict() {
+    const std::uint64_t issued = buf.tickets_issued();
+    const auto cap = static_cast<std::uint64_t>(buf.capacity());
+    live.erase(live.begin(), live.lower_bound(issued > cap ? issued - cap : 0));
+  }
+  [[nodiscard]] std::uint64_t next(bool oldest_first) const {
+    return oldest_first ? *live.begin() : *live.rbegin();
+  }
+};
 
 /// The outcome of a chi-square goodness-of-fit test at significance 0.001.
 struct chi2_result {

@@ -951,68 +951,27 @@ TEST_CASE_TEMPLATE(
     "inserts, erases, writers and samples",
     Policy, gear::select::fifo, gear::select::lifo) {
   constexpr bool oldest_first = std::is_same_v<Policy, gear::select::fifo>;
-  using lifo_buffer = gear::replay_buffer<spec, gear::storage::host, Policy>;
-  lifo_buffer buf{gear::capacity{64}, gear::max_length{1}};
+  gear::replay_buffer<spec, gear::storage::host, Policy> buf{gear::capacity{64},
+                                                             gear::max_length{1}};
+  select_test::queue_world<decltype(buf)> world{buf, {}, {}};
   std::mt19937_64 gen(17);
-  std::set<std::uint64_t> live;  // the model: committed tickets still stored
-  using writer_type = decltype(buf.make_writer());
-  std::vector<std::unique_ptr<writer_type>> open;
   gear::rng g{2};
   int samples = 0;
-  auto evict = [&] {  // whatever the ring evicted is gone from the model too
-    const std::uint64_t oldest = buf.tickets_issued() > 64 ? buf.tickets_issued() - 64 : 0;
-    live.erase(live.begin(), live.lower_bound(oldest));
-  };
   for (int step = 0; step < 20000; ++step) {
-    switch (gen() % 6) {
-      case 0:
-      case 1: {
-        const auto keys = insert_ids(buf, 0, 1 + static_cast<std::int64_t>(gen() % 3));
-        for (const auto& k : keys) live.insert(k.ticket);
-        break;
+    if (gen() % 6 != 5) {
+      world.change(gen);
+    } else {
+      const auto rows = static_cast<std::int64_t>(1 + gen() % 6);
+      if (static_cast<std::int64_t>(world.live.size()) < rows) continue;
+      auto batch = buf.make_batch(gear::batch_size{rows}, gear::window_length{1});
+      buf.sample(batch, gear::window{.length = 1}, g);
+      for (std::int64_t r = 0; r < rows; ++r) {
+        CHECK(batch.keys()[static_cast<std::size_t>(r)].ticket == world.next(oldest_first));
+        world.live.erase(world.next(oldest_first));
       }
-      case 2:
-        if (!live.empty()) {
-          auto it = live.begin();
-          std::advance(it, static_cast<long>(gen() % live.size()));
-          const gear::key k{*it, 0, 0};
-          buf.erase(std::span<const gear::key>(&k, 1));
-          live.erase(it);
-        }
-        break;
-      case 3:
-        if (open.size() < 3)
-          open.push_back(std::make_unique<writer_type>(buf.make_writer()));
-        else
-          open.erase(open.begin());  // abandoned
-        break;
-      case 4:
-        if (!open.empty()) {
-          const std::int32_t v = 0;
-          try {
-            open.back()->append(&v);
-            live.insert(open.back()->commit().ticket);
-          } catch (const gear::error& e) {
-            CHECK(e.code() == gear::errc::invalid_reservation);  // the ring came round
-          }
-          open.pop_back();
-        }
-        break;
-      default: {
-        const auto rows = static_cast<std::int64_t>(1 + gen() % 6);
-        if (static_cast<std::int64_t>(live.size()) < rows) break;
-        auto batch = buf.make_batch(gear::batch_size{rows}, gear::window_length{1});
-        buf.sample(batch, gear::window{.length = 1}, g);
-        for (std::int64_t r = 0; r < rows; ++r) {
-          const std::uint64_t next = oldest_first ? *live.begin() : *live.rbegin();
-          CHECK(batch.keys()[static_cast<std::size_t>(r)].ticket == next);
-          live.erase(next);
-        }
-        ++samples;
-      }
+      ++samples;
     }
-    evict();
-    REQUIRE(buf.size() == static_cast<std::int64_t>(live.size()));
+    REQUIRE(buf.size() == static_cast<std::int64_t>(world.live.size()));
   }
   CHECK(samples > 1000);
 }
