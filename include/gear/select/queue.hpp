@@ -147,7 +147,7 @@ class queue_order {
     if (!armed_) return;
     armed_ = false;
     if constexpr (OldestFirst) {
-      cursor_ = std::max(cursor_, consumed_to_);
+      cursor_ = consumed_to_;  // choose() started it at the cursor
     } else {
       for (const lifo_link& run : runs_)
         links_[static_cast<std::size_t>(slot_of_(run.ticket))] = run;

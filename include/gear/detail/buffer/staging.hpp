@@ -266,13 +266,17 @@ class staging_pool {
     std::size_t index = 0;         // its place in entries_
   };
 
+  /// True once the entry, handed back by signal (and not unsafe), has its signal: a read of its
+  /// word, no driver query. The entry then waits for nothing any more.
+  bool signal_seen(entry& e) noexcept {
+    if (!e.signalled || e.unsafe || !signalled(e)) return false;
+    e.signalled = false;
+    return true;
+  }
+
   /// True when the entry's last recorded work has finished. Throws errc::cuda_error.
   bool finished(entry& e) {
-    if (e.signalled && !e.unsafe) {
-      if (!signalled(e)) return false;
-      e.signalled = false;
-      return true;
-    }
+    if (e.signalled && !e.unsafe) return signal_seen(e);
     if (e.unsafe) {
       e.signalled = false;
       GEAR_CUDA_TRY(cudaDeviceSynchronize());
@@ -312,13 +316,10 @@ class staging_pool {
   void collect_signalled() noexcept {
     std::size_t kept = 0;
     for (const std::size_t e : in_flight_) {
-      entry& x = *entries_[e];
-      if (x.signalled && !x.unsafe && signalled(x)) {
-        x.signalled = false;
+      if (signal_seen(*entries_[e]))
         idle_.push_back(e);  // never allocates: both lists have room for every entry
-      } else {
+      else
         in_flight_[kept++] = e;
-      }
     }
     in_flight_.resize(kept);
   }
