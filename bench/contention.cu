@@ -8,9 +8,11 @@
 // References without a buffer say what the copy method alone allows: 8 threads copying their
 // pageable trajectories through pinned memory (a CPU copy, as a landing insert does, then a copy
 // to the GPU), straight from pageable memory (the driver stages it), and the first again while
-// the learner samples (what the copies alone cost the learner, and it them); and the first through
-// write-combined pinned memory, alone and with the learner (whether staging that bypasses the
-// CPU's caches would let a landing insert copy faster).
+// the learner samples (what the copies alone cost the learner, and it them); copies from pinned
+// memory filled once (no CPU copy: what the copy engines and the bus give under the learner's
+// load); and a CPU copy into pinned memory read by a kernel on a high-priority stream (zero-copy:
+// whether loads issued by the multiprocessors fare better beside the learner than the copy
+// engines do). Each of the last two alone, with the learner, and the learner beside it.
 //
 // With gpu-time, the learner records an event before and after each sample (alone, with the
 // actors, beside the copy threads), and a table after the ratios says where its stream's time
@@ -64,53 +66,81 @@ double h2d_limit() {
   return best;
 }
 
+/// How a copy reference moves each trajectory to the GPU.
+enum class method {
+  staged,         ///< a CPU copy into pinned memory, then cudaMemcpyAsync from there (as a landing
+                  ///< insert's placement does)
+  driver,         ///< one cudaMemcpyAsync from the pageable memory (the driver stages it)
+  pinned_only,    ///< cudaMemcpyAsync from pinned memory filled once: no CPU copy (the copy
+                  ///< engines and the bus alone)
+  staged_kernel,  ///< a CPU copy into pinned memory, then a kernel on a stream of the greatest
+                  ///< priority reads it over the bus (zero-copy) and writes device memory
+};
+
+/// Copies `bytes` from pinned (mapped) host memory into device memory with 16-byte loads, each
+/// thread holding 4 loads in flight before it stores them, for as many bytes in flight as the bus
+/// needs from a few blocks. `bytes` is a multiple of 16.
+__global__ void zero_copy(const uint4* __restrict__ from, uint4* __restrict__ to, std::size_t n) {
+  constexpr std::size_t in_flight = 4;
+  const std::size_t stride = std::size_t{gridDim.x} * blockDim.x;
+  for (std::size_t i = std::size_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n;
+       i += in_flight * stride) {
+    uint4 v[in_flight];
+#pragma unroll
+    for (std::size_t k = 0; k < in_flight; ++k)
+      if (i + k * stride < n) v[k] = from[i + k * stride];
+#pragma unroll
+    for (std::size_t k = 0; k < in_flight; ++k)
+      if (i + k * stride < n) to[i + k * stride] = v[k];
+  }
+}
+
 /// What 8 threads move from their own pageable trajectories into device memory, each on its own
-/// stream, with no buffer, GB/s over `seconds`: with `staged`, the way a landing insert does it
-/// (a CPU copy into pinned memory, then cudaMemcpyAsync from there; 4 buffers per thread in
-/// turn), else one cudaMemcpyAsync from the pageable memory (the driver stages it). With a
-/// callable `side`, runs it meanwhile (for as long as it takes) instead of sleeping `seconds`.
-/// With `write_combined`, the pinned buffers are write-combined (cudaHostAllocWriteCombined: the
-/// CPU's copy bypasses its caches, and the GPU's reads of it are not snooped).
+/// stream, with no buffer, GB/s over `seconds`, by `how` (4 pinned buffers per thread in turn,
+/// each reused once the copy from it has finished). With a callable `side`, runs it meanwhile (for
+/// as long as it takes) instead of sleeping `seconds`.
 template <class Side = int>
-double copy_reference(bool staged, double seconds, std::size_t bytes, Side side = 0,
-                      bool write_combined = false) {
+double copy_reference(method how, double seconds, std::size_t bytes, Side side = 0) {
   std::atomic<bool> stop{false};
   std::atomic<std::int64_t> copies{0};
   auto worker = [&] {
-    stream s;
+    int least = 0, greatest = 0;
+    GEAR_CUDA_TRY(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    cudaStream_t s{};
+    GEAR_CUDA_TRY(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking,
+                                               how == method::staged_kernel ? greatest : least));
     std::vector<std::uint8_t> mine(bytes, 3);
     gear::detail::allocation dst(gear::memory_kind::device, bytes);
-    struct pinned_buffer {
-      void* p = nullptr;
-      pinned_buffer(std::size_t n, bool wc) {
-        GEAR_CUDA_TRY(cudaHostAlloc(&p, n, wc ? cudaHostAllocWriteCombined : cudaHostAllocDefault));
-      }
-      pinned_buffer(const pinned_buffer&) = delete;
-      pinned_buffer& operator=(const pinned_buffer&) = delete;
-      ~pinned_buffer() { (void)cudaFreeHost(p); }
-      [[nodiscard]] void* data() const { return p; }
-    };
-    std::vector<std::unique_ptr<pinned_buffer>> pinned;
+    std::vector<gear::detail::allocation> pinned;
     std::vector<gear::detail::event> done;
     for (int i = 0; i < 4; ++i) {
-      pinned.push_back(std::make_unique<pinned_buffer>(bytes, write_combined));
+      pinned.emplace_back(gear::memory_kind::pinned_host, bytes);
+      std::memcpy(pinned.back().data(), mine.data(), bytes);
       done.push_back(gear::detail::event::make());
     }
     std::int64_t n = 0;
     while (!stop.load()) {
-      if (staged) {
-        const auto k = static_cast<std::size_t>(n % 4);
-        GEAR_CUDA_TRY(cudaEventSynchronize(done[k].get()));
-        std::memcpy(pinned[k]->data(), mine.data(), bytes);
-        GEAR_CUDA_TRY(
-            cudaMemcpyAsync(dst.data(), pinned[k]->data(), bytes, cudaMemcpyHostToDevice, s.s));
-        GEAR_CUDA_TRY(cudaEventRecord(done[k].get(), s.s));
-      } else {
-        GEAR_CUDA_TRY(cudaMemcpyAsync(dst.data(), mine.data(), bytes, cudaMemcpyHostToDevice, s.s));
+      const auto k = static_cast<std::size_t>(n % 4);
+      if (how == method::driver) {
+        GEAR_CUDA_TRY(cudaMemcpyAsync(dst.data(), mine.data(), bytes, cudaMemcpyHostToDevice, s));
+        ++n;
+        continue;
       }
+      GEAR_CUDA_TRY(cudaEventSynchronize(done[k].get()));
+      if (how != method::pinned_only) std::memcpy(pinned[k].data(), mine.data(), bytes);
+      if (how == method::staged_kernel) {
+        zero_copy<<<16, 256, 0, s>>>(reinterpret_cast<const uint4*>(pinned[k].device_data()),
+                                     reinterpret_cast<uint4*>(dst.data()), bytes / sizeof(uint4));
+        GEAR_CHECK_LAUNCH(zero_copy);
+      } else {
+        GEAR_CUDA_TRY(
+            cudaMemcpyAsync(dst.data(), pinned[k].data(), bytes, cudaMemcpyHostToDevice, s));
+      }
+      GEAR_CUDA_TRY(cudaEventRecord(done[k].get(), s));
       ++n;
     }
-    GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
+    GEAR_CUDA_TRY(cudaStreamSynchronize(s));
+    GEAR_CUDA_TRY(cudaStreamDestroy(s));
     copies += n;
   };
   const auto t = clock_type::now();
@@ -296,18 +326,21 @@ int main(int argc, char** argv) {
 
   progress("references: 8 threads copying pageable trajectories to the GPU, no buffer");
   const std::size_t traj_bytes = std::size_t{steps} * step_bytes;
-  const double copy_staged = copy_reference(true, phase, traj_bytes);
-  const double copy_driver = copy_reference(false, phase, traj_bytes);
-  double learner_copy = 0;
-  const double copy_with_learner = copy_reference(true, phase, traj_bytes, [&] {
-    learner_copy = learn(buf, learner_stream.s, phase, steps, nullptr, nullptr, timed(copy_time));
-  });
-  progress("references: the same through write-combined pinned memory, alone and with the learner");
-  const double copy_wc = copy_reference(true, phase, traj_bytes, 0, true);
-  double learner_copy_wc = 0;
-  const double copy_wc_with_learner = copy_reference(
-      true, phase, traj_bytes,
-      [&] { learner_copy_wc = learn(buf, learner_stream.s, phase, steps); }, true);
+  const double copy_staged = copy_reference(method::staged, phase, traj_bytes);
+  const double copy_driver = copy_reference(method::driver, phase, traj_bytes);
+  // Each method again while the learner samples, with the learner's rate beside it.
+  auto with_learner = [&](method how, double& learner_rate, gpu_time* t = nullptr) {
+    return copy_reference(how, phase, traj_bytes, [&] {
+      learner_rate = learn(buf, learner_stream.s, phase, steps, nullptr, nullptr, t);
+    });
+  };
+  double learner_copy = 0, learner_pinned = 0, learner_kernel = 0;
+  const double copy_with_learner = with_learner(method::staged, learner_copy, timed(copy_time));
+  progress("references: from pinned memory alone (no CPU copy), and through a zero-copy kernel");
+  const double copy_pinned = copy_reference(method::pinned_only, phase, traj_bytes);
+  const double copy_pinned_with_learner = with_learner(method::pinned_only, learner_pinned);
+  const double copy_kernel = copy_reference(method::staged_kernel, phase, traj_bytes);
+  const double copy_kernel_with_learner = with_learner(method::staged_kernel, learner_kernel);
 
   std::printf("%-58s %12s %14s %8s %8s\n", "operation", "figure", "reference", "ratio", "target");
   // One line: a rate (per second) or a bandwidth (GB/s) against its reference.
@@ -328,9 +361,13 @@ int main(int argc, char** argv) {
   row("8 threads: H2D from pageable, driver-staged (no buffer)", copy_driver, limit, true);
   row("learner, 8 threads copying as above (no buffer)", learner_copy, solo, false);
   row("8 threads copying as above, with the learner", copy_with_learner, limit, true);
-  row("8 threads: CPU copy to write-combined pinned, then H2D", copy_wc, limit, true);
-  row("8 threads copying write-combined, with the learner", copy_wc_with_learner, limit, true);
-  row("learner, 8 threads copying write-combined", learner_copy_wc, solo, false);
+  row("8 threads: H2D from pinned, no CPU copy (no buffer)", copy_pinned, limit, true);
+  row("8 threads copying from pinned, with the learner", copy_pinned_with_learner, limit, true);
+  row("learner, 8 threads copying from pinned", learner_pinned, solo, false);
+  row("8 threads: CPU copy to pinned, zero-copy kernel reads it", copy_kernel, limit, true);
+  row("8 threads copying by zero-copy kernel, with the learner", copy_kernel_with_learner, limit,
+      true);
+  row("learner, 8 threads copying by zero-copy kernel", learner_kernel, solo, false);
   row("8 actors inserting 28 KiB steps, alone", actors_alone, limit, true);
   std::printf("%-58s %9.1f us %11.1f us\n",
               "learner's host time per sample_async, with actors / alone", with_host_us,
