@@ -7,10 +7,10 @@
 //            host-resident columns of a GPU buffer, a wait on the host for the gathers that may
 //            still read the slots' evicted occupants and the writes in flight to them (events of
 //            the buffer's, stream_order::wait_on_host; the caller's stream runs on)
-//   change   host-resident columns written by the CPU; the selection policy's eviction hook; one
-//            scatter launch that writes the GPU columns; the ring, whose commit records one
-//            journal apply, enqueued after the scatter, brings to the device mirror; the commit
-//            hook.
+//   change   host-resident columns written by the CPU; the selection policy's eviction hook; the
+//            ring's commit records; one scatter launch that writes the GPU columns, its threads
+//            applying those records to the device mirror beside the copies (a journal apply of
+//            its own where nothing is scattered); the commit hook.
 //
 // Host memory (pageable or pinned) is read during the call; device memory by the scatter, in
 // stream order. Host data for a storage whose columns are all in device memory, on a buffer used
@@ -259,17 +259,20 @@ void insert_trajectories(Core& b, const trajectories<Spec>& in, std::span<key> k
             [](std::size_t c) { return host_accessible(Core::placement[c]); },
             [&](std::size_t c, std::size_t i) { return b.regions_.host[c].at(slot(i), 0); });
       run_evict_hook(b, first, count, stream);
-      if (layout.scatters) {
-        // Every block reads its row (and plan entry): from device memory, not over PCIe.
-        GEAR_CUDA_TRY(cudaMemcpyAsync(lease.device, lease.host, staged_table,
-                                      cudaMemcpyHostToDevice, stream.get()));
-        scatter_on_device(args, stream);
-      }
-      // The commit, after the bytes in stream order: one apply of the ring's commit records.
+      // The commit: the ring's commit records, written before the launch that applies them.
       const reservation r = b.reserve_in_ring(count, nullptr);
       commit_to_ring(b, r, in.lengths, keys_out,
                      reinterpret_cast<slot_record*>(lease.host + records_at));
-      apply_journal_on_device(b.journal_of(lease, records_at, count), stream);
+      const journal_args journal = b.journal_of(lease, records_at, count);
+      bool applied = false;
+      if (layout.scatters) {
+        // Every block reads its row (and plan entry): from device memory, not over PCIe. The
+        // scatter's threads apply the commit beside the copies: later work sees it with the bytes.
+        GEAR_CUDA_TRY(cudaMemcpyAsync(lease.device, lease.host, staged_table,
+                                      cudaMemcpyHostToDevice, stream.get()));
+        applied = scatter_on_device(args, stream, journal_beside{journal});
+      }
+      if (!applied) apply_journal_on_device(journal, stream);
       b.staging_.release_after(lease, stream.get());
       run_commit_hook(b, first, count, stream);
       b.order_after(stream, Core::write);

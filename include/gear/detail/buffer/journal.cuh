@@ -52,6 +52,18 @@ struct journal_epilogue {
   }
 };
 
+/// An apply run beside another launch's own work by all of its threads, in place of a launch of
+/// its own: the scatter of an insert (scatter.cuh), whose bytes no later work in stream order can
+/// see before the launch has ended. Records of one apply name distinct slots, so the order of
+/// their threads does not matter.
+struct journal_beside {
+  journal_args journal;
+  static constexpr bool present = true;
+  __device__ void operator()(std::int64_t first, std::int64_t stride) const {
+    apply_journal_part(journal, first, stride);
+  }
+};
+
 /// Launches the apply on `stream`; checks the launch, never synchronises. An apply of no records
 /// launches nothing: the live count changes only with slot records.
 inline void apply_journal_on_device(const journal_args& a, cuda::stream_ref stream) {
