@@ -355,8 +355,8 @@ class buffer_core {
     return static_cast<std::size_t>(n) * sizeof(slot_record);
   }
   /// One apply of the `count` slot records at l.host + offset, with the dense index's pending
-  /// changes, written after them now (room: journal_bytes(count) at lease time); enqueued by
-  /// apply_journal_on_device (journal.cuh) or by the last block of a gather (sample.hpp).
+  /// changes, written after them now (room: journal_bytes(count) at lease time); applied by
+  /// apply_journal_on_device, an insert's scatter (journal_beside) or a gather's last block.
   journal_args journal_of(const staging_pool::lease& l, std::size_t offset, std::int64_t count) {
     const std::size_t index_at = offset + static_cast<std::size_t>(count) * sizeof(slot_record);
     journal_args a;
