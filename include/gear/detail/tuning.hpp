@@ -40,9 +40,10 @@ inline constexpr int priority_update_threads = 256;
 inline constexpr int journal_threads = 256;
 inline constexpr std::int64_t journal_max_blocks = 1024;
 /// The buffers' pinned staging (host data on its way to the GPU: inserts, landing inserts, journal
-/// records; and the rows a sample reads back under max_times_sampled) is write-combined. An
-/// experiment: gear_contention's write-combined reference says whether uncached staging copies
-/// faster while a learner samples; the CPU reads such memory slowly (only a readback does).
+/// records; and the rows a sample reads back under max_times_sampled) is write-combined. Off:
+/// gear_contention's write-combined copy references moved as much as cached ones, alone and
+/// beside a learner, in every run (bench/results/h100-session29.txt), and the CPU reads such
+/// memory slowly (a readback does).
 inline constexpr bool staging_write_combined = false;
 /// Threads per block of the gather and scatter kernels.
 inline constexpr int copy_threads = 256;
