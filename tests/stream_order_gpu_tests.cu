@@ -233,6 +233,29 @@ TEST_CASE("a stale give_back never ends another holder's lease of the same stagi
   pool.give_back(d);
 }
 
+// A small call (a sample's records and rows) beside an entry far larger than it needs, in flight
+// by event (an insert's), makes an entry of its own rather than query the driver about the large
+// one and take it: a fifo sample beside inserts then keeps its own staging and asks nothing. A
+// small entry in flight by event is still asked about and reused, not duplicated.
+TEST_CASE("a small lease makes its own entry rather than take a large one in flight") {
+  stream_holder s;
+  gear::detail::staging_pool pool;
+  const std::size_t large = std::size_t{4} << 20, small = 6144;
+  const auto big = pool.acquire(large, 0);
+  pool.release_after(big, s.s);
+  GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));  // finished, which only a driver query would tell
+  const auto own = pool.acquire(small, 0);
+  CHECK(own.entry != big.entry);
+  const auto big_again = pool.acquire(large, 0);  // still there for the next large call
+  CHECK(big_again.entry == big.entry);
+  pool.release_after(own, s.s);
+  GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
+  const auto own_again = pool.acquire(small, 0);  // its own entry, asked about and taken back
+  CHECK(own_again.entry == own.entry);
+  pool.give_back(own_again);
+  pool.give_back(big_again);
+}
+
 TEST_CASE("more open writers than staging entries: each keeps its own steps") {
   stream_holder s;
   vbuffer<gear::storage::device> buf{gear::capacity{64}, gear::max_length{2}};

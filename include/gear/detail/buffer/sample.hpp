@@ -76,38 +76,54 @@ template <class Core>
 void plan_returns(Core& b, const std::int64_t* slots, std::int64_t rows) {
   const std::int64_t limit = consume_limit(b);
   std::vector<std::int64_t>& drawn = b.drawn_slots_;
-  drawn.clear();
-  b.removal_tickets_.clear();
-  // With a limit of 1 (a queue, a stack) every row returned is removed: none stays to count.
-  for (std::int64_t row = 0; row < rows; ++row) {
-    if (slots[row] < 0 || b.ring_.state(slots[row]) != slot_state::committed) continue;
-    if (limit == 1)
-      b.removal_tickets_.push_back(b.ring_.ticket(slots[row]));
-    else
-      drawn.push_back(slots[row]);
-  }
-  if (limit != 1) {
-    std::sort(drawn.begin(), drawn.end());
-    for (std::size_t i = 0; i < drawn.size();) {
-      std::size_t end = i;
-      while (end < drawn.size() && drawn[end] == drawn[i]) ++end;
-      if (b.times_sampled_[static_cast<std::size_t>(drawn[i])] +
-              static_cast<std::int64_t>(end - i) >=
-          limit)
-        b.removal_tickets_.push_back(b.ring_.ticket(drawn[i]));
-      i = end;
-    }
-  }
-  // A queue's rows come in ticket order, a stack's in reverse (distinct either way): one pass
-  // then, where a sort and a pass for duplicates were needed otherwise.
   std::vector<std::uint64_t>& tickets = b.removal_tickets_;
-  if (std::adjacent_find(tickets.begin(), tickets.end(), std::less_equal<>{}) == tickets.end())
-    std::reverse(tickets.begin(), tickets.end());  // strictly descending, or at most one
-  else if (std::adjacent_find(tickets.begin(), tickets.end(), std::greater_equal<>{}) !=
-           tickets.end()) {
+  drawn.clear();
+  tickets.clear();
+  auto sort_distinct = [&] {
     std::sort(tickets.begin(), tickets.end());
     tickets.erase(std::unique(tickets.begin(), tickets.end()), tickets.end());
+  };
+  if (limit == 1) {
+    // Every row returned is removed: none stays to count. A queue's rows come in ticket order, a
+    // stack's in reverse (distinct either way): the pass that writes them says which, where a
+    // sort and a pass for duplicates are needed otherwise.
+    tickets.resize(static_cast<std::size_t>(rows));
+    // Raw pointers: the stores below cannot then make the compiler reload the ring's arrays.
+    const slot_state* states = b.ring_.states();
+    const std::uint64_t* of_slot = b.ring_.tickets();
+    std::uint64_t* out = tickets.data();
+    std::size_t n = 0;
+    bool up = true, down = true;  // strictly, so far
+    for (std::int64_t row = 0; row < rows; ++row) {
+      const std::int64_t slot = slots[row];
+      if (slot < 0 || states[slot] != slot_state::committed) continue;
+      const std::uint64_t t = of_slot[slot];
+      if (n > 0) {
+        up = up && t > out[n - 1];
+        down = down && t < out[n - 1];
+      }
+      out[n++] = t;
+    }
+    tickets.resize(n);
+    if (down)
+      std::reverse(tickets.begin(), tickets.end());  // strictly descending, or at most one
+    else if (!up)
+      sort_distinct();
+    return;
   }
+  for (std::int64_t row = 0; row < rows; ++row)
+    if (slots[row] >= 0 && b.ring_.state(slots[row]) == slot_state::committed)
+      drawn.push_back(slots[row]);
+  std::sort(drawn.begin(), drawn.end());
+  for (std::size_t i = 0; i < drawn.size();) {
+    std::size_t end = i;
+    while (end < drawn.size() && drawn[end] == drawn[i]) ++end;
+    if (b.times_sampled_[static_cast<std::size_t>(drawn[i])] + static_cast<std::int64_t>(end - i) >=
+        limit)
+      tickets.push_back(b.ring_.ticket(drawn[i]));
+    i = end;
+  }
+  sort_distinct();  // slots in order: their tickets need not be
 }
 
 /// Counts the returns plan_returns found, once its removal has changed the ring.

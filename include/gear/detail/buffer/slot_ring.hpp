@@ -182,19 +182,25 @@ class slot_ring {
   }
 
   /// Removes committed trajectories (distinct tickets, each held). Writes one record per ticket.
-  /// A run of consecutive tickets (a queue's or a stack's rows) walks its slots without a
-  /// remainder per ticket.
+  /// A run of consecutive tickets (a queue's or a stack's rows) clears its slots as one range,
+  /// up to the end of the ring.
   void remove(std::span<const std::uint64_t> tickets, slot_record* out) noexcept {
-    std::int64_t slot = 0;
-    for (std::size_t i = 0; i < tickets.size(); ++i) {
-      if (i > 0 && tickets[i] == tickets[i - 1] + 1)
-        slot = slot + 1 == capacity_ ? 0 : slot + 1;
+    for (std::size_t i = 0; i < tickets.size();) {
+      const std::int64_t slot = slot_of(tickets[i]);
+      const std::size_t most = i + static_cast<std::size_t>(capacity_ - slot);  // ring's end
+      std::size_t end = i + 1;
+      while (end < tickets.size() && end < most && tickets[end] == tickets[end - 1] + 1) ++end;
+      const auto run = static_cast<std::int64_t>(end - i);
+      std::fill_n(states_.begin() + slot, run, slot_state::empty);
+      std::fill_n(lengths_.begin() + slot, run, 0);
+      if (indexed())
+        for (std::int64_t k = 0; k < run; ++k) unlist(slot + k);
       else
-        slot = slot_of(tickets[i]);
-      states_[at(slot)] = slot_state::empty;
-      lengths_[at(slot)] = 0;
-      unlist(slot);
-      if (out != nullptr) out[i] = slot_record::make(tickets[i], slot_record::removed);
+        live_ -= run;
+      if (out != nullptr)
+        for (std::size_t k = i; k < end; ++k)
+          out[k] = slot_record::make(tickets[k], slot_record::removed);
+      i = end;
     }
   }
 

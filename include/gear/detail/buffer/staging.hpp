@@ -87,15 +87,21 @@ class staging_pool {
       collect_signalled();
       pick = take_idle(pinned_bytes, device_bytes, pick_from::snug);
     }
-    if (pick == nullptr) {
+    // A small call with no snug entry in flight but signalled ones (which collect_signalled has
+    // read) makes one of its own rather than ask the driver about, and then take, an entry far
+    // larger than it needs: a sample beside inserts keeps its own entry and asks nothing.
+    const bool own_entry = pick == nullptr && pinned_bytes + device_bytes <= snug_floor &&
+                           entries_.size() < max_entries &&
+                           !snug_in_flight(pinned_bytes, device_bytes);
+    if (pick == nullptr && !own_entry) {
       collect(probe);
       pick = take_idle(pinned_bytes, device_bytes);
     }
-    if (pick == nullptr) {
+    if (pick == nullptr && !own_entry) {
       collect(probe_more);
       pick = take_idle(pinned_bytes, device_bytes);
     }
-    if (pick == nullptr && entries_.size() >= max_entries) {
+    if (pick == nullptr && !own_entry && entries_.size() >= max_entries) {
       // Every entry is leased (open writers and landing inserts hold theirs across calls), in
       // flight or too small: wait for the oldest in flight, then take an idle one; with none,
       // make another.
@@ -366,6 +372,19 @@ class staging_pool {
     idle_[best] = idle_.back();
     idle_.pop_back();
     return e;
+  }
+
+  /// True if an entry handed back by event (not by signal) is in flight that would be snug for
+  /// the sizes (take_idle's pick_from::snug): a probe may find it finished.
+  [[nodiscard]] bool snug_in_flight(std::size_t pinned_bytes, std::size_t device_bytes) const {
+    const std::size_t most = std::max(2 * (pinned_bytes + device_bytes), snug_floor);
+    for (const std::size_t i : in_flight_) {
+      const entry& e = *entries_[i];
+      if (!e.signalled && e.pinned.size() >= pinned_bytes && e.device.size() >= device_bytes &&
+          e.pinned.size() + e.device.size() <= most)
+        return true;
+    }
+    return false;
   }
 
   /// Grows the entry's memory to the sizes asked for (at least doubling); on failure the entry
