@@ -12,7 +12,11 @@
 // memory filled once (no CPU copy: what the copy engines and the bus give under the learner's
 // load); and a CPU copy into pinned memory read by a kernel on a high-priority stream (zero-copy:
 // whether loads issued by the multiprocessors fare better beside the learner than the copy
-// engines do). Each of the last two alone, with the learner, and the learner beside it.
+// engines do). Each of the last two alone, with the learner, and the learner beside it. Then an
+// experiment without gear: a gather of the learner's shape written two ways (a block per row, as
+// gear's; blocks that take 64 KiB chunks from a shared counter), each alone and beside zero-copy
+// copies of 16 and of 2 blocks a copy, and those copies' rates: whether a gather that shares out
+// its work as it goes would let loads from the multiprocessors carry the actors' bytes.
 //
 // With gpu-time, the learner records an event before and after each sample (alone, with the
 // actors, beside the copy threads), and a table after the ratios says where its stream's time
@@ -74,14 +78,18 @@ enum class method {
   pinned_only,    ///< cudaMemcpyAsync from pinned memory filled once: no CPU copy (the copy
                   ///< engines and the bus alone)
   staged_kernel,  ///< a CPU copy into pinned memory, then a kernel on a stream of the greatest
-                  ///< priority reads it over the bus (zero-copy) and writes device memory
+                  ///< priority reads it over the bus (zero-copy) and writes device memory: 16
+                  ///< blocks a copy, 4 loads in flight a thread
+  staged_narrow,  ///< the same with 2 blocks a copy, 16 loads in flight a thread (as many bytes in
+                  ///< flight on 8 times fewer multiprocessors)
 };
 
-/// Copies `bytes` from pinned (mapped) host memory into device memory with 16-byte loads, each
-/// thread holding 4 loads in flight before it stores them, for as many bytes in flight as the bus
-/// needs from a few blocks. `bytes` is a multiple of 16.
+/// Copies `n` 16-byte vectors from pinned (mapped) host memory into device memory, each thread
+/// holding InFlight loads in flight before it stores them, for as many bytes in flight as the bus
+/// needs from a few blocks.
+template <int InFlight>
 __global__ void zero_copy(const uint4* __restrict__ from, uint4* __restrict__ to, std::size_t n) {
-  constexpr std::size_t in_flight = 4;
+  constexpr std::size_t in_flight = InFlight;
   const std::size_t stride = std::size_t{gridDim.x} * blockDim.x;
   for (std::size_t i = std::size_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n;
        i += in_flight * stride) {
@@ -107,8 +115,9 @@ double copy_reference(method how, double seconds, std::size_t bytes, Side side =
     int least = 0, greatest = 0;
     GEAR_CUDA_TRY(cudaDeviceGetStreamPriorityRange(&least, &greatest));
     cudaStream_t s{};
-    GEAR_CUDA_TRY(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking,
-                                               how == method::staged_kernel ? greatest : least));
+    const bool by_kernel = how == method::staged_kernel || how == method::staged_narrow;
+    GEAR_CUDA_TRY(
+        cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, by_kernel ? greatest : least));
     std::vector<std::uint8_t> mine(bytes, 3);
     gear::detail::allocation dst(gear::memory_kind::device, bytes);
     std::vector<gear::detail::allocation> pinned;
@@ -128,10 +137,14 @@ double copy_reference(method how, double seconds, std::size_t bytes, Side side =
       }
       GEAR_CUDA_TRY(cudaEventSynchronize(done[k].get()));
       if (how != method::pinned_only) std::memcpy(pinned[k].data(), mine.data(), bytes);
+      const auto* from = reinterpret_cast<const uint4*>(pinned[k].device_data());
+      auto* to = reinterpret_cast<uint4*>(dst.data());
       if (how == method::staged_kernel) {
-        zero_copy<<<16, 256, 0, s>>>(reinterpret_cast<const uint4*>(pinned[k].device_data()),
-                                     reinterpret_cast<uint4*>(dst.data()), bytes / sizeof(uint4));
-        GEAR_CHECK_LAUNCH(zero_copy);
+        zero_copy<4><<<16, 256, 0, s>>>(from, to, bytes / sizeof(uint4));
+        GEAR_CHECK_LAUNCH("zero_copy");
+      } else if (how == method::staged_narrow) {
+        zero_copy<16><<<2, 256, 0, s>>>(from, to, bytes / sizeof(uint4));
+        GEAR_CHECK_LAUNCH("zero_copy");
       } else {
         GEAR_CUDA_TRY(
             cudaMemcpyAsync(dst.data(), pinned[k].data(), bytes, cudaMemcpyHostToDevice, s));
@@ -154,6 +167,129 @@ double copy_reference(method how, double seconds, std::size_t bytes, Side side =
   for (auto& th : pool) th.join();
   return double(copies.load()) * double(bytes) / seconds_since(t) / 1e9;
 }
+
+/// Copies `n` 16-byte vectors with the threads of one block, 4 loads in flight a thread.
+__device__ void block_copy(const uint4* __restrict__ from, uint4* __restrict__ to, std::size_t n) {
+  constexpr std::size_t in_flight = 4;
+  for (std::size_t i = threadIdx.x; i < n; i += in_flight * blockDim.x) {
+    uint4 v[in_flight];
+#pragma unroll
+    for (std::size_t k = 0; k < in_flight; ++k)
+      if (i + k * blockDim.x < n) v[k] = from[i + k * blockDim.x];
+#pragma unroll
+    for (std::size_t k = 0; k < in_flight; ++k)
+      if (i + k * blockDim.x < n) to[i + k * blockDim.x] = v[k];
+  }
+}
+
+/// Row r of the batch from row rows[r] of the table, a block per row (as gear's gather copies rows
+/// this long).
+__global__ void rows_by_block(const uint4* table, uint4* out, const std::int64_t* rows,
+                              std::size_t row_vectors) {
+  block_copy(table + static_cast<std::size_t>(rows[blockIdx.x]) * row_vectors,
+             out + blockIdx.x * row_vectors, row_vectors);
+}
+
+/// The same rows, cut into chunks of `chunk_vectors` that each block takes from `counter` (0 when
+/// the launch starts) until none is left: a block slowed by its multiprocessor's neighbours takes
+/// fewer.
+__global__ void rows_by_counter(const uint4* table, uint4* out, const std::int64_t* rows,
+                                std::size_t row_vectors, std::size_t chunk_vectors,
+                                std::size_t chunks, unsigned long long* counter) {
+  const std::size_t per_row = (row_vectors + chunk_vectors - 1) / chunk_vectors;
+  __shared__ unsigned long long taken;
+  for (;;) {
+    __syncthreads();  // every thread has read the last chunk's number
+    if (threadIdx.x == 0) taken = atomicAdd(counter, 1ull);
+    __syncthreads();
+    const std::size_t k = taken;
+    if (k >= chunks) return;
+    const std::size_t r = k / per_row, lo = k % per_row * chunk_vectors;
+    block_copy(table + static_cast<std::size_t>(rows[r]) * row_vectors + lo,
+               out + r * row_vectors + lo, std::min(chunk_vectors, row_vectors - lo));
+  }
+}
+
+/// An experiment beside the zero-copy references, without gear: a learner's gather of B = 256
+/// rows of 64 steps of 28 KiB from a table of 2048 rows, copied a block per row or by blocks (4
+/// per multiprocessor) that take 64 KiB chunks from a shared counter. Says whether a gather that
+/// shares its work out as it goes keeps its rate beside zero-copy copies, as one whose blocks each
+/// own a row does not.
+class row_copies {
+ public:
+  row_copies()
+      : table_(gear::memory_kind::device, table_rows * row_bytes),
+        out_(gear::memory_kind::device, batch * row_bytes),
+        rows_(gear::memory_kind::device, batch * sizeof(std::int64_t)),
+        counters_(gear::memory_kind::device, per_sync * sizeof(unsigned long long)),
+        grid_(4 * gear::detail::multiprocessors()) {
+    std::vector<std::int64_t> rows(batch);
+    std::uint64_t x = 12345;
+    for (auto& r : rows) {  // a fixed pseudo-random draw of rows
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      r = static_cast<std::int64_t>((x >> 33) % table_rows);
+    }
+    GEAR_CUDA_TRY(cudaMemcpy(rows_.data(), rows.data(), rows_.size(), cudaMemcpyHostToDevice));
+    for (std::size_t r = 0; r < table_rows; ++r)  // each row its own byte
+      GEAR_CUDA_TRY(cudaMemsetAsync(table_.data() + r * row_bytes, byte_of(r), row_bytes, s_.s));
+    // Each copy once, its batch checked every 4 KiB against the rows drawn.
+    std::vector<std::uint8_t> got(out_.size());
+    for (const bool by_counter : {false, true}) {
+      GEAR_CUDA_TRY(cudaMemsetAsync(out_.data(), 0, out_.size(), s_.s));
+      launch(by_counter, 0);
+      GEAR_CUDA_TRY(
+          cudaMemcpyAsync(got.data(), out_.data(), got.size(), cudaMemcpyDeviceToHost, s_.s));
+      GEAR_CUDA_TRY(cudaStreamSynchronize(s_.s));
+      std::size_t wrong = 0;
+      for (std::size_t at = 0; at < got.size(); at += 4096)
+        wrong += got[at] != byte_of(static_cast<std::size_t>(rows[at / row_bytes]));
+      wrong += got.back() != byte_of(static_cast<std::size_t>(rows.back()));
+      GEAR_REQUIRE(wrong == 0, gear::errc::cuda_error,
+                   std::string("the row copy experiment copied wrong bytes (") +
+                       (by_counter ? "by counter" : "a block per row") + ")");
+    }
+  }
+
+  /// Batches per second over `seconds`, per_sync launches between synchronisations.
+  double rate(bool by_counter, double seconds) {
+    std::int64_t n = 0;
+    const auto t = clock_type::now();
+    while (seconds_since(t) < seconds) {
+      for (int i = 0; i < per_sync; ++i) launch(by_counter, i);
+      GEAR_CUDA_TRY(cudaStreamSynchronize(s_.s));
+      n += per_sync;
+    }
+    return double(n) / seconds_since(t);
+  }
+
+ private:
+  static std::uint8_t byte_of(std::size_t row) { return static_cast<std::uint8_t>(row * 7 + 1); }
+
+  /// Enqueues one batch's copy; by counter, with counter `i` (all are cleared before the first).
+  void launch(bool by_counter, int i) {
+    const auto* table = reinterpret_cast<const uint4*>(table_.data());
+    auto* out = reinterpret_cast<uint4*>(out_.data());
+    const auto* rows = reinterpret_cast<const std::int64_t*>(rows_.data());
+    auto* counters = reinterpret_cast<unsigned long long*>(counters_.data());
+    const std::size_t v = row_bytes / sizeof(uint4), chunk = chunk_bytes / sizeof(uint4);
+    if (!by_counter) {
+      rows_by_block<<<batch, 256, 0, s_.s>>>(table, out, rows, v);
+      GEAR_CHECK_LAUNCH("rows_by_block");
+      return;
+    }
+    if (i == 0) GEAR_CUDA_TRY(cudaMemsetAsync(counters, 0, counters_.size(), s_.s));
+    rows_by_counter<<<grid_, 256, 0, s_.s>>>(table, out, rows, v, chunk,
+                                             batch * ((v + chunk - 1) / chunk), counters + i);
+    GEAR_CHECK_LAUNCH("rows_by_counter");
+  }
+
+  static constexpr std::size_t table_rows = 2048, chunk_bytes = std::size_t{64} << 10;
+  static constexpr std::size_t row_bytes = std::size_t{steps} * step_bytes;
+  static constexpr int per_sync = 16;
+  gear::detail::allocation table_, out_, rows_, counters_;
+  int grid_ = 0;
+  stream s_;
+};
 
 /// Where a learner's time goes on its stream (gear_contention's gpu-time mode), microseconds per
 /// sample: between an event recorded before each sample_async and one after it (`in_sample`),
@@ -341,6 +477,21 @@ int main(int argc, char** argv) {
   const double copy_pinned_with_learner = with_learner(method::pinned_only, learner_pinned);
   const double copy_kernel = copy_reference(method::staged_kernel, phase, traj_bytes);
   const double copy_kernel_with_learner = with_learner(method::staged_kernel, learner_kernel);
+  progress(
+      "an experiment without gear: rows copied a block per row or by chunks from a counter, "
+      "beside zero-copy copies");
+  row_copies rc;
+  const double by_block = rc.rate(false, phase), by_counter = rc.rate(true, phase);
+  // A zero-copy method's GB/s with a row copy (by counter or not) running meanwhile; its rate.
+  auto beside = [&](method how, bool counter, double& rate) {
+    return copy_reference(how, phase, traj_bytes, [&] { rate = rc.rate(counter, phase); });
+  };
+  double block_wide = 0, counter_wide = 0, block_narrow = 0, counter_narrow = 0;
+  (void)beside(method::staged_kernel, false, block_wide);
+  const double wide_by_counter = beside(method::staged_kernel, true, counter_wide);
+  const double copy_narrow = copy_reference(method::staged_narrow, phase, traj_bytes);
+  (void)beside(method::staged_narrow, false, block_narrow);
+  const double narrow_by_counter = beside(method::staged_narrow, true, counter_narrow);
 
   std::printf("%-58s %12s %14s %8s %8s\n", "operation", "figure", "reference", "ratio", "target");
   // One line: a rate (per second) or a bandwidth (GB/s) against its reference.
@@ -368,6 +519,15 @@ int main(int argc, char** argv) {
   row("8 threads copying by zero-copy kernel, with the learner", copy_kernel_with_learner, limit,
       true);
   row("learner, 8 threads copying by zero-copy kernel", learner_kernel, solo, false);
+  row("rows a block per row (no gear), alone; against the learner", by_block, solo, false);
+  row("rows by 64 KiB chunks from a counter, alone", by_counter, by_block, false);
+  row("a block per row, beside zero-copy copies", block_wide, by_block, false);
+  row("chunks from a counter, beside zero-copy copies", counter_wide, by_counter, false);
+  row("zero-copy copies, beside the chunks from a counter", wide_by_counter, limit, true);
+  row("8 threads: zero-copy kernel of 2 blocks a copy, alone", copy_narrow, limit, true);
+  row("a block per row, beside 2-block zero-copy copies", block_narrow, by_block, false);
+  row("chunks from a counter, beside 2-block zero-copy copies", counter_narrow, by_counter, false);
+  row("2-block zero-copy copies, beside the chunks", narrow_by_counter, limit, true);
   row("8 actors inserting 28 KiB steps, alone", actors_alone, limit, true);
   std::printf("%-58s %9.1f us %11.1f us\n",
               "learner's host time per sample_async, with actors / alone", with_host_us,

@@ -218,6 +218,15 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
   *s = make_handle<cudaStream_t>();
   return cudaSuccess;
 }
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned, int) {
+  *s = make_handle<cudaStream_t>();
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
+  *least = 0;
+  *greatest = -5;
+  return cudaSuccess;
+}
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
   std::free(s);
   return cudaSuccess;
