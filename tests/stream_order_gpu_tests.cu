@@ -256,6 +256,22 @@ TEST_CASE("a small lease makes its own entry rather than take a large one in fli
   pool.give_back(big_again);
 }
 
+// Staging reserved ahead for large batches (reserve_staging: every entry larger than a small call
+// would call snug) still serves a small call, which takes the smallest idle entry that fits
+// rather than allocate one of its own.
+TEST_CASE("a small lease takes an idle entry reserved ahead before it makes one") {
+  gear::detail::staging_pool pool;
+  const std::size_t reserved = 294912;  // a uniform sample's records at B = 4096
+  pool.reserve(8, reserved, 0);
+  const auto small = pool.acquire(48, 0);  // an erase of one key
+  CHECK(small.entry < 8);
+  const auto more = pool.acquire(18432, 0);  // a fifo sample's records and rows, B = 768
+  CHECK(more.entry < 8);
+  CHECK(more.entry != small.entry);
+  pool.give_back(small);
+  pool.give_back(more);
+}
+
 TEST_CASE("more open writers than staging entries: each keeps its own steps") {
   stream_holder s;
   vbuffer<gear::storage::device> buf{gear::capacity{64}, gear::max_length{2}};

@@ -11,7 +11,8 @@
 // consuming sample reads back: a sample under max_times_sampled holds two at once); the
 // selection state its own staging (select::fifo / lifo's chosen rows where a sample has no lease
 // of its own, select::prioritized's host-span updates); a consuming policy its return counts.
-// Leases take the smallest idle entry that fits, so small calls keep to the small entries.
+// Leases take the smallest idle entry that fits, so small calls keep to the small entries (and a
+// small call takes a larger idle entry before it makes one: staging.hpp).
 
 #include <algorithm>
 #include <cstddef>

@@ -3,10 +3,10 @@
 //
 // Every change of a slot is a slot_record: (ticket, rank, length), rank pending < committed <
 // removed. Host-storage buffers keep the slot ring's own arrays; GPU buffers keep a mirror in
-// device memory that only records change, applied in stream order by kernels (the journal, and
-// the last block of a gather that removes what it returns). A record lands only if (ticket, rank)
-// exceeds what the slot holds, so
-// records applied late or twice, or from streams that race, can never bring back an older state:
+// device memory that only records change, applied in stream order by kernels (the journal, the
+// threads of an insert's scatter, and the last block of a gather that removes what it returns). A
+// record lands only if (ticket, rank) exceeds what the slot holds, so records applied late or
+// twice, or from streams that race, can never bring back an older state:
 //
 //   order[slot] = (ticket + 1) << 2 | rank        0: never reserved (tickets below 2^62: a
 //                                                 century at 10^9 reservations a second)
@@ -80,10 +80,11 @@ struct journal_args {
   std::int64_t live = 0;  ///< the live count once these records are applied (mirror.live)
 };
 
-/// Applies one record to a mirror of `capacity` slots (the journal kernel and a gather's last
-/// block call it on the device; tests on the host). On the device a record that raises order[slot] writes the
-/// slot's ticket and length, then looks again: if a newer record raised the order meanwhile (a
-/// race between streams), it clears the length it may have written after that record's.
+/// Applies one record to a mirror of `capacity` slots (the journal kernel, an insert's scatter and
+/// a gather's last block call it on the device; tests on the host). On the device a record that
+/// raises order[slot] writes the slot's ticket and length, then looks again: if a newer record
+/// raised the order meanwhile (a race between streams), it clears the length it may have written
+/// after that record's.
 GEAR_HD inline void apply_slot_record(const slot_mirror& m, std::int64_t capacity,
                                       const slot_record& r) noexcept {
   const std::uint64_t ticket = r.ticket();

@@ -14,11 +14,13 @@
 // first collects the signalled entries whose kernels have finished (below: a read of a word each)
 // and looks again, then asks at most `probe` entries at the queue's head whether their work has
 // finished (a finished one becomes idle, an unfinished one goes to the back) and takes the
-// smallest idle entry that fits, then asks `probe_more` before it makes a new one. So a call makes
-// a bounded number of driver queries however many entries are in flight, and none while snug idle
-// entries wait (staging reserved ahead, collected by an earlier call, or signalled finished: a
-// consuming sample's lease is found that way even behind an insert's, whose event would be
-// queried first).
+// smallest idle entry that fits, then asks `probe_more` before it makes a new one. A small call
+// (at most snug_floor) with no snug entry in flight by event asks nothing: it takes the smallest
+// idle entry that fits (staging reserved ahead for larger batches), or makes one of its own, rather
+// than query an insert's large entry and take it. So a call makes a bounded number of driver
+// queries however many entries are in flight, and none while snug idle entries wait (staging
+// reserved ahead, collected by an earlier call, or signalled finished: a consuming sample's lease
+// is found that way even behind an insert's, whose event would be queried first).
 //
 // Signals: a lease read only by one of gear's kernels can be handed back without an event. The
 // kernel's last block, once nothing of the launch reads the lease any more, writes the lease's
@@ -88,11 +90,13 @@ class staging_pool {
       pick = take_idle(pinned_bytes, device_bytes, pick_from::snug);
     }
     // A small call with no snug entry in flight but signalled ones (which collect_signalled has
-    // read) makes one of its own rather than ask the driver about, and then take, an entry far
-    // larger than it needs: a sample beside inserts keeps its own entry and asks nothing.
+    // read) asks the driver nothing: it takes an idle entry that fits (one reserved ahead for a
+    // larger batch: reserve_staging's promise), else makes one of its own, rather than query an
+    // entry far larger than it needs and take it: a sample beside inserts keeps its own entry.
     const bool own_entry = pick == nullptr && pinned_bytes + device_bytes <= snug_floor &&
                            entries_.size() < max_entries &&
                            !snug_in_flight(pinned_bytes, device_bytes);
+    if (own_entry) pick = take_idle(pinned_bytes, device_bytes);
     if (pick == nullptr && !own_entry) {
       collect(probe);
       pick = take_idle(pinned_bytes, device_bytes);
