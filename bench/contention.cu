@@ -79,28 +79,17 @@ enum class method {
                   ///< engines and the bus alone)
   staged_kernel,  ///< a CPU copy into pinned memory, then a kernel on a stream of the greatest
                   ///< priority reads it over the bus (zero-copy) and writes device memory: 16
-                  ///< blocks a copy, 4 loads in flight a thread
-  staged_narrow,  ///< the same with 2 blocks a copy, 16 loads in flight a thread (as many bytes in
-                  ///< flight on 8 times fewer multiprocessors)
+                  ///< blocks of 256 threads a copy
+  staged_narrow,  ///< the same with 2 blocks of 1024 threads a copy (half the bytes in flight, on 8
+                  ///< times fewer multiprocessors)
 };
 
-/// Copies `n` 16-byte vectors from pinned (mapped) host memory into device memory, each thread
-/// holding InFlight loads in flight before it stores them, for as many bytes in flight as the bus
-/// needs from a few blocks.
-template <int InFlight>
-__global__ void zero_copy(const uint4* __restrict__ from, uint4* __restrict__ to, std::size_t n) {
-  constexpr std::size_t in_flight = InFlight;
-  const std::size_t stride = std::size_t{gridDim.x} * blockDim.x;
-  for (std::size_t i = std::size_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n;
-       i += in_flight * stride) {
-    uint4 v[in_flight];
-#pragma unroll
-    for (std::size_t k = 0; k < in_flight; ++k)
-      if (i + k * stride < n) v[k] = from[i + k * stride];
-#pragma unroll
-    for (std::size_t k = 0; k < in_flight; ++k)
-      if (i + k * stride < n) to[i + k * stride] = v[k];
-  }
+/// Copies `bytes` from pinned (mapped) host memory into device memory with every thread of the
+/// grid: gear's own copy loop (detail/copy.cuh), whose threads each keep
+/// tuning::copy_vectors_per_thread loads in flight.
+__global__ void zero_copy(const std::byte* from, std::byte* to, std::int64_t bytes) {
+  gear::detail::group_copy(to, from, bytes, static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x),
+                           static_cast<int>(gridDim.x * blockDim.x));
 }
 
 /// What 8 threads move from their own pageable trajectories into device memory, each on its own
@@ -137,13 +126,12 @@ double copy_reference(method how, double seconds, std::size_t bytes, Side side =
       }
       GEAR_CUDA_TRY(cudaEventSynchronize(done[k].get()));
       if (how != method::pinned_only) std::memcpy(pinned[k].data(), mine.data(), bytes);
-      const auto* from = reinterpret_cast<const uint4*>(pinned[k].device_data());
-      auto* to = reinterpret_cast<uint4*>(dst.data());
+      const auto length = static_cast<std::int64_t>(bytes);
       if (how == method::staged_kernel) {
-        zero_copy<4><<<16, 256, 0, s>>>(from, to, bytes / sizeof(uint4));
+        zero_copy<<<16, 256, 0, s>>>(pinned[k].device_data(), dst.data(), length);
         GEAR_CHECK_LAUNCH("zero_copy");
       } else if (how == method::staged_narrow) {
-        zero_copy<16><<<2, 256, 0, s>>>(from, to, bytes / sizeof(uint4));
+        zero_copy<<<2, 1024, 0, s>>>(pinned[k].device_data(), dst.data(), length);
         GEAR_CHECK_LAUNCH("zero_copy");
       } else {
         GEAR_CUDA_TRY(
@@ -168,45 +156,31 @@ double copy_reference(method how, double seconds, std::size_t bytes, Side side =
   return double(copies.load()) * double(bytes) / seconds_since(t) / 1e9;
 }
 
-/// Copies `n` 16-byte vectors with the threads of one block, 4 loads in flight a thread.
-__device__ void block_copy(const uint4* __restrict__ from, uint4* __restrict__ to, std::size_t n) {
-  constexpr std::size_t in_flight = 4;
-  for (std::size_t i = threadIdx.x; i < n; i += in_flight * blockDim.x) {
-    uint4 v[in_flight];
-#pragma unroll
-    for (std::size_t k = 0; k < in_flight; ++k)
-      if (i + k * blockDim.x < n) v[k] = from[i + k * blockDim.x];
-#pragma unroll
-    for (std::size_t k = 0; k < in_flight; ++k)
-      if (i + k * blockDim.x < n) to[i + k * blockDim.x] = v[k];
-  }
-}
-
 /// Row r of the batch from row rows[r] of the table, a block per row (as gear's gather copies rows
-/// this long).
-__global__ void rows_by_block(const uint4* table, uint4* out, const std::int64_t* rows,
-                              std::size_t row_vectors) {
-  block_copy(table + static_cast<std::size_t>(rows[blockIdx.x]) * row_vectors,
-             out + blockIdx.x * row_vectors, row_vectors);
+/// this long), with gear's block copy.
+__global__ void rows_by_block(const std::byte* table, std::byte* out, const std::int64_t* rows,
+                              std::int64_t row_bytes) {
+  gear::detail::block_copy(out + blockIdx.x * row_bytes, table + rows[blockIdx.x] * row_bytes,
+                           row_bytes);
 }
 
-/// The same rows, cut into chunks of `chunk_vectors` that each block takes from `counter` (0 when
+/// The same rows, cut into chunks of `chunk_bytes` that each block takes from `counter` (0 when
 /// the launch starts) until none is left: a block slowed by its multiprocessor's neighbours takes
 /// fewer.
-__global__ void rows_by_counter(const uint4* table, uint4* out, const std::int64_t* rows,
-                                std::size_t row_vectors, std::size_t chunk_vectors,
-                                std::size_t chunks, unsigned long long* counter) {
-  const std::size_t per_row = (row_vectors + chunk_vectors - 1) / chunk_vectors;
+__global__ void rows_by_counter(const std::byte* table, std::byte* out, const std::int64_t* rows,
+                                std::int64_t row_bytes, std::int64_t chunk_bytes,
+                                std::int64_t chunks, unsigned long long* counter) {
+  const std::int64_t per_row = (row_bytes + chunk_bytes - 1) / chunk_bytes;
   __shared__ unsigned long long taken;
   for (;;) {
     __syncthreads();  // every thread has read the last chunk's number
     if (threadIdx.x == 0) taken = atomicAdd(counter, 1ull);
     __syncthreads();
-    const std::size_t k = taken;
+    const auto k = static_cast<std::int64_t>(taken);
     if (k >= chunks) return;
-    const std::size_t r = k / per_row, lo = k % per_row * chunk_vectors;
-    block_copy(table + static_cast<std::size_t>(rows[r]) * row_vectors + lo,
-               out + r * row_vectors + lo, std::min(chunk_vectors, row_vectors - lo));
+    const std::int64_t r = k / per_row, lo = k % per_row * chunk_bytes;
+    gear::detail::block_copy(out + r * row_bytes + lo, table + rows[r] * row_bytes + lo,
+                             gear::detail::min64(chunk_bytes, row_bytes - lo));
   }
 }
 
@@ -267,19 +241,18 @@ class row_copies {
 
   /// Enqueues one batch's copy; by counter, with counter `i` (all are cleared before the first).
   void launch(bool by_counter, int i) {
-    const auto* table = reinterpret_cast<const uint4*>(table_.data());
-    auto* out = reinterpret_cast<uint4*>(out_.data());
     const auto* rows = reinterpret_cast<const std::int64_t*>(rows_.data());
     auto* counters = reinterpret_cast<unsigned long long*>(counters_.data());
-    const std::size_t v = row_bytes / sizeof(uint4), chunk = chunk_bytes / sizeof(uint4);
+    constexpr auto row = static_cast<std::int64_t>(row_bytes);
+    constexpr auto chunk = static_cast<std::int64_t>(chunk_bytes);
     if (!by_counter) {
-      rows_by_block<<<batch, 256, 0, s_.s>>>(table, out, rows, v);
+      rows_by_block<<<batch, 256, 0, s_.s>>>(table_.data(), out_.data(), rows, row);
       GEAR_CHECK_LAUNCH("rows_by_block");
       return;
     }
     if (i == 0) GEAR_CUDA_TRY(cudaMemsetAsync(counters, 0, counters_.size(), s_.s));
-    rows_by_counter<<<grid_, 256, 0, s_.s>>>(table, out, rows, v, chunk,
-                                             batch * ((v + chunk - 1) / chunk), counters + i);
+    rows_by_counter<<<grid_, 256, 0, s_.s>>>(table_.data(), out_.data(), rows, row, chunk,
+                                             batch * ((row + chunk - 1) / chunk), counters + i);
     GEAR_CHECK_LAUNCH("rows_by_counter");
   }
 

@@ -93,34 +93,12 @@ class staging_pool {
     // read) asks the driver nothing: it takes an idle entry that fits (one reserved ahead for a
     // larger batch: reserve_staging's promise), else makes one of its own, rather than query an
     // entry far larger than it needs and take it: a sample beside inserts keeps its own entry.
-    const bool own_entry = pick == nullptr && pinned_bytes + device_bytes <= snug_floor &&
-                           entries_.size() < max_entries &&
-                           !snug_in_flight(pinned_bytes, device_bytes);
-    if (own_entry) pick = take_idle(pinned_bytes, device_bytes);
-    if (pick == nullptr && !own_entry) {
-      collect(probe);
-      pick = take_idle(pinned_bytes, device_bytes);
-    }
-    if (pick == nullptr && !own_entry) {
-      collect(probe_more);
-      pick = take_idle(pinned_bytes, device_bytes);
-    }
-    if (pick == nullptr && !own_entry && entries_.size() >= max_entries) {
-      // Every entry is leased (open writers and landing inserts hold theirs across calls), in
-      // flight or too small: wait for the oldest in flight, then take an idle one; with none,
-      // make another.
-      if (!in_flight_.empty()) {
-        entry& oldest = *entries_[in_flight_.front()];
-        if (!finished(oldest)) {  // an unsafe entry is waited for by finished() itself
-          if (oldest.signalled)
-            wait_for_signal(oldest);
-          else
-            GEAR_CUDA_TRY(cudaEventSynchronize(oldest.done.get()));
-        }
-        in_flight_.erase(in_flight_.begin());
-        idle_.push_back(oldest.index);
-      }
-      pick = take_idle(pinned_bytes, device_bytes, pick_from::any);  // grown below if small
+    if (pick == nullptr) {
+      const bool asks_nothing = pinned_bytes + device_bytes <= snug_floor &&
+                                entries_.size() < max_entries &&
+                                !snug_in_flight(pinned_bytes, device_bytes);
+      pick = asks_nothing ? take_idle(pinned_bytes, device_bytes)
+                          : take_after_queries(pinned_bytes, device_bytes);
     }
     if (pick == nullptr) {
       // Every entry is in one of leased, idle_ or in_flight_: with room for all of them in both
@@ -332,6 +310,36 @@ class staging_pool {
         in_flight_[kept++] = e;
     }
     in_flight_.resize(kept);
+  }
+
+  /// Asks `probe`, then `probe_more` of the oldest entries in flight whether their work has
+  /// finished, and takes the smallest idle entry that fits; past max_entries, waits for the
+  /// oldest in flight and takes any idle entry (acquire grows it if small). Null: make a new one.
+  entry* take_after_queries(std::size_t pinned_bytes, std::size_t device_bytes) {
+    collect(probe);
+    entry* pick = take_idle(pinned_bytes, device_bytes);
+    if (pick == nullptr) {
+      collect(probe_more);
+      pick = take_idle(pinned_bytes, device_bytes);
+    }
+    if (pick == nullptr && entries_.size() >= max_entries) {
+      // Every entry is leased (open writers and landing inserts hold theirs across calls), in
+      // flight or too small: wait for the oldest in flight, then take an idle one; with none,
+      // make another.
+      if (!in_flight_.empty()) {
+        entry& oldest = *entries_[in_flight_.front()];
+        if (!finished(oldest)) {  // an unsafe entry is waited for by finished() itself
+          if (oldest.signalled)
+            wait_for_signal(oldest);
+          else
+            GEAR_CUDA_TRY(cudaEventSynchronize(oldest.done.get()));
+        }
+        in_flight_.erase(in_flight_.begin());
+        idle_.push_back(oldest.index);
+      }
+      pick = take_idle(pinned_bytes, device_bytes, pick_from::any);
+    }
+    return pick;
   }
 
   /// Asks the `count` oldest entries in flight whether their work has finished: the finished
