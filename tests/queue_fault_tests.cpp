@@ -43,7 +43,11 @@ using select_test::spec;
 
 bool rows_chosen = false;  // set by the tracked policy's select
 
-/// fifo or lifo, saying when its rows have been chosen (so a failure can be told before or after).
+/// fifo or lifo, saying when its rows have been chosen (so a failure can be told before or after),
+/// then allocating once more, as a policy's select may. The buffer itself allocates nothing once
+/// the rows are chosen (their removal is planned from the policy's runs of tickets), so this is
+/// where a failure after the choice comes from: the rows are chosen, on_consumed is prepared,
+/// and neither the removal nor on_consumed follows.
 template <class Policy>
 struct tracked {
   static constexpr bool consumes = true;
@@ -56,6 +60,7 @@ struct tracked {
                 cuda::stream_ref stream) {
       Policy::template state<Space>::select(t, r, stream);
       rows_chosen = true;
+      ::operator delete(::operator new(1));  // may be the failing allocation (a call, not elided)
     }
   };
 };

@@ -42,4 +42,11 @@ struct key_owner {
 /// The ticket no reservation ever gets: keys of rows that hold no trajectory carry it.
 inline constexpr std::uint64_t no_ticket = ~std::uint64_t{0};
 
+/// The consecutive tickets [first, first + count): trajectories reserved one after another.
+struct ticket_run {
+  std::uint64_t first = 0;
+  std::int64_t count = 0;
+  friend constexpr bool operator==(const ticket_run&, const ticket_run&) = default;
+};
+
 }  // namespace gear

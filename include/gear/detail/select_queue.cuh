@@ -55,7 +55,7 @@ class queue_state<OldestFirst, exec::device> : public queue_order<OldestFirst> {
             : r.chosen_rows_host;
     const auto* device = own ? reinterpret_cast<const std::int64_t*>(staging_.device_address())
                              : r.chosen_rows_device;
-    chosen_.assign(rows, -1);  // before the cursor moves; -1 counts as no row
+    chosen_.resize(rows);  // before the cursor moves (choose writes -1 past the rows it finds)
     this->choose(t, r.batch, chosen_.data());
     std::copy(chosen_.begin(), chosen_.end(), slots);
     if (!own) {

@@ -119,9 +119,8 @@
 //
 // Each optional part has a concept of its own at the bottom of this file (commit_hook,
 // evict_hook, consumed_hook, host_priority_update, device_priority_update, row_selecting,
-// host_chosen_rows, host_row_choosing, staging_reserving, consuming_policy, device_counted,
-// dense_reading); the
-// buffer asks for them by name.
+// host_chosen_rows, host_chosen_runs, host_row_choosing, staging_reserving, consuming_policy,
+// device_counted, dense_reading); the buffer asks for them by name.
 //
 // Every part runs inside a buffer call, with the buffer's device current: it must leave the current
 // device as it found it (the call's launches go to the device the call made current).
@@ -283,6 +282,11 @@ concept consumed_hook = requires(State& s) {
 template <class State>
 concept host_chosen_rows = requires(const State& s) {
   { s.host_rows() } -> std::convertible_to<std::span<const std::int64_t>>;
+};
+/// chosen_runs: the last selection's rows as runs of consecutive tickets (consuming policies).
+template <class State>
+concept host_chosen_runs = requires(const State& s) {
+  { s.chosen_runs() } -> std::convertible_to<std::span<const ticket_run>>;
 };
 namespace detail {
 /// A launch that takes any row function and enqueues nothing (host_row_choosing's probe).

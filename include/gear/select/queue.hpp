@@ -19,6 +19,7 @@
 #include <gear/detail/modulus.hpp>
 #include <gear/error.hpp>
 #include <gear/select/concept.hpp>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -35,16 +36,57 @@ struct lifo_link {
 };
 
 /// Writes the slots of the `batch` oldest (oldest_first) or newest committed trajectories of the
-/// table, in that order, to slots (host memory). Requires batch <= t.live. `cursor` (fifo): no
-/// ticket below it can be returned any more; advanced here. `links` (lifo, [capacity]): see
-/// lifo_link.
+/// table, in that order, to slots (host memory; -1 past the last one found). Requires batch <=
+/// t.live. `cursor` (fifo): no ticket below it can be returned any more; advanced here. `links`
+/// (lifo, [capacity]): see lifo_link. `runs` (unless null; room for `batch` runs): the rows'
+/// tickets as runs of consecutive ones, in the rows' order (fifo's ascend, lifo's descend).
 inline void queue_rows(const slot_table& t, const modulus& slot_of, bool oldest_first,
                        std::int64_t batch, std::int64_t* slots, std::uint64_t& cursor,
-                       lifo_link* links = nullptr) {
+                       lifo_link* links = nullptr, std::vector<ticket_run>* runs = nullptr) {
   const auto cap = static_cast<std::size_t>(t.capacity);
   const std::uint64_t begin =
       std::max(cursor, t.next_ticket - static_cast<std::uint64_t>(t.occupied));
   std::int64_t n = 0;
+  if (runs != nullptr) runs->clear();
+  // Rows n.. take a stretch of k committed slots from `slot` on, up (a queue) or down (a stack),
+  // of consecutive tickets from `ticket` on. Their tickets join the open run if they follow on
+  // (the run is kept in locals, which stores to slots cannot alias), else close it and open one.
+  std::uint64_t run_first = 0;
+  std::int64_t run_count = 0;
+  const auto close = [&] {
+    if (runs != nullptr && run_count > 0) runs->push_back({run_first, run_count});
+  };
+  const auto take = [&](std::size_t slot, std::uint64_t ticket, std::size_t k) {
+    if (k == 0) return;
+    const auto first = static_cast<std::int64_t>(slot);
+    const auto count = static_cast<std::int64_t>(k);
+    if (oldest_first)
+      for (std::int64_t i = 0; i < count; ++i) slots[n + i] = first + i;
+    else
+      for (std::int64_t i = 0; i < count; ++i) slots[n + i] = first - i;
+    n += count;
+    const std::uint64_t low = oldest_first ? ticket : ticket - (k - 1);
+    const bool follows =
+        run_count > 0 && (oldest_first ? ticket == run_first + static_cast<std::uint64_t>(run_count)
+                                       : ticket + 1 == run_first);
+    if (!follows) {
+      close();
+      run_first = low;
+      run_count = count;
+    } else {
+      run_first = std::min(run_first, low);  // a stack's run grows down
+      run_count += count;
+    }
+  };
+  // How many slots from `slot` on, up or down, hold committed trajectories, up to `most`.
+  const auto committed_stretch = [&](std::size_t slot, std::size_t most) {
+    std::size_t k = 0;
+    if (oldest_first)
+      while (k < most && t.host_lengths[slot + k] > 0) ++k;
+    else
+      while (k < most && t.host_lengths[slot - k] > 0) ++k;
+    return k;
+  };
   if (oldest_first) {
     // Tickets whose slot was reserved again, or that were removed, are gone for good.
     // The slot walks with the ticket (one division, not one per ticket: see modulus.hpp).
@@ -58,9 +100,18 @@ inline void queue_rows(const slot_table& t, const modulus& slot_of, bool oldest_
       ++cursor;
       next_slot();
     }
-    for (std::uint64_t ticket = cursor; n < batch && ticket < t.next_ticket; ++ticket) {
-      if (t.host_lengths[slot] > 0) slots[n++] = static_cast<std::int64_t>(slot);
-      next_slot();
+    // From the cursor up, each stretch of committed slots (to the ring's end) is taken whole;
+    // a slot that holds nothing committed (pending, removed) is stepped over.
+    for (std::uint64_t ticket = cursor; n < batch && ticket < t.next_ticket;) {
+      const std::size_t most = std::min({static_cast<std::size_t>(batch - n),
+                                         static_cast<std::size_t>(t.next_ticket - ticket),
+                                         cap - slot});
+      const std::size_t k = committed_stretch(slot, most);
+      take(slot, ticket, k);
+      const std::size_t step = k < most ? k + 1 : k;
+      ticket += step;
+      slot += step;
+      if (slot == cap) slot = 0;
     }
   } else {
     // Scan down from the newest ticket. A run of removed tickets is crossed by its links; once
@@ -110,12 +161,22 @@ inline void queue_rows(const slot_table& t, const modulus& slot_of, bool oldest_
         continue;
       }
       close_run(top);
-      if (t.host_lengths[slot] > 0) slots[n++] = static_cast<std::int64_t>(slot);
-      top = ticket;
+      // A stretch of committed slots down from here (to the ring's start) is taken whole; a
+      // pending slot is stepped over.
+      const std::size_t most = std::min(
+          {static_cast<std::size_t>(batch - n), static_cast<std::size_t>(top - begin), slot + 1});
+      const std::size_t k = committed_stretch(slot, most);
+      take(slot, ticket, k);
+      const std::size_t step = std::max<std::size_t>(k, 1);
+      top -= step;
       run_top = top;
+      scan_slot.ticket = top;  // the walk stands at the stretch's last ticket
+      scan_slot.slot = slot - (step - 1);
     }
     close_run(top);
   }
+  close();
+  std::fill(slots + n, slots + batch, std::int64_t{-1});
 }
 
 inline void validate_queue(const slot_table& t, std::int64_t batch) {
@@ -134,11 +195,9 @@ class queue_order {
         links_(OldestFirst ? 0 : static_cast<std::size_t>(capacity)) {}
   void validate(const slot_table& t, std::int64_t batch) const { validate_queue(t, batch); }
 
-  /// Host memory for on_consumed's plan of batches of up to `batch` rows, allocated now
+  /// Host memory for the runs of batches of up to `batch` rows, allocated now
   /// (reserve_staging). Throws std::bad_alloc with the order as it was.
-  void reserve_plan(std::int64_t batch) {
-    if constexpr (!OldestFirst) runs_.reserve(static_cast<std::size_t>(batch));
-  }
+  void reserve_plan(std::int64_t batch) { runs_.reserve(static_cast<std::size_t>(batch)); }
 
   /// The rows of the last choose() were all removed (gear::consumed_hook): fifo's cursor moves
   /// past those at its head, lifo links over each run of consecutive tickets among them, so the
@@ -147,12 +206,20 @@ class queue_order {
     if (!armed_) return;
     armed_ = false;
     if constexpr (OldestFirst) {
-      cursor_ = consumed_to_;  // choose() started it at the cursor
+      // Through the first run, if it starts at the cursor (choose() started there).
+      if (!runs_.empty() && runs_.front().first == cursor_)
+        cursor_ += static_cast<std::uint64_t>(runs_.front().count);
     } else {
-      for (const lifo_link& run : runs_)
-        links_[static_cast<std::size_t>(slot_of_(run.ticket))] = run;
+      for (const ticket_run& run : runs_) {
+        const std::uint64_t top = run.first + static_cast<std::uint64_t>(run.count) - 1;
+        links_[static_cast<std::size_t>(slot_of_(top))] = {top, run.first};
+      }
     }
   }
+
+  /// The tickets of the last choose()'s rows as runs of consecutive ones (gear::host_chosen_runs),
+  /// until the next one: the removal of a sample that returns them is planned run by run.
+  [[nodiscard]] std::span<const ticket_run> chosen_runs() const noexcept { return runs_; }
 
  protected:
   /// Writes the slots of the next `batch` rows to `slots` (host memory) and prepares
@@ -160,26 +227,7 @@ class queue_order {
   void choose(const slot_table& t, std::int64_t batch, std::int64_t* slots) {
     armed_ = false;
     reserve_plan(batch);
-    queue_rows(t, slot_of_, OldestFirst, batch, slots, cursor_, links_.data());
-    // The rows' tickets: fifo's ascend from the cursor, lifo's descend.
-    const auto ticket = [&](std::int64_t row) {
-      return t.host_tickets[static_cast<std::size_t>(slots[row])];
-    };
-    if constexpr (OldestFirst) {
-      consumed_to_ = cursor_;  // through the rows that follow the cursor without a gap
-      for (std::int64_t row = 0; row < batch && slots[row] >= 0 && ticket(row) == consumed_to_;
-           ++row)
-        ++consumed_to_;
-    } else {
-      runs_.clear();
-      for (std::int64_t row = 0; row < batch && slots[row] >= 0; ++row) {
-        const std::uint64_t k = ticket(row);
-        if (!runs_.empty() && runs_.back().resume == k + 1)
-          runs_.back().resume = k;  // the run goes on down
-        else
-          runs_.push_back({k, k});  // a run [resume, ticket] of tickets returned
-      }
-    }
+    queue_rows(t, slot_of_, OldestFirst, batch, slots, cursor_, links_.data(), &runs_);
     armed_ = true;
   }
 
@@ -187,10 +235,9 @@ class queue_order {
   modulus slot_of_;
   std::uint64_t cursor_ = 0;
   std::vector<lifo_link> links_;
-  // on_consumed's plan for the last choose: fifo's cursor after its rows, lifo's runs of rows.
+  // The last choose()'s rows as runs of tickets (its plan for on_consumed, and chosen_runs()).
   bool armed_ = false;
-  std::uint64_t consumed_to_ = 0;
-  std::vector<lifo_link> runs_;
+  std::vector<ticket_run> runs_;
 };
 
 /// The host and device states of fifo and lifo (the device one is in detail/select_queue.cuh).

@@ -92,7 +92,7 @@ void reserve_call_staging(Core& b, const call_limits& l) {
     if constexpr (staging_reserving<typename Core::state_type>)
       b.selection_->reserve_staging(l.batch);
     b.drawn_slots_.reserve(batch);
-    b.removal_tickets_.reserve(std::max(batch, static_cast<std::size_t>(l.insert_trajectories)));
+    b.removal_runs_.reserve(batch);
     if (consuming_policy<typename Core::selection_type> && b.times_sampled_.empty())
       b.times_sampled_.assign(static_cast<std::size_t>(b.capacity_), 0);
   } else {

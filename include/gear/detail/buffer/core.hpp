@@ -147,7 +147,7 @@ class buffer_core {
   std::string failure_;  // an enqueue that failed after state changed; empty if none
   std::int64_t max_times_sampled_ = 0;
   std::vector<std::int64_t> times_sampled_;     // [capacity] once counting is on
-  std::vector<std::uint64_t> removal_tickets_;  // scratch of erase and counting, reused
+  std::vector<ticket_run> removal_runs_;        // scratch of counting returns, reused
   std::vector<std::int64_t> drawn_slots_;       // scratch of counting, reused
   stream_order order_;
   mutable std::mutex mutex_;

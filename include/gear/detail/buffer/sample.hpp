@@ -70,60 +70,62 @@ void check_contents(const Core& b, std::int64_t batch) {
 }
 
 /// The trajectories that the rows of a sample (`slots`, host memory) take to their limit of
-/// returns: their tickets into b.removal_tickets_ (sorted, distinct), the committed rows' slots
-/// that stay to be counted into b.drawn_slots_. Changes nothing else.
+/// returns, as runs of distinct tickets: a consuming policy's own runs of the rows it chose
+/// (gear::host_chosen_runs), else b.removal_runs_; the committed rows' slots that stay to be
+/// counted go to b.drawn_slots_. Changes nothing else.
 template <class Core>
-void plan_returns(Core& b, const std::int64_t* slots, std::int64_t rows) {
-  const std::int64_t limit = consume_limit(b);
+std::span<const ticket_run> plan_returns(Core& b, const std::int64_t* slots, std::int64_t rows) {
+  using state = typename Core::state_type;
   std::vector<std::int64_t>& drawn = b.drawn_slots_;
-  std::vector<std::uint64_t>& tickets = b.removal_tickets_;
   drawn.clear();
-  tickets.clear();
-  auto sort_distinct = [&] {
-    std::sort(tickets.begin(), tickets.end());
-    tickets.erase(std::unique(tickets.begin(), tickets.end()), tickets.end());
-  };
-  if (limit == 1) {
-    // Every row returned is removed: none stays to count. A queue's rows come in ticket order, a
-    // stack's in reverse (distinct either way): the pass that writes them says which, where a
-    // sort and a pass for duplicates are needed otherwise.
-    tickets.resize(static_cast<std::size_t>(rows));
-    // Raw pointers: the stores below cannot then make the compiler reload the ring's arrays.
-    const slot_state* states = b.ring_.states();
-    const std::uint64_t* of_slot = b.ring_.tickets();
-    std::uint64_t* out = tickets.data();
-    std::size_t n = 0;
-    bool up = true, down = true;  // strictly, so far
-    for (std::int64_t row = 0; row < rows; ++row) {
-      const std::int64_t slot = slots[row];
-      if (slot < 0 || states[slot] != slot_state::committed) continue;
-      const std::uint64_t t = of_slot[slot];
-      if (n > 0) {
-        up = up && t > out[n - 1];
-        down = down && t < out[n - 1];
+  if constexpr (consuming_policy<typename Core::selection_type> && host_chosen_runs<state>) {
+    (void)slots, (void)rows;
+    return b.selection_->chosen_runs();  // every row returned is removed: none stays to count
+  } else {
+    const std::int64_t limit = consume_limit(b);
+    std::vector<ticket_run>& runs = b.removal_runs_;
+    runs.clear();
+    const auto committed = [&](std::int64_t slot) {
+      return slot >= 0 && b.ring_.state(slot) == slot_state::committed;
+    };
+    if (limit == 1) {  // every row returned is removed
+      for (std::int64_t row = 0; row < rows; ++row)
+        if (committed(slots[row])) runs.push_back({b.ring_.ticket(slots[row]), 1});
+    } else {
+      for (std::int64_t row = 0; row < rows; ++row)
+        if (committed(slots[row])) drawn.push_back(slots[row]);
+      std::sort(drawn.begin(), drawn.end());
+      for (std::size_t i = 0; i < drawn.size();) {
+        std::size_t end = i;
+        while (end < drawn.size() && drawn[end] == drawn[i]) ++end;
+        const auto slot = static_cast<std::size_t>(drawn[i]);
+        if (b.times_sampled_[slot] + static_cast<std::int64_t>(end - i) >= limit)
+          runs.push_back({b.ring_.ticket(drawn[i]), 1});
+        i = end;
       }
-      out[n++] = t;
     }
-    tickets.resize(n);
-    if (down)
-      std::reverse(tickets.begin(), tickets.end());  // strictly descending, or at most one
-    else if (!up)
-      sort_distinct();
-    return;
+    // Sorted, distinct, and consecutive tickets merged into runs (in place: a run is written
+    // only at or before the one read).
+    std::sort(runs.begin(), runs.end(), [](const ticket_run& x, const ticket_run& y) {
+      return x.first < y.first;
+    });
+    std::size_t n = 0;
+    for (std::size_t i = 0; i < runs.size(); ++i) {
+      const std::uint64_t ticket = runs[i].first;
+      if (n > 0) {
+        ticket_run& last = runs[n - 1];
+        const std::uint64_t end = last.first + static_cast<std::uint64_t>(last.count);
+        if (ticket < end) continue;  // drawn twice
+        if (ticket == end) {
+          ++last.count;
+          continue;
+        }
+      }
+      runs[n++] = {ticket, 1};
+    }
+    runs.resize(n);
+    return runs;
   }
-  for (std::int64_t row = 0; row < rows; ++row)
-    if (slots[row] >= 0 && b.ring_.state(slots[row]) == slot_state::committed)
-      drawn.push_back(slots[row]);
-  std::sort(drawn.begin(), drawn.end());
-  for (std::size_t i = 0; i < drawn.size();) {
-    std::size_t end = i;
-    while (end < drawn.size() && drawn[end] == drawn[i]) ++end;
-    if (b.times_sampled_[static_cast<std::size_t>(drawn[i])] + static_cast<std::int64_t>(end - i) >=
-        limit)
-      tickets.push_back(b.ring_.ticket(drawn[i]));
-    i = end;
-  }
-  sort_distinct();  // slots in order: their tickets need not be
 }
 
 /// Counts the returns plan_returns found, once its removal has changed the ring.
@@ -153,8 +155,7 @@ void note_consumed(Core& b) noexcept {
 template <class Core>
 void count_returns(Core& b, const std::int64_t* slots, std::int64_t rows, cuda::stream_ref stream,
                    const std::optional<staging_pool::lease>& removal) {
-  plan_returns(b, slots, rows);
-  remove_tickets(b, b.removal_tickets_, stream, removal);
+  remove_runs(b, plan_returns(b, slots, rows), stream, removal);
   note_returns(b);
   note_consumed(b);
 }
@@ -197,10 +198,11 @@ void remove_in_gather(Core& b, const slot_table& table, selection_request reques
   const staging_pool::signal done = b.staging_.signal_of(*removal);
   try {
     select_and_gather_on_device(*b.selection_, table, request, args, stream, [&] {
-      plan_returns(b, b.selection_->host_rows().data(), request.batch);
-      const auto n = static_cast<std::int64_t>(b.removal_tickets_.size());
+      const std::span<const ticket_run> runs =
+          plan_returns(b, b.selection_->host_rows().data(), request.batch);
+      const std::int64_t n = tickets_in(runs);
       changed = true;  // from the policy's eviction hook on (it may change its state)
-      remove_in_ring(b, b.removal_tickets_, b.records_of(removal), stream);
+      remove_in_ring(b, runs, b.records_of(removal), stream);
       note_returns(b);
       note_consumed(b);
       return journal_epilogue{b.journal_of(*removal, 0, n), request.arrivals, done};

@@ -181,16 +181,33 @@ class slot_ring {
     return true;
   }
 
-  /// Removes committed trajectories (distinct tickets, each held). Writes one record per ticket.
-  /// A run of consecutive tickets (a queue's or a stack's rows) clears its slots as one range,
-  /// up to the end of the ring.
+  /// Removes committed trajectories given as runs of consecutive tickets (distinct, each held).
+  /// Writes one record per ticket, run after run. A run clears its slots as ranges (up to the
+  /// ring's end, then from its start).
+  void remove(std::span<const ticket_run> runs, slot_record* out) noexcept {
+    for (const ticket_run& r : runs) {
+      remove_run(r.first, r.count, out);
+      if (out != nullptr) out += r.count;
+    }
+  }
+  /// The same for distinct tickets, each held, in any order (a run is found where they ascend
+  /// one by one). Writes one record per ticket, in their order.
   void remove(std::span<const std::uint64_t> tickets, slot_record* out) noexcept {
     for (std::size_t i = 0; i < tickets.size();) {
-      const std::int64_t slot = slot_of(tickets[i]);
-      const std::size_t most = i + static_cast<std::size_t>(capacity_ - slot);  // ring's end
       std::size_t end = i + 1;
-      while (end < tickets.size() && end < most && tickets[end] == tickets[end - 1] + 1) ++end;
-      const auto run = static_cast<std::int64_t>(end - i);
+      while (end < tickets.size() && tickets[end] == tickets[end - 1] + 1) ++end;
+      remove_run(tickets[i], static_cast<std::int64_t>(end - i), out == nullptr ? out : out + i);
+      i = end;
+    }
+  }
+
+ private:
+  /// Removes the committed trajectories of tickets [first, first + count), writing their records
+  /// to out[0, count) (unless null).
+  void remove_run(std::uint64_t first, std::int64_t count, slot_record* out) noexcept {
+    for (std::int64_t done = 0; done < count;) {
+      const std::int64_t slot = slot_of(first + static_cast<std::uint64_t>(done));
+      const std::int64_t run = std::min(count - done, capacity_ - slot);  // to the ring's end
       std::fill_n(states_.begin() + slot, run, slot_state::empty);
       std::fill_n(lengths_.begin() + slot, run, 0);
       if (indexed())
@@ -198,13 +215,12 @@ class slot_ring {
       else
         live_ -= run;
       if (out != nullptr)
-        for (std::size_t k = i; k < end; ++k)
-          out[k] = slot_record::make(tickets[k], slot_record::removed);
-      i = end;
+        for (std::int64_t k = done; k < done + run; ++k)
+          out[k] = slot_record::make(first + static_cast<std::uint64_t>(k), slot_record::removed);
+      done += run;
     }
   }
 
- private:
   /// Slots of the next reservation of `count` that are now in `state`.
   [[nodiscard]] std::int64_t next_slots_in(std::int64_t count, slot_state state) const noexcept {
     std::int64_t n = 0;

@@ -13,6 +13,7 @@
 #include <gear/ref.hpp>
 #include <span>
 #include <string>
+#include <vector>
 
 namespace gear::detail {
 
@@ -93,26 +94,31 @@ void abandon_slot(Core& b, std::uint64_t ticket, cuda::stream_ref stream) noexce
   }
 }
 
-/// Removes the committed trajectories of `tickets` (sorted, distinct, each held) from the ring,
+/// Removes the committed trajectories of `runs` (distinct tickets, each held) from the ring,
 /// writing their records to `records` (null for host storage), after the policy's eviction hook
-/// (which may enqueue work on `stream`; it takes runs of consecutive tickets). Throws only what
-/// the hook throws, before the ring changes.
+/// for each run (it may enqueue work on `stream`). Throws only what the hook throws, before the
+/// ring changes.
 template <class Core>
-void remove_in_ring(Core& b, std::span<const std::uint64_t> tickets, slot_record* records,
+void remove_in_ring(Core& b, std::span<const ticket_run> runs, slot_record* records,
                     cuda::stream_ref stream) {
-  for_each_ticket_run(tickets, [&](std::uint64_t first, std::int64_t count) {
-    run_evict_hook(b, first, count, stream);
-  });
-  b.ring_.remove(tickets, records);
+  for (const ticket_run& r : runs) run_evict_hook(b, r.first, r.count, stream);
+  b.ring_.remove(runs, records);
 }
 
-/// Removes the committed trajectories of `tickets` (sorted, distinct, each held), with a records
+/// The number of tickets in `runs`.
+inline std::int64_t tickets_in(std::span<const ticket_run> runs) noexcept {
+  std::int64_t n = 0;
+  for (const ticket_run& r : runs) n += r.count;
+  return n;
+}
+
+/// Removes the committed trajectories of `runs` (distinct tickets, each held), with a records
 /// lease acquired by the caller (room for them; given back if nothing is removed) or, without
 /// one, its own. Expects the buffer's mutex held.
 template <class Core>
-void remove_tickets(Core& b, std::span<const std::uint64_t> tickets, cuda::stream_ref stream,
-                    std::optional<staging_pool::lease> lease = std::nullopt) {
-  const auto n = static_cast<std::int64_t>(tickets.size());
+void remove_runs(Core& b, std::span<const ticket_run> runs, cuda::stream_ref stream,
+                 std::optional<staging_pool::lease> lease = std::nullopt) {
+  const std::int64_t n = tickets_in(runs);
   if (n == 0) {
     b.give_back(lease);
     return;
@@ -120,7 +126,7 @@ void remove_tickets(Core& b, std::span<const std::uint64_t> tickets, cuda::strea
   if (!lease) lease = b.lease_records(n);
   b.order_write(lease, stream);
   b.enqueue([&] {
-    remove_in_ring(b, tickets, b.records_of(lease), stream);
+    remove_in_ring(b, runs, b.records_of(lease), stream);
     b.publish(lease, n, stream);
     b.order_after(stream, Core::write, /*bytes=*/false);
   });
@@ -143,8 +149,12 @@ void erase_keys(Core& b, std::span<const key> keys, cuda::stream_ref stream) {
   GEAR_REQUIRE(
       twice == tickets.end(), errc::stale_key,
       "key (ticket " + std::to_string(twice == tickets.end() ? 0 : *twice) + ") is named twice");
+  std::vector<ticket_run> runs;  // before anything is published
+  for_each_ticket_run(tickets, [&](std::uint64_t first, std::int64_t count) {
+    runs.push_back({first, count});
+  });
   settle_landing(b, landing_force{landing_force::kind::keys, {}, keys}, stream);
-  remove_tickets(b, tickets, stream);
+  remove_runs(b, runs, stream);
 }
 
 }  // namespace gear::detail
