@@ -1192,3 +1192,45 @@ TEST_CASE_TEMPLATE(
           (slot < 2 ? slot + 8 : slot));
   }
 }
+
+// A consuming policy derived from fifo whose select sometimes picks its own row, not through
+// fifo's choice: the buffer must remove the row it returned, not the runs fifo chose before
+// (gear::host_chosen_runs are taken only where they match the rows).
+struct fifo_with_own_pick {
+  static constexpr bool consumes = true;
+  static constexpr bool reads_dense = false;
+  template <class Space>
+  struct state : gear::select::fifo::template state<Space> {
+    bool own = false;
+    state(const fifo_with_own_pick&, std::int64_t capacity)
+        : gear::select::fifo::template state<Space>(gear::select::fifo{}, capacity) {}
+    void select(const gear::slot_table& t, const gear::selection_request& r, cuda::stream_ref s) {
+      if (!own) return gear::select::fifo::template state<Space>::select(t, r, s);
+      for (std::uint64_t k = t.next_ticket; k-- > 0;) {  // the newest committed slot
+        const auto slot = static_cast<std::int64_t>(k % static_cast<std::uint64_t>(t.capacity));
+        if (t.host_lengths[slot] > 0) {
+          r.slots[0] = slot;
+          break;
+        }
+      }
+      r.probabilities[0] = r.weights[0] = 1.0f;
+    }
+  };
+};
+
+TEST_CASE("a consuming policy whose select picks its own rows removes those rows") {
+  gear::replay_buffer<spec, gear::storage::host, fifo_with_own_pick> buf{gear::capacity{8},
+                                                                         gear::max_length{1}};
+  insert_ids(buf, 0, 6);
+  auto b = buf.make_batch(gear::batch_size{1}, gear::window_length{1});
+  gear::rng g{1};
+  buf.sample(b, gear::window{.length = 1}, g);  // through fifo: ticket 0, removed
+  CHECK(b.keys()[0].ticket == 0);
+  CHECK(buf.size() == 5);
+  buf.selection_state().own = true;
+  buf.sample(b, gear::window{.length = 1}, g);  // its own pick: ticket 5
+  const gear::key picked = b.keys()[0];
+  CHECK(picked.ticket == 5);
+  CHECK(buf.size() == 4);
+  CHECK(!buf.contains(picked));
+}

@@ -14,7 +14,9 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <random>
 #include <set>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -466,6 +468,114 @@ TEST_CASE_TEMPLATE("fifo and lifo samples queued on a busy stream each return th
   }
   CHECK(wrong == 0);
   CHECK(buf.size() == 0);
+}
+
+// ---- max_times_sampled with rows the host draws again (gear::host_row_mirroring) ---------------
+
+/// uniform whose host draw of the rows is wrong by one row (row r counted as row r + 1): what a
+/// host draw that differs from the GPU's would do. The check below must see it.
+struct shifted_mirror : gear::select::uniform {
+  template <class Space>
+  struct state : gear::select::uniform::state<Space> {
+    state(const shifted_mirror& p, std::int64_t capacity)
+        : gear::select::uniform::state<Space>(p, capacity) {}
+    std::span<const std::int64_t> mirror_rows(const gear::slot_table& t,
+                                              const gear::selection_request& r) {
+      rows.resize(static_cast<std::size_t>(r.batch));
+      for (std::int64_t i = 0; i < r.batch; ++i)
+        rows[static_cast<std::size_t>(i)] = gear::detail::uniform_row(t, r, true, i + 1);
+      return rows;
+    }
+    std::vector<std::int64_t> rows;
+  };
+};
+
+/// Random inserts (the ring wraps), erases and samples of 16 uniform rows with replacement under
+/// max_times_sampled 2, each sample read back by the test: the number of checks that fail, of a
+/// row's bytes against its key's, and of contains(key) against the model (a key is live unless
+/// erased, evicted, or returned twice).
+template <class Selection>
+int max_times_sampled_mismatches(std::uint64_t seed) {
+  stream_holder s;
+  vbuffer<gear::storage::device, Selection> buf{gear::capacity{64}, gear::max_length{1}};
+  buf.set_max_times_sampled(2);
+  std::mt19937_64 gen(seed);
+  std::map<std::uint64_t, std::int32_t> value_of;  // ticket -> value stored
+  std::map<std::uint64_t, int> returns;
+  std::set<std::uint64_t> erased;
+  std::vector<gear::key> keys;
+  auto out = buf.make_batch(gear::batch_size{16}, gear::window_length{1});
+  gear::rng g{seed};
+  int wrong = 0;
+  for (int step = 0; step < 80; ++step) {
+    const int inserts = static_cast<int>(gen() % 12);
+    for (int i = 0; i < inserts; ++i) {
+      const auto v = static_cast<std::int32_t>(keys.size());
+      keys.push_back(insert_values(buf, {v}, s));
+      value_of[keys.back().ticket] = v;
+    }
+    if (keys.empty()) continue;
+    const gear::key& newest = keys.back();
+    const auto live = [&](const gear::key& k) {
+      return newest.ticket - k.ticket < 64 && !erased.count(k.ticket) && returns[k.ticket] < 2;
+    };
+    if (gen() % 4 == 0) {
+      const gear::key& k = keys[gen() % keys.size()];
+      if (live(k)) {
+        buf.erase(std::span<const gear::key>(&k, 1), s);
+        erased.insert(k.ticket);
+      }
+    }
+    if (buf.size() == 0) continue;
+    buf.sample_async(out, gear::window{.length = 1}, g, s);
+    for (const row& r : rows_of(out, s)) {
+      wrong += r.v.at(0) != value_of[r.k.ticket];
+      ++returns[r.k.ticket];
+    }
+    for (const gear::key& k : keys) wrong += buf.contains(k) != live(k);
+  }
+  return wrong;
+}
+
+TEST_CASE("max_times_sampled with uniform rows: counted from the host's own draw, without waiting") {
+  // Uniform rows with replacement are a pure function of the draw and the dense index, which the
+  // host holds too: a sample under max_times_sampled counts them there instead of reading them
+  // back (which synchronised the stream).
+  for (std::uint64_t seed = 1; seed <= 6; ++seed) {
+    INFO("seed " << seed);
+    CHECK(max_times_sampled_mismatches<gear::select::uniform>(seed) == 0);
+  }
+  // The checks can fail: a host draw off by one row is seen in every seed.
+  for (std::uint64_t seed = 1; seed <= 6; ++seed) {
+    INFO("seed " << seed);
+    CHECK(max_times_sampled_mismatches<shifted_mirror>(seed) > 0);
+  }
+  // Eight samples behind a 200 ms kernel: none waits on the host.
+  stream_holder s;
+  vbuffer<gear::storage::device> buf{gear::capacity{64}, gear::max_length{1}};
+  std::vector<gear::key> keys;
+  for (std::int32_t v = 0; v < 64; ++v) keys.push_back(insert_values(buf, {v}, s));
+  buf.set_max_times_sampled(2);
+  std::vector<decltype(buf.make_batch(gear::batch_size{8}, gear::window_length{1}))> batches;
+  for (int b = 0; b < 8; ++b)
+    batches.push_back(buf.make_batch(gear::batch_size{8}, gear::window_length{1}));
+  gear::rng g{5};
+  hold(s, 200);
+  const auto start = std::chrono::steady_clock::now();
+  for (auto& b : batches) buf.sample_async(b, gear::window{.length = 1}, g, s);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  MESSAGE("enqueue time of the eight samples: " << seconds * 1e3 << " ms");
+  if (streams_overlap()) CHECK(seconds < 0.1);
+  std::map<std::int32_t, int> returned;
+  for (auto& b : batches)
+    for (const row& r : rows_of(b, s)) ++returned[r.v.at(0)];
+  int wrong = 0;
+  for (std::int32_t v = 0; v < 64; ++v) {
+    wrong += returned[v] > 2;
+    wrong += buf.contains(keys[static_cast<std::size_t>(v)]) != (returned[v] < 2);
+  }
+  CHECK(wrong == 0);
 }
 
 // ---- host inserts that land (detail/buffer/landing.hpp) ---------------------------------------

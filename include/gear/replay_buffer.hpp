@@ -43,7 +43,7 @@
 //   evicts and the writes in flight to them (bound, below: for the stream), and an insert or
 //   reserve taking over an open reservation waits for the device (a kernel may still fill it);
 //   (2) a sample under set_max_times_sampled whose rows were drawn on the GPU reads them back
-//   (fifo / lifo draw on the host); (3) staging is reused once the work that read it finished
+//   (fifo / lifo draw on the host, uniform with replacement draws them again there); (3) staging is reused once the work that read it finished
 //   (512 entries; 4 areas for queue rows, 4 for host-span priorities): a call waits only when
 //   that many are in flight, or for the device when a host-span priority update outgrows its
 //   device copy (freeing the old one).
@@ -315,7 +315,8 @@ class replay_buffer {
   /// and lifo apply theirs in the gather). Consumes one draw of g. Stream-ordered; does not
   /// synchronise (sample does) unless trajectories are removed after k returns
   /// (set_max_times_sampled) and the policy draws on the GPU: then it reads back the rows it drew
-  /// (fifo and lifo choose theirs on the host: they need not). `g` is a gear::rng, or a
+  /// (fifo and lifo choose theirs on the host, uniform with replacement draws them again there:
+  /// they need not). `g` is a gear::rng, or a
   /// gear::device_rng for CUDA graphs (see "CUDA graphs" above).
   /// Throws (leaving the buffer and g unchanged): errc::empty_buffer, errc::empty_window,
   /// errc::window_out_of_range, errc::batch_mismatch, errc::not_enough_items (policy-specific),

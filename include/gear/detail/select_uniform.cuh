@@ -7,7 +7,9 @@
 #include <gear/detail/select_rows.cuh>
 #include <gear/select/uniform.hpp>
 #include <optional>
+#include <span>
 #include <variant>
+#include <vector>
 
 namespace gear::detail {
 
@@ -102,8 +104,30 @@ class uniform::state<exec::device> {
     return detail::uniform_gather_claims{t, claiming};
   }
 
+  /// Host memory for mirror_rows of batches of up to `batch` rows, allocated now
+  /// (replay_buffer::reserve_staging). Throws std::bad_alloc with the state as it was.
+  void reserve_staging(std::int64_t batch) {
+    if (policy_.replacement) mirrored_.reserve(static_cast<std::size_t>(batch));
+  }
+
+  /// (gear::host_row_mirroring) With replacement every row is a pure function of the draw and
+  /// the dense index, so the host can draw the rows the GPU will; without, rows claim slots in an
+  /// order the GPU decides.
+  [[nodiscard]] bool mirrors(std::int64_t /*batch*/) const noexcept { return policy_.replacement; }
+  /// The rows select() and the gather will draw for `r`, drawn on the host from `host_view` (the
+  /// table as of the call, with the ring's host arrays): host memory, valid until the next call.
+  /// Throws std::bad_alloc (nothing else changes).
+  std::span<const std::int64_t> mirror_rows(const slot_table& host_view,
+                                            const selection_request& r) {
+    mirrored_.resize(static_cast<std::size_t>(r.batch));
+    for (std::int64_t row = 0; row < r.batch; ++row)
+      mirrored_[static_cast<std::size_t>(row)] = detail::uniform_row(host_view, r, true, row);
+    return mirrored_;
+  }
+
  private:
   uniform policy_;
+  std::vector<std::int64_t> mirrored_;
 };
 
 }  // namespace gear::select

@@ -87,6 +87,19 @@
 //       instead, and the buffer keeps that memory until the gather has read them: kernels that
 //       select() enqueues ahead of the gather may read them too, none enqueued after it.
 //
+// A device state whose rows are drawn on the GPU, each a pure function of the request's draw and
+// the table, may provide
+//
+//   bool mirrors(std::int64_t batch) const;
+//   std::span<const std::int64_t> mirror_rows(const slot_table& host_view,
+//                                             const selection_request& request);
+//       mirrors() says whether the host can draw the same rows (uniform: with replacement);
+//       mirror_rows() draws them from host_view (the table as of the call, whose dense, lengths
+//       and tickets are the host's copies) into host memory valid until its next call. A sample
+//       under set_max_times_sampled then counts its rows from there, where it would read them
+//       back from the GPU (which synchronises the stream). The rows must be exactly the GPU's:
+//       a row counted that the GPU did not return removes the wrong trajectory.
+//
 // A device state that stages host data of its own may provide
 //
 //   void reserve_staging(std::int64_t batch);
@@ -109,6 +122,14 @@
 //       changed the ring, never after a call that failed before it; it must not throw, which a
 //       static_assert checks): a queue moves its cursor past them, a stack links over them, where
 //       the next selection would find them one by one.
+//   std::span<const gear::ticket_run> chosen_runs() const;
+//       the tickets of the last selection's rows as runs of consecutive tickets, in any order:
+//       exactly the rows' tickets (each committed, none twice), written by every selection,
+//       unchanged by on_evict, and empty where the last selection did not make them (a derived
+//       state whose select chooses its own rows must clear them). The buffer plans the removal
+//       run by run from them, where it would look up and sort each row's ticket; it takes them
+//       only if they hold as many tickets as there are rows and the first row's ticket ends the
+//       first run, else it plans from the rows.
 //
 // A policy that never reads slot_table::dense may declare `static constexpr bool reads_dense =
 // false;`: the buffer then keeps no dense index of committed slots (it saves the index's upkeep,
@@ -119,8 +140,8 @@
 //
 // Each optional part has a concept of its own at the bottom of this file (commit_hook,
 // evict_hook, consumed_hook, host_priority_update, device_priority_update, row_selecting,
-// host_chosen_rows, host_chosen_runs, host_row_choosing, staging_reserving, consuming_policy,
-// device_counted, dense_reading); the buffer asks for them by name.
+// host_chosen_rows, host_chosen_runs, host_row_choosing, host_row_mirroring, staging_reserving,
+// consuming_policy, device_counted, dense_reading); the buffer asks for them by name.
 //
 // Every part runs inside a buffer call, with the buffer's device current: it must leave the current
 // device as it found it (the call's launches go to the device the call made current).
@@ -300,6 +321,13 @@ template <class State>
 concept host_row_choosing = requires(State& s, const slot_table& t, const selection_request& r,
                                      cuda::stream_ref stream) {
   s.with_chosen_rows(t, r, stream, detail::no_launch{});
+};
+/// mirrors and mirror_rows: the rows drawn on the GPU, drawn again on the host.
+template <class State>
+concept host_row_mirroring = requires(State& s, const State& cs, const slot_table& t,
+                                      const selection_request& r) {
+  { cs.mirrors(std::int64_t{}) } -> std::convertible_to<bool>;
+  { s.mirror_rows(t, r) } -> std::convertible_to<std::span<const std::int64_t>>;
 };
 /// reserve_staging: the state's own staging, allocated ahead of the calls.
 template <class State>

@@ -218,8 +218,11 @@ class queue_order {
   }
 
   /// The tickets of the last choose()'s rows as runs of consecutive ones (gear::host_chosen_runs),
-  /// until the next one: the removal of a sample that returns them is planned run by run.
-  [[nodiscard]] std::span<const ticket_run> chosen_runs() const noexcept { return runs_; }
+  /// until the next one: the removal of a sample that returns them is planned run by run. Empty
+  /// once they were consumed, or if no choose() came since (a derived state's own select).
+  [[nodiscard]] std::span<const ticket_run> chosen_runs() const noexcept {
+    return armed_ ? std::span<const ticket_run>(runs_) : std::span<const ticket_run>();
+  }
 
  protected:
   /// Writes the slots of the next `batch` rows to `slots` (host memory) and prepares

@@ -79,9 +79,20 @@ std::span<const ticket_run> plan_returns(Core& b, const std::int64_t* slots, std
   std::vector<std::int64_t>& drawn = b.drawn_slots_;
   drawn.clear();
   if constexpr (consuming_policy<typename Core::selection_type> && host_chosen_runs<state>) {
-    (void)slots, (void)rows;
-    return b.selection_->chosen_runs();  // every row returned is removed: none stays to count
-  } else {
+    // Every row returned is removed: none stays to count. The runs are taken only if they hold
+    // as many tickets as there are rows, the first row's among them at an end of the first run
+    // (a state whose select did not choose through them has none, or stale ones).
+    const std::span<const ticket_run> runs = b.selection_->chosen_runs();
+    std::int64_t held = 0;
+    for (std::int64_t row = 0; row < rows; ++row) held += slots[row] >= 0;
+    if (!runs.empty() && held == tickets_in(runs) && slots[0] >= 0) {
+      const std::uint64_t first = b.ring_.ticket(slots[0]);
+      const ticket_run& r = runs.front();
+      if (first == r.first || first == r.first + static_cast<std::uint64_t>(r.count) - 1)
+        return runs;
+    }
+  }
+  {
     const std::int64_t limit = consume_limit(b);
     std::vector<ticket_run>& runs = b.removal_runs_;
     runs.clear();
@@ -260,16 +271,20 @@ void sample_into(Core& b, Batch& out, const window& w, Draws& g, cuda::stream_re
   if (consumes && b.times_sampled_.empty())
     b.times_sampled_.assign(static_cast<std::size_t>(b.capacity_), 0);
   std::optional<staging_pool::lease> readback, removal;
-  // Rows chosen on the GPU are read back to be counted (this synchronises); rows chosen on the
-  // host (fifo, lifo) are counted from the host's copy, and staged for the gather after the
-  // removal's records (remove_in_gather).
+  // Rows chosen on the GPU are counted from the host's own draw of them where the policy can
+  // draw them again there (gear::host_row_mirroring: uniform with replacement), else read back
+  // (this synchronises); rows chosen on the host (fifo, lifo) are counted from the host's copy,
+  // and staged for the gather after the removal's records (remove_in_gather).
   constexpr bool rows_on_host = host_chosen_rows<typename Core::state_type>;
+  bool mirrored = false;
+  if constexpr (host_row_mirroring<typename Core::state_type>)
+    mirrored = consumes && b.selection_->mirrors(out.batch_size());
   if (consumes)
     removal = b.lease_records(
         out.batch_size(),
         rows_on_host ? static_cast<std::size_t>(out.batch_size()) * sizeof(std::int64_t) : 0);
   if constexpr (Core::on_device && !rows_on_host)
-    if (consumes) {
+    if (consumes && !mirrored) {
       try {
         readback = b.staging_.acquire(static_cast<std::size_t>(out.batch_size()) * 8, 0);
       } catch (...) {
@@ -314,6 +329,14 @@ void sample_into(Core& b, Batch& out, const window& w, Draws& g, cuda::stream_re
   if constexpr (Core::on_device) {
 #if defined(GEAR_DEVICE_BACKEND)
     try {
+      if constexpr (host_row_mirroring<typename Core::state_type>)
+        if (mirrored) {  // before anything is enqueued: it may allocate
+          slot_table host_view = table;
+          host_view.lengths = b.ring_.lengths();
+          host_view.tickets = b.ring_.tickets();
+          host_view.dense = b.ring_.dense();
+          slots = b.selection_->mirror_rows(host_view, request).data();
+        }
       slot_table drawn_from = table;
       if constexpr (device_draws) {
         drawn_from.live_at = b.mirror().live;
