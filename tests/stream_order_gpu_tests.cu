@@ -537,7 +537,7 @@ int max_times_sampled_mismatches(std::uint64_t seed) {
   return wrong;
 }
 
-TEST_CASE("max_times_sampled with uniform rows: counted from the host's own draw, without waiting") {
+TEST_CASE("max_times_sampled with uniform rows: counted from the host's own draw, with no wait") {
   // Uniform rows with replacement are a pure function of the draw and the dense index, which the
   // host holds too: a sample under max_times_sampled counts them there instead of reading them
   // back (which synchronised the stream).

@@ -43,10 +43,10 @@
 //   evicts and the writes in flight to them (bound, below: for the stream), and an insert or
 //   reserve taking over an open reservation waits for the device (a kernel may still fill it);
 //   (2) a sample under set_max_times_sampled whose rows were drawn on the GPU reads them back
-//   (fifo / lifo draw on the host, uniform with replacement draws them again there); (3) staging is reused once the work that read it finished
-//   (512 entries; 4 areas for queue rows, 4 for host-span priorities): a call waits only when
-//   that many are in flight, or for the device when a host-span priority update outgrows its
-//   device copy (freeing the old one).
+//   (fifo / lifo draw on the host, uniform with replacement again there); (3) staging is reused
+//   once the work that read it finished (512 entries; 4 areas for queue rows, 4 for host-span
+//   priorities): a call waits only when that many are in flight, or for the device when a
+//   host-span priority update outgrows its device copy (freeing the old one).
 //
 //   Threads and streams: any number of threads may call one buffer at once, each on its own
 //   stream (or sharing streams), with no lock or event of the caller's. The buffer serialises its
