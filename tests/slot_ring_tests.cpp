@@ -778,3 +778,45 @@ TEST_CASE("mirror: an old commit arriving after the slot's next reservation stay
   CHECK(fresh.view().tickets[1] == 0);
   CHECK(fresh.view().lengths[1] == 0);
 }
+
+// Removal by runs of tickets (a queue's or a stack's rows): runs in any order, one across the
+// ring's end, give the state that removal of the same tickets one by one gives, and one record
+// per ticket, run after run.
+TEST_CASE("slot ring: removal by runs matches removal by tickets, across the ring's end") {
+  const auto filled = [] {
+    slot_ring ring(5, 1);
+    const reservation a = ring.reserve(3, nullptr);  // tickets 0..2, slots 0..2
+    ring.commit(a, std::vector<std::int64_t>{1, 2, 3}, nullptr);
+    const reservation b = ring.reserve(5, nullptr);  // tickets 3..7: slots 3, 4, then 0..2
+    ring.commit(b, std::vector<std::int64_t>{4, 5, 6, 7, 8}, nullptr);
+    return ring;
+  };
+  slot_ring by_runs = filled(), by_tickets = filled();
+  REQUIRE(by_runs.live() == 5);
+  // Tickets 6, 7 (slots 1, 2), then 3, 4, 5 (slots 3, 4, 0: across the ring's end).
+  const std::vector<gear::ticket_run> runs{{6, 2}, {3, 3}};
+  std::vector<slot_record> rec(5);
+  by_runs.remove(runs, rec.data());
+  const std::vector<std::uint64_t> order{6, 7, 3, 4, 5};
+  for (std::size_t i = 0; i < order.size(); ++i)
+    CHECK(same(rec[i], slot_record::make(order[i], slot_record::removed)));
+  const std::vector<std::uint64_t> sorted{3, 4, 5, 6, 7};
+  by_tickets.remove(sorted, nullptr);
+  CHECK(by_runs.live() == 0);
+  CHECK(by_tickets.live() == 0);
+  for (std::int64_t s = 0; s < 5; ++s) {
+    CHECK(by_runs.state(s) == by_tickets.state(s));
+    CHECK(by_runs.length(s) == by_tickets.length(s));
+    CHECK(by_runs.ticket(s) == by_tickets.ticket(s));
+  }
+  for (const std::uint64_t t : sorted) CHECK_FALSE(by_runs.holds(t));
+
+  // Part of the ring: the dense index keeps exactly the slots left.
+  slot_ring part = filled();
+  const std::vector<gear::ticket_run> some{{4, 2}};  // slots 4 and 0
+  part.remove(some, nullptr);
+  CHECK(part.live() == 3);
+  std::vector<std::int64_t> left(part.dense(), part.dense() + part.live());
+  std::sort(left.begin(), left.end());
+  CHECK(left == std::vector<std::int64_t>{1, 2, 3});
+}
