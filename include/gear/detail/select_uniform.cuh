@@ -113,7 +113,7 @@ class uniform::state<exec::device> {
   /// (gear::host_row_mirroring) With replacement every row is a pure function of the draw and
   /// the dense index, so the host can draw the rows the GPU will; without, rows claim slots in an
   /// order the GPU decides.
-  [[nodiscard]] bool mirrors(std::int64_t /*batch*/) const noexcept { return policy_.replacement; }
+  [[nodiscard]] bool mirrors() const noexcept { return policy_.replacement; }
   /// The rows select() and the gather will draw for `r`, drawn on the host from `host_view` (the
   /// table as of the call, with the ring's host arrays): host memory, valid until the next call.
   /// Throws std::bad_alloc (nothing else changes).

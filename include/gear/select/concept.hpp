@@ -90,7 +90,7 @@
 // A device state whose rows are drawn on the GPU, each a pure function of the request's draw and
 // the table, may provide
 //
-//   bool mirrors(std::int64_t batch) const;
+//   bool mirrors() const;
 //   std::span<const std::int64_t> mirror_rows(const slot_table& host_view,
 //                                             const selection_request& request);
 //       mirrors() says whether the host can draw the same rows (uniform: with replacement);
@@ -326,7 +326,7 @@ concept host_row_choosing = requires(State& s, const slot_table& t, const select
 template <class State>
 concept host_row_mirroring = requires(State& s, const State& cs, const slot_table& t,
                                       const selection_request& r) {
-  { cs.mirrors(std::int64_t{}) } -> std::convertible_to<bool>;
+  { cs.mirrors() } -> std::convertible_to<bool>;
   { s.mirror_rows(t, r) } -> std::convertible_to<std::span<const std::int64_t>>;
 };
 /// reserve_staging: the state's own staging, allocated ahead of the calls.

@@ -35,18 +35,6 @@ void copy_host_columns(const trajectories<Spec>& in, std::span<const std::int64_
   });
 }
 
-/// Calls f(first, count) for each run of consecutive tickets in `tickets` (ascending): the
-/// policy's hooks take runs.
-template <class Tickets, class F>
-void for_each_ticket_run(const Tickets& tickets, F&& f) {
-  for (std::size_t i = 0; i < tickets.size();) {
-    std::size_t end = i + 1;
-    while (end < tickets.size() && tickets[end] == tickets[end - 1] + 1) ++end;
-    f(static_cast<std::uint64_t>(tickets[i]), static_cast<std::int64_t>(end - i));
-    i = end;
-  }
-}
-
 template <class Core>
 void run_evict_hook(Core& b, std::uint64_t first, std::int64_t count, cuda::stream_ref stream) {
   if constexpr (evict_hook<typename Core::state_type>)

@@ -278,7 +278,7 @@ void sample_into(Core& b, Batch& out, const window& w, Draws& g, cuda::stream_re
   constexpr bool rows_on_host = host_chosen_rows<typename Core::state_type>;
   bool mirrored = false;
   if constexpr (host_row_mirroring<typename Core::state_type>)
-    mirrored = consumes && b.selection_->mirrors(out.batch_size());
+    mirrored = consumes && b.selection_->mirrors();
   if (consumes)
     removal = b.lease_records(
         out.batch_size(),

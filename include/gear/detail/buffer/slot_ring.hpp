@@ -36,6 +36,18 @@ namespace gear::detail {
 
 enum class slot_state : std::uint8_t { empty = 0, pending = 1, committed = 2 };
 
+/// Calls f(first, count) for each run of consecutive tickets in `tickets` (ascending one by one
+/// within a run): the policy's hooks and the ring's removal take runs.
+template <class Tickets, class F>
+void for_each_ticket_run(const Tickets& tickets, F&& f) {
+  for (std::size_t i = 0; i < tickets.size();) {
+    std::size_t end = i + 1;
+    while (end < tickets.size() && tickets[end] == tickets[end - 1] + 1) ++end;
+    f(static_cast<std::uint64_t>(tickets[i]), static_cast<std::int64_t>(end - i));
+    i = end;
+  }
+}
+
 class slot_ring {
  public:
   /// `buffer_id` is stamped into reservations so that another buffer's are refused. `indexed`:
@@ -193,12 +205,10 @@ class slot_ring {
   /// The same for distinct tickets, each held, in any order (a run is found where they ascend
   /// one by one). Writes one record per ticket, in their order.
   void remove(std::span<const std::uint64_t> tickets, slot_record* out) noexcept {
-    for (std::size_t i = 0; i < tickets.size();) {
-      std::size_t end = i + 1;
-      while (end < tickets.size() && tickets[end] == tickets[end - 1] + 1) ++end;
-      remove_run(tickets[i], static_cast<std::int64_t>(end - i), out == nullptr ? out : out + i);
-      i = end;
-    }
+    for_each_ticket_run(tickets, [&](std::uint64_t first, std::int64_t count) {
+      remove_run(first, count, out);
+      if (out != nullptr) out += count;
+    });
   }
 
  private:
