@@ -7,8 +7,9 @@
 // the (ticket, id) pairs samples saw are checked afterwards against what the inserts returned.
 // With a consuming policy (fifo, lifo) the run also checks that no trajectory is returned twice,
 // that each sample's rows come in the policy's order, and that what is left afterwards was never
-// returned; with a limit of returns (set_max_times_sampled, on a policy without replacement),
-// that no trajectory is returned more often than the limit.
+// returned; with a limit of returns (set_max_times_sampled), that no trajectory is returned more
+// often than the limit (with replacement, that no trajectory comes back in more samples than the
+// limit: one sample may return it several times as it takes it to its limit).
 
 #include <gear/gear.hpp>
 
@@ -66,17 +67,25 @@ inline constexpr bool oldest_first = [] {
 
 /// Runs `threads` threads of `ops_each` operations on `buf`. streams.get(i) gives thread i's
 /// stream, streams.sync(i) waits for it; fetch(batch, stream) returns the batch's keys, mask and
-/// column 0 in host memory. max_returns > 0 sets the buffer's max_times_sampled (for a policy
-/// without replacement: one sample returns a trajectory once).
+/// column 0 in host memory. max_returns > 0 sets the buffer's max_times_sampled (without
+/// replacement one sample returns a trajectory once; with it, the limit bounds the samples that
+/// return a trajectory).
 template <class Buffer, class Streams, class Fetch>
 result run(Buffer& buf, int threads, std::int64_t ops_each, std::uint64_t seed, Streams& streams,
            Fetch&& fetch, std::int64_t max_returns = 0) {
   if constexpr (requires { buf.set_max_times_sampled(max_returns); })
     if (max_returns > 0) buf.set_max_times_sampled(max_returns);
   if constexpr (consuming<Buffer>) max_returns = 1;
+  const bool replacement = [&] {
+    if constexpr (requires { buf.selection().replacement; })
+      return static_cast<bool>(buf.selection().replacement);
+    else
+      return false;
+  }();
   std::mutex log_mutex;
   std::map<where, std::int64_t> id_of_ticket;  // from insert and commit results
   std::vector<std::pair<where, std::int64_t>> seen;  // (where, id) from samples
+  std::vector<where> returns;  // one per trajectory a sample returned (once however many rows)
   std::atomic<std::int64_t> next_id{1}, rows{0}, torn{0}, out_of_order{0};
   // Rows per sample: fewer where a sample needs as many stored trajectories as rows.
   const std::int64_t rows_each = max_returns > 0 ? 4 : 16;
@@ -88,6 +97,7 @@ result run(Buffer& buf, int threads, std::int64_t ops_each, std::uint64_t seed, 
     gear::rng g{seed + static_cast<std::uint64_t>(me)};
     std::vector<gear::key> mine;
     std::vector<std::pair<where, std::int64_t>> local_seen, local_log;
+    std::vector<where> local_returns;
     for (std::int64_t op = 0; op < ops_each; ++op) {
       const int kind = static_cast<int>(gen() % 10);
       if (kind < 4) {  // insert 1-3 trajectories from host memory
@@ -154,7 +164,9 @@ result run(Buffer& buf, int threads, std::int64_t ops_each, std::uint64_t seed, 
           std::set<where> distinct;
           for (std::int64_t row = 0; row < rows_each; ++row)
             distinct.insert(where_of(view.keys[row]));
-          if (static_cast<std::int64_t>(distinct.size()) != rows_each) ++out_of_order;
+          if (!replacement && static_cast<std::int64_t>(distinct.size()) != rows_each)
+            ++out_of_order;
+          local_returns.insert(local_returns.end(), distinct.begin(), distinct.end());
         }
         for (std::int64_t row = 0; row < rows_each; ++row) {
           ++rows;
@@ -189,6 +201,7 @@ result run(Buffer& buf, int threads, std::int64_t ops_each, std::uint64_t seed, 
     const std::scoped_lock lock(log_mutex);
     for (auto& [t, id] : local_log) id_of_ticket[t] = id;
     seen.insert(seen.end(), local_seen.begin(), local_seen.end());
+    returns.insert(returns.end(), local_returns.begin(), local_returns.end());
   };
   std::vector<std::thread> pool;
   for (int i = 0; i < threads; ++i) pool.emplace_back(worker, i);
@@ -205,8 +218,11 @@ result run(Buffer& buf, int threads, std::int64_t ops_each, std::uint64_t seed, 
     else if (it->second != id) ++out.wrong_key;
   }
   std::map<where, std::int64_t> returned;
-  if (max_returns > 0)
+  if constexpr (consuming<Buffer>) {
     for (auto& [w, id] : seen) out.returned_too_often += ++returned[w] > max_returns;
+  } else if (max_returns > 0) {
+    for (auto& w : returns) out.returned_too_often += ++returned[w] > max_returns;
+  }
   if constexpr (consuming<Buffer>) {
     // Each trajectory is returned once: by one sample, or by none and still stored now. The
     // final sample takes everything left, on thread 0's stream.

@@ -1,8 +1,8 @@
 // Stress, GPU storage: 8 threads, each on its own stream, insert, write, sample, update priorities
 // and erase on one buffer with no lock or event of their own (tests/stress.hpp), for pinned_host,
-// device and mixed storage; with the consuming fifo and lifo, and with max_times_sampled, at a
-// tenth of the count. GEAR_STRESS_OPS sets the operations per thread (default 125000: 10^6 in all
-// per storage). Exits 77 (skipped) where no GPU is usable.
+// device and mixed storage; with the consuming fifo and lifo, and with max_times_sampled (uniform
+// with and without replacement), at a tenth of the count. GEAR_STRESS_OPS sets the operations per
+// thread (default 125000: 10^6 in all per storage). Exits 77 (skipped) where no GPU is usable.
 
 #include <gear/gear.cuh>
 
@@ -100,6 +100,17 @@ TEST_CASE(
       gear::capacity{256}, gear::max_length{gear_stress::max_len},
       gear::select::uniform{.replacement = false}};
   stress(buf, ops_per_thread() / 10, 11, 3);
+}
+
+TEST_CASE(
+    "stress: 8 threads on their own streams, one mixed buffer with max_times_sampled 2 (uniform "
+    "with replacement, rows counted from the host's own draw): no trajectory in more than two "
+    "samples") {
+  gear::replay_buffer<gear_stress::spec,
+                      gear::storage::mixed<gear::storage::pinned_host, gear::storage::device>,
+                      gear::select::uniform>
+      buf{gear::capacity{256}, gear::max_length{gear_stress::max_len}};
+  stress(buf, ops_per_thread() / 10, 12, 2);
 }
 
 int main(int argc, char** argv) {

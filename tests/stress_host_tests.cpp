@@ -171,3 +171,11 @@ TEST_CASE(
       gear::select::uniform{.replacement = false}};
   stress(buf, 45, 2);
 }
+
+TEST_CASE(
+    "stress: 8 threads on one host buffer with max_times_sampled 2 (uniform with replacement): no "
+    "trajectory comes back in more than two samples") {
+  gear::replay_buffer<gear_stress::spec, gear::storage::host, gear::select::uniform> buf{
+      gear::capacity{256}, gear::max_length{gear_stress::max_len}};
+  stress(buf, 46, 2);
+}
