@@ -5,7 +5,8 @@
 //   LD_PRELOAD=build/bench/libgear_cuda_calls.so build/bench/gear_enqueue_calls
 //
 // it also prints the CUDA runtime calls each sample_async makes, their count and time (this
-// program links the runtime as a shared library so that the preloaded one can count them).
+// program links the runtime as a shared library so that the preloaded one can count them). The
+// last four rows sample under set_max_times_sampled.
 // Exits 77 without a GPU.
 
 #include <dlfcn.h>
@@ -34,8 +35,11 @@ struct call_counter {
   [[nodiscard]] bool present() const { return reset && count && print; }
 };
 
+/// max_times > 0: the buffer removes each trajectory after that many returns
+/// (set_max_times_sampled), counted on the host.
 template <class Policy>
-void measure(const char* label, Policy policy, const call_counter& counter) {
+void measure(const char* label, Policy policy, const call_counter& counter,
+             std::int64_t max_times = 0) {
   constexpr std::int64_t total = 16384, len = 16, batch = 256, chunk = 1024, calls = 4;
   constexpr int rounds = 300;
   cudaStream_t s{};
@@ -52,6 +56,7 @@ void measure(const char* label, Policy policy, const call_counter& counter) {
       GEAR_CUDA_TRY(cudaStreamSynchronize(s));
     };
     fill_up();
+    if (max_times > 0) buf.set_max_times_sampled(max_times);
     auto out = buf.make_batch(gear::batch_size{batch}, gear::window_length{len});
     const gear::window w{.length = len};
     gear::rng g{7};
@@ -96,5 +101,13 @@ int main() {
   measure("recency", gear::select::recency{.newest = 4096}, counter);
   measure("fifo", gear::select::fifo{}, counter);
   measure("lifo", gear::select::lifo{}, counter);
+  // Under max_times_sampled (a limit of 2: trajectories are removed, and fill_up inserts anew),
+  // the rows are counted on the host: no read-back, no synchronisation, except prioritized.
+  measure("uniform, max_times_sampled 2", gear::select::uniform{}, counter, 2);
+  measure("uniform without replacement, max_times_sampled 2",
+          gear::select::uniform{.replacement = false}, counter, 2);
+  measure("recency, max_times_sampled 2", gear::select::recency{.newest = 4096}, counter, 2);
+  measure("prioritized, max_times_sampled 2 (reads its rows back)", gear::select::prioritized{},
+          counter, 2);
   return 0;
 }

@@ -470,7 +470,7 @@ TEST_CASE_TEMPLATE("fifo and lifo samples queued on a busy stream each return th
   CHECK(buf.size() == 0);
 }
 
-// ---- max_times_sampled with rows the host draws again (gear::host_row_mirroring) ---------------
+// ---- max_times_sampled with rows the host draws (gear::host_row_mirroring) --------------------
 
 /// uniform whose host draw of the rows is wrong by one row (row r counted as row r + 1): what a
 /// host draw that differs from the GPU's would do. The check below must see it.
@@ -490,14 +490,42 @@ struct shifted_mirror : gear::select::uniform {
   };
 };
 
-/// Random inserts (the ring wraps), erases and samples of 16 uniform rows with replacement under
-/// max_times_sampled 2, each sample read back by the test: the number of checks that fail, of a
-/// row's bytes against its key's, and of contains(key) against the model (a key is live unless
-/// erased, evicted, or returned twice).
+/// A policy whose host draws its rows for the GPU (stages_mirror) but whose kernels ignore the
+/// staged rows and draw their own, from other numbers: what a GPU path that missed the staging
+/// would do (with the same numbers, recency's GPU would mostly draw the host's rows again). The
+/// check below must see it.
+template <class Policy>
+struct unstaged : Policy {
+  template <class Space>
+  struct state : Policy::template state<Space> {
+    using base = typename Policy::template state<Space>;
+    state(const unstaged& p, std::int64_t capacity) : base(p, capacity) {}
+    static gear::selection_request own(const gear::selection_request& r) {
+      gear::selection_request mine = r;
+      mine.chosen_rows_host = nullptr;
+      mine.chosen_rows_device = nullptr;
+      mine.draw.seed ^= 0x5eed;
+      return mine;
+    }
+    auto row_selector(const gear::slot_table& t, const gear::selection_request& r) const
+        -> decltype(std::declval<const base&>().row_selector(t, r)) {
+      return base::row_selector(t, own(r));
+    }
+    void select(const gear::slot_table& t, const gear::selection_request& r,
+                cuda::stream_ref stream) {
+      base::select(t, own(r), stream);
+    }
+  };
+};
+
+/// Random inserts (the ring wraps), erases and samples of 16 rows under max_times_sampled 2, each
+/// sample read back by the test: the number of checks that fail, of a row's bytes against its
+/// key's, and of contains(key) against the model (a key is live unless erased, evicted, or
+/// returned twice).
 template <class Selection>
-int max_times_sampled_mismatches(std::uint64_t seed) {
+int max_times_sampled_mismatches(std::uint64_t seed, const Selection& policy = {}) {
   stream_holder s;
-  vbuffer<gear::storage::device, Selection> buf{gear::capacity{64}, gear::max_length{1}};
+  vbuffer<gear::storage::device, Selection> buf{gear::capacity{64}, gear::max_length{1}, policy};
   buf.set_max_times_sampled(2);
   std::mt19937_64 gen(seed);
   std::map<std::uint64_t, std::int32_t> value_of;  // ticket -> value stored
@@ -526,7 +554,7 @@ int max_times_sampled_mismatches(std::uint64_t seed) {
         erased.insert(k.ticket);
       }
     }
-    if (buf.size() == 0) continue;
+    if (buf.size() < 16) continue;  // (without replacement a batch needs 16 trajectories)
     buf.sample_async(out, gear::window{.length = 1}, g, s);
     for (const row& r : rows_of(out, s)) {
       wrong += r.v.at(0) != value_of[r.k.ticket];
@@ -537,22 +565,14 @@ int max_times_sampled_mismatches(std::uint64_t seed) {
   return wrong;
 }
 
-TEST_CASE("max_times_sampled with uniform rows: counted from the host's own draw, with no wait") {
-  // Uniform rows with replacement are a pure function of the draw and the dense index, which the
-  // host holds too: a sample under max_times_sampled counts them there instead of reading them
-  // back (which synchronised the stream).
-  for (std::uint64_t seed = 1; seed <= 6; ++seed) {
-    INFO("seed " << seed);
-    CHECK(max_times_sampled_mismatches<gear::select::uniform>(seed) == 0);
-  }
-  // The checks can fail: a host draw off by one row is seen in every seed.
-  for (std::uint64_t seed = 1; seed <= 6; ++seed) {
-    INFO("seed " << seed);
-    CHECK(max_times_sampled_mismatches<shifted_mirror>(seed) > 0);
-  }
-  // Eight samples behind a 200 ms kernel: none waits on the host.
+/// Eight samples of 8 rows under max_times_sampled 2 behind a 200 ms kernel: the seconds taken
+/// to enqueue them; then the number of rows returned past their limit (a value may come back
+/// several times in the batch that takes it to 2 returns, when rows are drawn with replacement,
+/// never in a later one) and of contains() that disagree with the returns.
+template <class Selection>
+std::pair<double, int> max_times_sampled_behind_a_kernel(const Selection& policy) {
   stream_holder s;
-  vbuffer<gear::storage::device> buf{gear::capacity{64}, gear::max_length{1}};
+  vbuffer<gear::storage::device, Selection> buf{gear::capacity{64}, gear::max_length{1}, policy};
   std::vector<gear::key> keys;
   for (std::int32_t v = 0; v < 64; ++v) keys.push_back(insert_values(buf, {v}, s));
   buf.set_max_times_sampled(2);
@@ -565,10 +585,6 @@ TEST_CASE("max_times_sampled with uniform rows: counted from the host's own draw
   for (auto& b : batches) buf.sample_async(b, gear::window{.length = 1}, g, s);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  MESSAGE("enqueue time of the eight samples: " << seconds * 1e3 << " ms");
-  if (streams_overlap()) CHECK(seconds < 0.1);
-  // A value may come back several times in the batch that takes it to 2 returns (rows are drawn
-  // with replacement), never in a later one.
   std::map<std::int32_t, int> returned;
   int wrong = 0;
   for (auto& b : batches) {
@@ -581,7 +597,51 @@ TEST_CASE("max_times_sampled with uniform rows: counted from the host's own draw
   }
   for (std::int32_t v = 0; v < 64; ++v)
     wrong += buf.contains(keys[static_cast<std::size_t>(v)]) != (returned[v] < 2);
-  CHECK(wrong == 0);
+  return {seconds, wrong};
+}
+
+TEST_CASE("max_times_sampled with uniform or recency rows: counted from the host's draw, no wait") {
+  // Uniform rows with replacement are a pure function of the draw and the dense index, which the
+  // host holds too: a sample under max_times_sampled counts them from its own draw instead of
+  // reading them back (which synchronised the stream). Without replacement, and for recency, the
+  // host draws the rows and the GPU gathers those.
+  const gear::select::uniform distinct{.replacement = false};
+  const gear::select::recency newest{.newest = 48, .half_life = 8};
+  for (std::uint64_t seed = 1; seed <= 6; ++seed) {
+    INFO("seed " << seed);
+    CHECK(max_times_sampled_mismatches<gear::select::uniform>(seed) == 0);
+    CHECK(max_times_sampled_mismatches(seed, distinct) == 0);
+    CHECK(max_times_sampled_mismatches(seed, newest) == 0);
+  }
+  // The checks can fail: a host draw off by one row, or kernels that draw rows of their own
+  // instead of the staged ones, are seen in every seed.
+  unstaged<gear::select::uniform> own_distinct;
+  own_distinct.replacement = false;
+  unstaged<gear::select::recency> own_newest;
+  own_newest.newest = 48;
+  own_newest.half_life = 8;
+  for (std::uint64_t seed = 1; seed <= 6; ++seed) {
+    INFO("seed " << seed);
+    CHECK(max_times_sampled_mismatches<shifted_mirror>(seed) > 0);
+    CHECK(max_times_sampled_mismatches(seed, own_distinct) > 0);
+    CHECK(max_times_sampled_mismatches(seed, own_newest) > 0);
+  }
+  // Eight samples behind a 200 ms kernel: none waits on the host.
+  const auto [uniform_s, uniform_wrong] =
+      max_times_sampled_behind_a_kernel(gear::select::uniform{});
+  const auto [distinct_s, distinct_wrong] = max_times_sampled_behind_a_kernel(distinct);
+  const auto [newest_s, newest_wrong] =
+      max_times_sampled_behind_a_kernel(gear::select::recency{.newest = 64});
+  MESSAGE("enqueue time of the eight samples: uniform " << uniform_s * 1e3 << " ms, without "
+          "replacement " << distinct_s * 1e3 << " ms, recency " << newest_s * 1e3 << " ms");
+  if (streams_overlap()) {
+    CHECK(uniform_s < 0.1);
+    CHECK(distinct_s < 0.1);
+    CHECK(newest_s < 0.1);
+  }
+  CHECK(uniform_wrong == 0);
+  CHECK(distinct_wrong == 0);
+  CHECK(newest_wrong == 0);
 }
 
 // ---- host inserts that land (detail/buffer/landing.hpp) ---------------------------------------
@@ -1141,7 +1201,12 @@ struct observed {
       slot_tickets.push_back(buf.ticket(i));
       lengths.push_back(buf.length(i));
     }
-    auto batch = buf.make_batch(gear::batch_size{64}, gear::window_length{2});
+    // 64 rows, or every trajectory once for a batch without replacement.
+    bool distinct = false;
+    if constexpr (requires { buf.selection().replacement; })
+      distinct = !buf.selection().replacement;
+    if (distinct && size == 0) return;
+    auto batch = buf.make_batch(gear::batch_size{distinct ? size : 64}, gear::window_length{2});
     gear::rng g{99};
     buf.sample(batch, gear::window{.length = 2}, g, s);
     for (const row& r : rows_of(batch, s)) {
@@ -1159,14 +1224,14 @@ struct observed {
 /// the call. Checks that every failure either left the buffer exactly as it was at arm() or made
 /// every later call throw errc::cuda_error (never wrong rows). Returns {failures, unchanged}.
 /// With `shared`, a second stream samples the buffer first, so that inserts of host data into
-/// storage::device land (detail/buffer/landing.hpp).
-template <class Storage, bool shared = false, class Op>
-std::pair<int, int> inject_every_fault(Op&& op) {
-  using B = vbuffer<Storage>;
+/// storage::device land (detail/buffer/landing.hpp). The buffer selects with `policy`.
+template <class Storage, bool shared = false, class Selection = gear::select::uniform, class Op>
+std::pair<int, int> inject_every_fault(Op&& op, const Selection& policy = {}) {
+  using B = vbuffer<Storage, Selection>;
   int failures = 0, unchanged = 0;
   for (long n = 1; n < 1000; ++n) {
     stream_holder s;
-    B buf{gear::capacity{4}, gear::max_length{2}};
+    B buf{gear::capacity{4}, gear::max_length{2}, policy};
     for (int i = 0; i < 3; ++i) (void)insert_values(buf, {i * 10, i * 10 + 1}, s);
     GEAR_CUDA_TRY(cudaStreamSynchronize(s.s));
     if (shared) {
@@ -1322,19 +1387,27 @@ TEST_CASE_TEMPLATE(
            arm();
            b.erase_async(std::span<const gear::key>(&k, 1), s);
          }));
-  report("sample with removal", inject_every_fault<Storage>([](B& b, cuda::stream_ref s, auto arm) {
-           auto batch = b.make_batch(gear::batch_size{2}, gear::window_length{2});
-           gear::rng g{1};
-           arm();
-           b.set_max_times_sampled(1);
-           try {
-             b.sample_async(batch, gear::window{.length = 2}, g, s);
-           } catch (...) {
-             b.set_max_times_sampled(0);
-             throw;
-           }
-           b.set_max_times_sampled(0);
-         }));
+  // Removal after max_times_sampled: uniform with replacement (the GPU draws the host's rows
+  // again), without replacement and recency (the host's rows staged for the GPU).
+  const auto sample_with_removal = [](auto& b, cuda::stream_ref s, auto arm) {
+    auto batch = b.make_batch(gear::batch_size{2}, gear::window_length{2});
+    gear::rng g{1};
+    arm();
+    b.set_max_times_sampled(1);
+    try {
+      b.sample_async(batch, gear::window{.length = 2}, g, s);
+    } catch (...) {
+      b.set_max_times_sampled(0);
+      throw;
+    }
+    b.set_max_times_sampled(0);
+  };
+  report("sample with removal", inject_every_fault<Storage>(sample_with_removal));
+  report("sample with removal, without replacement",
+         inject_every_fault<Storage, false>(sample_with_removal,
+                                            gear::select::uniform{.replacement = false}));
+  report("sample with removal, recency",
+         inject_every_fault<Storage, false>(sample_with_removal, gear::select::recency{.newest = 4}));
 }
 
 namespace {

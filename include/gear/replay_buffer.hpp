@@ -42,8 +42,8 @@
 //   pinned_host or mixed storage waits on the host for the gathers that may read the slots it
 //   evicts and the writes in flight to them (bound, below: for the stream), and an insert or
 //   reserve taking over an open reservation waits for the device (a kernel may still fill it);
-//   (2) a sample under set_max_times_sampled whose rows were drawn on the GPU reads them back
-//   (fifo / lifo draw on the host, uniform with replacement again there); (3) staging is reused
+//   (2) a sample under set_max_times_sampled with prioritized rows reads them back (fifo, lifo,
+//   uniform and recency know theirs on the host, the GPU gathering those); (3) staging is reused
 //   once the work that read it finished (512 entries; 4 areas for queue rows, 4 for host-span
 //   priorities): a call waits only when that many are in flight, or for the device when a
 //   host-span priority update outgrows its device copy (freeing the old one).
@@ -314,8 +314,8 @@ class replay_buffer {
   /// row inside a small gather) and, under set_max_times_sampled, an apply of the removals (fifo
   /// and lifo apply theirs in the gather). Consumes one draw of g. Stream-ordered; does not
   /// synchronise (sample does) unless trajectories are removed after k returns
-  /// (set_max_times_sampled) and the policy draws on the GPU: then it reads back the rows it drew
-  /// (fifo and lifo choose theirs on the host, uniform with replacement draws them again there:
+  /// (set_max_times_sampled) and the policy is prioritized: then it reads back the rows it drew
+  /// (fifo, lifo, uniform and recency draw theirs on the host too, and the GPU returns those:
   /// they need not). `g` is a gear::rng, or a
   /// gear::device_rng for CUDA graphs (see "CUDA graphs" above).
   /// Throws (leaving the buffer and g unchanged): errc::empty_buffer, errc::empty_window,
@@ -364,8 +364,8 @@ class replay_buffer {
   /// Removes every trajectory once it has been returned by `k` samples (0: never, the default).
   /// Works with every selection policy. A row counts as one return, so with replacement one batch
   /// may return a trajectory more often than it had returns left; it is removed after that batch.
-  /// With a limit set, sample_async synchronises the stream (it reads back the rows it drew),
-  /// unless the policy chooses rows on the host (fifo, lifo). Counts start with the next sample.
+  /// With a limit set, a prioritized sample_async synchronises the stream (it reads back the rows
+  /// it drew); the other policies count rows the host drew. Counts start with the next sample.
   /// Throws errc::invalid_argument for k < 0, or k > 0 on a buffer bound to one stream (sampled
   /// with a device_rng, whose replays remove nothing, or updated from device memory in a graph).
   void set_max_times_sampled(std::int64_t k) { detail::set_return_limit(core(), k); }

@@ -164,7 +164,7 @@ class sharded_buffer {
   /// this file), consuming one draw of g. Stream-ordered after `stream`'s earlier work; `stream`'s
   /// later work sees the batch. Does not synchronise (sample does) unless it reads every root
   /// (prioritized GPU shards: the first sample, one after a failure), grows the workspaces, or a
-  /// shard under set_max_times_sampled reads back its rows (unless uniform, with replacement).
+  /// prioritized shard under set_max_times_sampled reads back its rows.
   /// Throws (g unchanged; the batch's contents unspecified): errc::empty_buffer (no shard holds a
   /// trajectory, or, prioritized, none has a positive priority mass in the snapshot: a union
   /// whose priorities are all 0 is not sampled, unlike one buffer, which then draws uniformly;

@@ -1,6 +1,7 @@
 #pragma once
 // Device side of gear::select::uniform: drawn inside the gather kernel (row_selector; without
-// replacement for batches whose claim table one block clears), else one thread per row.
+// replacement for batches whose claim table one block clears), else one thread per row; or, for
+// a sample under max_times_sampled without replacement, drawn on the host and staged (mirror_rows).
 
 #include <cuda/stream_ref>
 #include <gear/detail/cuda.hpp>
@@ -73,7 +74,9 @@ class uniform::state<exec::device> {
   /// (clear between samples; the launch's last block clears them again) where the table is small
   /// enough for one block to clear, else its scratch, cleared by a memset first.
   void select(const slot_table& t, const selection_request& r, cuda::stream_ref stream) {
-    if (policy_.replacement) {
+    if (staged(r)) {
+      detail::select_rows_on_device(staged_rows(t, r), r, stream);
+    } else if (policy_.replacement) {
       detail::select_rows_on_device(detail::uniform_rows{t, r, true}, r, stream);
     } else if (r.claims != nullptr && r.arrivals != nullptr &&
                r.scratch_size <= detail::tuning::select_fused_claims_max_words) {
@@ -92,8 +95,10 @@ class uniform::state<exec::device> {
   /// The gather kernel draws the rows itself: with replacement each row on its own; without, each
   /// row claims its slot in the request's claims, which the gather's last block clears (tables of
   /// up to tuning::select_fused_claims_max_words; larger ones go through select()).
-  [[nodiscard]] std::optional<std::variant<detail::uniform_rows, detail::uniform_gather_claims>>
+  [[nodiscard]] std::optional<std::variant<detail::uniform_rows, detail::uniform_gather_claims,
+                                           detail::staged_rows<detail::uniform_rows>>>
   row_selector(const slot_table& t, const selection_request& r) const {
+    if (staged(r)) return staged_rows(t, r);
     if (policy_.replacement) return detail::uniform_rows{t, r, true};
     if (r.claims == nullptr || r.arrivals == nullptr ||
         r.scratch_size > detail::tuning::select_fused_claims_max_words ||
@@ -107,27 +112,47 @@ class uniform::state<exec::device> {
   /// Host memory for mirror_rows of batches of up to `batch` rows, allocated now
   /// (replay_buffer::reserve_staging). Throws std::bad_alloc with the state as it was.
   void reserve_staging(std::int64_t batch) {
-    if (policy_.replacement) mirrored_.reserve(static_cast<std::size_t>(batch));
+    mirrored_.reserve(static_cast<std::size_t>(batch));
+    if (!policy_.replacement)
+      host_claims_.reserve(static_cast<std::size_t>(detail::claim_table_size(batch)));
   }
 
-  /// (gear::host_row_mirroring) With replacement every row is a pure function of the draw and
-  /// the dense index, so the host can draw the rows the GPU will; without, rows claim slots in an
-  /// order the GPU decides.
-  [[nodiscard]] bool mirrors() const noexcept { return policy_.replacement; }
-  /// The rows select() and the gather will draw for `r`, drawn on the host from `host_view` (the
-  /// table as of the call, with the ring's host arrays): host memory, valid until the next call.
-  /// Throws std::bad_alloc (nothing else changes).
+  /// (gear::host_row_mirroring) The host knows a sample's rows before it is enqueued. With
+  /// replacement every row is a pure function of the draw and the dense index, so the host draws
+  /// the rows the GPU will; without, rows claim slots in an order the GPU decides, so the host
+  /// draws them (claiming one row after another) and the GPU gathers those (stages_mirror).
+  [[nodiscard]] bool mirrors() const noexcept { return true; }
+  [[nodiscard]] bool stages_mirror() const noexcept { return !policy_.replacement; }
+  /// The rows of `r` drawn on the host from `host_view` (the table as of the call, with the
+  /// ring's host arrays): with replacement those select() and the gather will draw; without, the
+  /// rows they take from r.chosen_rows_device, where the buffer stages them. Host memory, valid
+  /// until the next call. Throws std::bad_alloc (nothing else changes).
   std::span<const std::int64_t> mirror_rows(const slot_table& host_view,
                                             const selection_request& r) {
-    mirrored_.resize(static_cast<std::size_t>(r.batch));
-    for (std::int64_t row = 0; row < r.batch; ++row)
-      mirrored_[static_cast<std::size_t>(row)] = detail::uniform_row(host_view, r, true, row);
+    selection_request claiming = r;
+    if (!policy_.replacement) {
+      claiming.scratch_size = detail::claim_table_size(r.batch);
+      host_claims_.assign(static_cast<std::size_t>(claiming.scratch_size), 0);
+      claiming.scratch = host_claims_.data();
+    }
+    detail::draw_slots_on_host(detail::uniform_rows{host_view, claiming, policy_.replacement},
+                               r.batch, mirrored_);
     return mirrored_;
   }
 
  private:
+  /// Whether `r` carries rows the host drew for the GPU (mirror_rows without replacement).
+  [[nodiscard]] bool staged(const selection_request& r) const noexcept {
+    return !policy_.replacement && r.chosen_rows_device != nullptr;
+  }
+  [[nodiscard]] static detail::staged_rows<detail::uniform_rows> staged_rows(
+      const slot_table& t, const selection_request& r) noexcept {
+    return {detail::uniform_rows{t, r, false}, r.chosen_rows_device};
+  }
+
   uniform policy_;
   std::vector<std::int64_t> mirrored_;
+  std::vector<std::uint64_t> host_claims_;  // the host's claim table without replacement
 };
 
 }  // namespace gear::select

@@ -87,18 +87,26 @@
 //       instead, and the buffer keeps that memory until the gather has read them: kernels that
 //       select() enqueues ahead of the gather may read them too, none enqueued after it.
 //
-// A device state whose rows are drawn on the GPU, each a pure function of the request's draw and
-// the table, may provide
+// A device state may let the host know a sample's rows before it is enqueued:
 //
 //   bool mirrors() const;
+//   bool stages_mirror() const;
 //   std::span<const std::int64_t> mirror_rows(const slot_table& host_view,
 //                                             const selection_request& request);
-//       mirrors() says whether the host can draw the same rows (uniform: with replacement);
-//       mirror_rows() draws them from host_view (the table as of the call, whose dense, lengths
-//       and tickets are the host's copies) into host memory valid until its next call. A sample
-//       under set_max_times_sampled then counts its rows from there, where it would read them
-//       back from the GPU (which synchronises the stream). The rows must be exactly the GPU's:
-//       a row counted that the GPU did not return removes the wrong trajectory.
+//       mirrors() says whether it does; mirror_rows() then draws the rows on the host, from
+//       host_view (the table as of the call, whose dense, lengths and tickets are the host's
+//       copies), into host memory valid until its next call. A sample under
+//       set_max_times_sampled counts its rows from there, where it would read them back from
+//       the GPU (which synchronises the stream). Without stages_mirror() the GPU draws the same
+//       rows itself (uniform with replacement: each row a pure function of the draw and the
+//       dense index); with it, the buffer copies them to request.chosen_rows_host before the
+//       launch, and the state's kernels (select() and row_selector's F) take the rows from
+//       request.chosen_rows_device where it is set (uniform without replacement, whose claims
+//       the GPU orders by timing; recency, whose age draws use exp and log functions that may
+//       round differently there: detail::staged_rows). Either way the rows counted must be
+//       exactly those the GPU returns: a row counted that the GPU did not return removes the
+//       wrong trajectory. A derived state whose select() draws rows of its own must say
+//       mirrors() false.
 //
 // A device state that stages host data of its own may provide
 //
@@ -212,9 +220,10 @@ struct selection_request {
   /// draw.call from here (detail::read_device_counts).
   const std::uint64_t* call_at = nullptr;
   /// Mapped pinned memory with room for `batch` rows, or null: where a state that chooses rows on
-  /// the host (with_chosen_rows) may put them for the launch instead of its own staging: the CPU's
-  /// address and the GPU's. The caller keeps it until the gather has read them (so only kernels
-  /// enqueued before the gather's may read them).
+  /// the host (with_chosen_rows) may put them for the launch instead of its own staging, or where
+  /// the buffer staged the rows of a state's mirror_rows (stages_mirror): the CPU's address and
+  /// the GPU's. The caller keeps it until the gather has read them (so only kernels enqueued
+  /// before the gather's may read them).
   std::int64_t* chosen_rows_host = nullptr;
   const std::int64_t* chosen_rows_device = nullptr;
 };
@@ -322,11 +331,12 @@ concept host_row_choosing = requires(State& s, const slot_table& t, const select
                                      cuda::stream_ref stream) {
   s.with_chosen_rows(t, r, stream, detail::no_launch{});
 };
-/// mirrors and mirror_rows: the rows drawn on the GPU, drawn again on the host.
+/// mirrors, stages_mirror and mirror_rows: a sample's rows known on the host before the launch.
 template <class State>
 concept host_row_mirroring = requires(State& s, const State& cs, const slot_table& t,
                                       const selection_request& r) {
   { cs.mirrors() } -> std::convertible_to<bool>;
+  { cs.stages_mirror() } -> std::convertible_to<bool>;
   { s.mirror_rows(t, r) } -> std::convertible_to<std::span<const std::int64_t>>;
 };
 /// reserve_staging: the state's own staging, allocated ahead of the calls.

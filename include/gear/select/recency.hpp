@@ -378,7 +378,11 @@ struct recency_rows {
 
   GEAR_HD selected_row operator()(std::int64_t row) const {
     const std::int64_t slot = recency_row(table, request, window, row);
-    return {slot, recency_probability(table, window, slot), 1.0f};
+    return {slot, probability(slot), 1.0f};
+  }
+  /// The probability of a row's `slot` (-1: none).
+  GEAR_HD float probability(std::int64_t slot) const {
+    return recency_probability(table, window, slot);
   }
 };
 

@@ -15,7 +15,8 @@
 // The host and device states draw the same numbers from the same rng_draw, so with replacement
 // they select the same slots. Without replacement on the GPU, when two rows draw the same slot,
 // which of them keeps it depends on timing: the batch is a uniform subset either way, but not
-// the same one at every run of the same seed.
+// the same one at every run of the same seed. (A sample under max_times_sampled draws its rows
+// on the host, one after another, and the GPU gathers those: the same subset at every run.)
 
 #include <algorithm>
 #include <cstdint>
@@ -104,7 +105,11 @@ struct uniform_rows {
 
   GEAR_HD selected_row operator()(std::int64_t row) const {
     const std::int64_t slot = uniform_row(table, request, replacement, row);
-    return {slot, slot < 0 ? 0.0f : 1.0f / static_cast<float>(table.live), 1.0f};
+    return {slot, probability(slot), 1.0f};
+  }
+  /// The probability of a row's `slot` (-1: none).
+  GEAR_HD float probability(std::int64_t slot) const {
+    return slot < 0 ? 0.0f : 1.0f / static_cast<float>(table.live);
   }
   /// In a kernel of a sample with a gear::device_rng: the live count and draw as they are now.
   GEAR_HD void read_device_counts() noexcept { detail::read_device_counts(table, request); }

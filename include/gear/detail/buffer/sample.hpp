@@ -270,23 +270,27 @@ void sample_into(Core& b, Batch& out, const window& w, Draws& g, cuda::stream_re
   const bool consumes = consume_limit(b) > 0;
   if (consumes && b.times_sampled_.empty())
     b.times_sampled_.assign(static_cast<std::size_t>(b.capacity_), 0);
-  std::optional<staging_pool::lease> readback, removal;
-  // Rows chosen on the GPU are counted from the host's own draw of them where the policy can
-  // draw them again there (gear::host_row_mirroring: uniform with replacement), else read back
-  // (this synchronises); rows chosen on the host (fifo, lifo) are counted from the host's copy,
-  // and staged for the gather after the removal's records (remove_in_gather).
+  // `rows`: pinned memory for the sample's rows, read back from the GPU or staged for it.
+  std::optional<staging_pool::lease> rows, removal;
+  // Rows chosen on the GPU are counted from the host's own draw of them where the policy makes
+  // one (gear::host_row_mirroring: uniform, recency), which the GPU draws again (uniform with
+  // replacement) or takes from staging (stages_mirror); else they are read back (this
+  // synchronises). Rows chosen on the host (fifo, lifo) are counted from the host's copy, and
+  // staged for the gather after the removal's records (remove_in_gather).
   constexpr bool rows_on_host = host_chosen_rows<typename Core::state_type>;
-  bool mirrored = false;
-  if constexpr (host_row_mirroring<typename Core::state_type>)
+  bool mirrored = false, staged = false;
+  if constexpr (host_row_mirroring<typename Core::state_type>) {
     mirrored = consumes && b.selection_->mirrors();
+    staged = mirrored && b.selection_->stages_mirror();
+  }
   if (consumes)
     removal = b.lease_records(
         out.batch_size(),
         rows_on_host ? static_cast<std::size_t>(out.batch_size()) * sizeof(std::int64_t) : 0);
   if constexpr (Core::on_device && !rows_on_host)
-    if (consumes && !mirrored) {
+    if (consumes && (!mirrored || staged)) {
       try {
-        readback = b.staging_.acquire(static_cast<std::size_t>(out.batch_size()) * 8, 0);
+        rows = b.staging_.acquire(static_cast<std::size_t>(out.batch_size()) * 8, 0);
       } catch (...) {
         b.give_back(removal);
         throw;
@@ -335,7 +339,14 @@ void sample_into(Core& b, Batch& out, const window& w, Draws& g, cuda::stream_re
           host_view.lengths = b.ring_.lengths();
           host_view.tickets = b.ring_.tickets();
           host_view.dense = b.ring_.dense();
-          slots = b.selection_->mirror_rows(host_view, request).data();
+          const std::span<const std::int64_t> drawn =
+              b.selection_->mirror_rows(host_view, request);
+          slots = drawn.data();
+          if (staged) {
+            request.chosen_rows_host = reinterpret_cast<std::int64_t*>(rows->host);
+            request.chosen_rows_device = reinterpret_cast<const std::int64_t*>(rows->mapped);
+            std::copy(drawn.begin(), drawn.end(), request.chosen_rows_host);
+          }
         }
       slot_table drawn_from = table;
       if constexpr (device_draws) {
@@ -353,23 +364,31 @@ void sample_into(Core& b, Batch& out, const window& w, Draws& g, cuda::stream_re
                                     [] { return no_epilogue{}; });
         // The gather is enqueued: a write on another stream must wait for its read event, so a
         // failure to record it makes the buffer unusable rather than leaving it unordered.
-        b.enqueue([&] { b.order_after(stream, Core::read, /*bytes=*/true, device_draws); });
+        b.enqueue([&] {
+          b.order_after(stream, Core::read, /*bytes=*/true, device_draws);
+          if (staged) {  // the staged rows are free once the gather has read them
+            const staging_pool::lease read = *rows;
+            rows.reset();
+            b.staging_.release_after(read, stream.get());
+          }
+        });
       }
       if constexpr (rows_on_host) slots = b.selection_->host_rows().data();
       if constexpr (device_draws) {  // once nothing can be refused (checked: neither throws)
         b.order_.bind(stream.get());
         g.bind(stream.get());
       }
-      if (readback) {
+      if (rows) {  // read back
         const auto bytes = static_cast<std::size_t>(out.batch_size()) * 8;
-        GEAR_CUDA_TRY(cudaMemcpyAsync(readback->host, out.slots_data(), bytes,
+        GEAR_CUDA_TRY(cudaMemcpyAsync(rows->host, out.slots_data(), bytes,
                                       cudaMemcpyDeviceToHost, stream.get()));
         b.synchronize(stream);
-        slots = reinterpret_cast<const std::int64_t*>(readback->host);
+        slots = reinterpret_cast<const std::int64_t*>(rows->host);
       }
     } catch (...) {
-      // The read-back copy may have been enqueued: its entry waits for the device before reuse.
-      if (readback) b.staging_.give_back_unsafe(*readback);
+      // The read-back copy, or a kernel reading the staged rows, may have been enqueued: the
+      // entry waits for the device before reuse.
+      if (rows) b.staging_.give_back_unsafe(*rows);
       b.give_back(removal);
       throw;
     }
@@ -385,12 +404,12 @@ void sample_into(Core& b, Batch& out, const window& w, Draws& g, cuda::stream_re
     try {
       count_returns(b, slots, out.batch_size(), stream, removal);
     } catch (...) {
-      if (readback) b.staging_.give_back(*readback);
+      if (rows) b.staging_.give_back(*rows);
       b.give_back(removal);  // a no-op if the removal already handed it on
       throw;
     }
     // Read by the CPU after a synchronisation: free at once.
-    if (readback) b.staging_.give_back(*readback);
+    if (rows) b.staging_.give_back(*rows);
   }
   if constexpr (!device_draws) g = advanced;
 }
