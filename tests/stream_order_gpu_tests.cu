@@ -1209,7 +1209,13 @@ struct observed {
     auto batch = buf.make_batch(gear::batch_size{distinct ? size : 64}, gear::window_length{2});
     gear::rng g{99};
     buf.sample(batch, gear::window{.length = 2}, g, s);
-    for (const row& r : rows_of(batch, s)) {
+    std::vector<row> rows = rows_of(batch, s);
+    // Without replacement the GPU gives each row its slot in an order of its own: every
+    // trajectory once, in ticket order.
+    if (distinct)
+      std::sort(rows.begin(), rows.end(),
+                [](const row& x, const row& y) { return x.k.ticket < y.k.ticket; });
+    for (const row& r : rows) {
       sample_keys.push_back(r.k);
       sample_values.insert(sample_values.end(), r.v.begin(), r.v.end());
       // Every sampled row's bytes belong to its key's trajectory (values encode the ticket).
@@ -1407,7 +1413,8 @@ TEST_CASE_TEMPLATE(
          inject_every_fault<Storage, false>(sample_with_removal,
                                             gear::select::uniform{.replacement = false}));
   report("sample with removal, recency",
-         inject_every_fault<Storage, false>(sample_with_removal, gear::select::recency{.newest = 4}));
+         inject_every_fault<Storage, false>(sample_with_removal,
+                                            gear::select::recency{.newest = 4}));
 }
 
 namespace {
@@ -1455,7 +1462,8 @@ std::uint64_t allocations_of_steady_run(Buffer& buf, int rounds, cuda::stream_re
 TEST_CASE_TEMPLATE("reserve_staging: calls within the declared limits allocate nothing", B,
                    vbuffer<gear::storage::device>, vbuffer<gear::storage::pinned_host>,
                    vbuffer<gear::storage::device, gear::select::fifo>,
-                   vbuffer<gear::storage::pinned_host, gear::select::prioritized>) {
+                   vbuffer<gear::storage::pinned_host, gear::select::prioritized>,
+                   vbuffer<gear::storage::device, gear::select::recency>) {
   const gear::call_limits limits{
       .insert_trajectories = 8, .insert_steps = 16, .batch = 16, .in_flight = 4, .writers = 1};
   for (const bool counted : {false, true}) {
@@ -1463,7 +1471,7 @@ TEST_CASE_TEMPLATE("reserve_staging: calls within the declared limits allocate n
     B reserved{gear::capacity{64}, gear::max_length{2}};
     B grown{gear::capacity{64}, gear::max_length{2}};
     reserved.reserve_staging(limits);
-    if (counted) {  // the consuming path: a removal's records and the rows read back
+    if (counted) {  // the consuming path: a removal's records and the rows read back or staged
       reserved.set_max_times_sampled(2);
       grown.set_max_times_sampled(2);
     }

@@ -76,9 +76,10 @@ result run(Buffer& buf, int threads, std::int64_t ops_each, std::uint64_t seed, 
   if constexpr (requires { buf.set_max_times_sampled(max_returns); })
     if (max_returns > 0) buf.set_max_times_sampled(max_returns);
   if constexpr (consuming<Buffer>) max_returns = 1;
-  const bool replacement = [&] {
+  // Whether one sample names each trajectory once (uniform without replacement).
+  const bool distinct_rows = [&] {
     if constexpr (requires { buf.selection().replacement; })
-      return static_cast<bool>(buf.selection().replacement);
+      return !buf.selection().replacement;
     else
       return false;
   }();
@@ -164,7 +165,7 @@ result run(Buffer& buf, int threads, std::int64_t ops_each, std::uint64_t seed, 
           std::set<where> distinct;
           for (std::int64_t row = 0; row < rows_each; ++row)
             distinct.insert(where_of(view.keys[row]));
-          if (!replacement && static_cast<std::int64_t>(distinct.size()) != rows_each)
+          if (distinct_rows && static_cast<std::int64_t>(distinct.size()) != rows_each)
             ++out_of_order;
           local_returns.insert(local_returns.end(), distinct.begin(), distinct.end());
         }

@@ -1,8 +1,9 @@
 // Stress, GPU storage: 8 threads, each on its own stream, insert, write, sample, update priorities
 // and erase on one buffer with no lock or event of their own (tests/stress.hpp), for pinned_host,
 // device and mixed storage; with the consuming fifo and lifo, and with max_times_sampled (uniform
-// with and without replacement), at a tenth of the count. GEAR_STRESS_OPS sets the operations per
-// thread (default 125000: 10^6 in all per storage). Exits 77 (skipped) where no GPU is usable.
+// with and without replacement, recency), at a tenth of the count. GEAR_STRESS_OPS sets the
+// operations per thread (default 125000: 10^6 in all per storage). Exits 77 (skipped) where no
+// GPU is usable.
 
 #include <gear/gear.cuh>
 
@@ -111,6 +112,15 @@ TEST_CASE(
                       gear::select::uniform>
       buf{gear::capacity{256}, gear::max_length{gear_stress::max_len}};
   stress(buf, ops_per_thread() / 10, 12, 2);
+}
+
+TEST_CASE(
+    "stress: 8 threads on their own streams, one device buffer with max_times_sampled 2 (recency, "
+    "rows drawn on the host and staged for the gather): no trajectory in more than two samples") {
+  gear::replay_buffer<gear_stress::spec, gear::storage::device, gear::select::recency> buf{
+      gear::capacity{256}, gear::max_length{gear_stress::max_len},
+      gear::select::recency{.newest = 128, .half_life = 32}};
+  stress(buf, ops_per_thread() / 10, 13, 2);
 }
 
 int main(int argc, char** argv) {

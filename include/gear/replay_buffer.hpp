@@ -43,7 +43,7 @@
 //   evicts and the writes in flight to them (bound, below: for the stream), and an insert or
 //   reserve taking over an open reservation waits for the device (a kernel may still fill it);
 //   (2) a sample under set_max_times_sampled with prioritized rows reads them back (fifo, lifo,
-//   uniform and recency know theirs on the host, the GPU gathering those); (3) staging is reused
+//   uniform and recency know theirs on the host before the launch); (3) staging is reused
 //   once the work that read it finished (512 entries; 4 areas for queue rows, 4 for host-span
 //   priorities): a call waits only when that many are in flight, or for the device when a
 //   host-span priority update outgrows its device copy (freeing the old one).

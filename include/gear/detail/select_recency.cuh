@@ -5,7 +5,9 @@
 // (mirror_rows) and the GPU gathers those: the age draws use exp and log functions that may round
 // differently on the two, so the GPU does not draw them again.
 
+#include <cstdint>
 #include <cuda/stream_ref>
+#include <gear/detail/recency_scan.hpp>
 #include <gear/detail/select_rows.cuh>
 #include <gear/select/recency.hpp>
 #include <optional>
@@ -49,8 +51,18 @@ class recency::state<exec::device> : public detail::recency_state_base {
   /// else changes).
   std::span<const std::int64_t> mirror_rows(const slot_table& host_view,
                                             const selection_request& r) {
-    detail::draw_slots_on_host(detail::recency_rows{host_view, r, window(host_view)}, r.batch,
-                               mirrored_);
+    const detail::recency_window w = window(host_view);
+    mirrored_.resize(static_cast<std::size_t>(r.batch));
+    bool scanned = false;  // the scan's table, built at the first row whose draws all miss
+    for (std::int64_t row = 0; row < r.batch; ++row) {
+      std::int64_t slot = detail::recency_draws(host_view, r, w, row);
+      if (slot < 0) {
+        if (!scanned) scan_.build(host_view, w);
+        scanned = true;
+        slot = scan_.pick(detail::recency_scan_draw(r, row));
+      }
+      mirrored_[static_cast<std::size_t>(row)] = slot;
+    }
     return mirrored_;
   }
 
@@ -61,6 +73,7 @@ class recency::state<exec::device> : public detail::recency_state_base {
   }
 
   std::vector<std::int64_t> mirrored_;
+  detail::recency_scan_table scan_;
 };
 
 }  // namespace gear::select

@@ -40,8 +40,8 @@ inline constexpr int priority_update_threads = 256;
 inline constexpr int journal_threads = 256;
 inline constexpr std::int64_t journal_max_blocks = 1024;
 /// The buffers' pinned staging (host data on its way to the GPU: inserts, landing inserts, journal
-/// records; and the rows a sample reads back under max_times_sampled) is write-combined. Off:
-/// gear_contention's write-combined copy references moved as much as cached ones, alone and
+/// records; and the rows a sample under max_times_sampled reads back or stages) is write-combined.
+/// Off: gear_contention's write-combined copy references moved as much as cached ones, alone and
 /// beside a learner, in every run (bench/results/h100-session29.txt), and the CPU reads such
 /// memory slowly (a readback does).
 inline constexpr bool staging_write_combined = false;

@@ -105,8 +105,9 @@
 //       the GPU orders by timing; recency, whose age draws use exp and log functions that may
 //       round differently there: detail::staged_rows). Either way the rows counted must be
 //       exactly those the GPU returns: a row counted that the GPU did not return removes the
-//       wrong trajectory. A derived state whose select() draws rows of its own must say
-//       mirrors() false.
+//       wrong trajectory. A derived state whose select() or row_selector draws rows of its own
+//       (of uniform or recency, which mirror) must say mirrors() false: its rows are then read
+//       back.
 //
 // A device state that stages host data of its own may provide
 //

@@ -345,11 +345,9 @@ GEAR_HD inline std::int64_t recency_scan(const slot_table& t, const recency_wind
 /// Rejection draws recency_row makes before it falls back to an exact scan of the window.
 inline constexpr std::uint32_t recency_attempts = 64;
 
-/// Selects the slot of one row (see gear::select::recency): up to recency_attempts draws from
-/// the whole window, redrawn while they hit a slot that is not committed; then, if every one
-/// missed (few candidates among many pending slots), one exact scan. -1 only without candidates.
-GEAR_HD inline std::int64_t recency_row(const slot_table& t, const selection_request& r,
-                                        const recency_window& w, std::int64_t row) {
+/// recency_row's draws: the slot of the first that hits a committed slot, -1 if every one misses.
+GEAR_HD inline std::int64_t recency_draws(const slot_table& t, const selection_request& r,
+                                          const recency_window& w, std::int64_t row) {
   for (std::uint32_t attempt = 0; attempt < recency_attempts; ++attempt) {
     std::uint64_t ticket;
     if (w.half_life > 0) {
@@ -363,10 +361,23 @@ GEAR_HD inline std::int64_t recency_row(const slot_table& t, const selection_req
     const auto slot = static_cast<std::int64_t>(ticket % static_cast<std::uint64_t>(t.capacity));
     if (t.lengths[slot] > 0) return slot;
   }
-  const double u = static_cast<double>(r.draw.below(
-                       std::uint64_t{1} << 53, static_cast<std::uint64_t>(row), recency_attempts)) *
-                   0x1p-53;
-  return recency_scan(t, w, u);
+  return -1;
+}
+
+/// The draw in [0, 1) of row's exact scan (recency_row's fallback).
+GEAR_HD inline double recency_scan_draw(const selection_request& r, std::int64_t row) {
+  return static_cast<double>(r.draw.below(std::uint64_t{1} << 53, static_cast<std::uint64_t>(row),
+                                          recency_attempts)) *
+         0x1p-53;
+}
+
+/// Selects the slot of one row (see gear::select::recency): up to recency_attempts draws from
+/// the whole window, redrawn while they hit a slot that is not committed; then, if every one
+/// missed (few candidates among many pending slots), one exact scan. -1 only without candidates.
+GEAR_HD inline std::int64_t recency_row(const slot_table& t, const selection_request& r,
+                                        const recency_window& w, std::int64_t row) {
+  const std::int64_t slot = recency_draws(t, r, w, row);
+  return slot >= 0 ? slot : recency_scan(t, w, recency_scan_draw(r, row));
 }
 
 /// Row function of recency selection (see selection_policy_for's row_selector).

@@ -281,7 +281,7 @@ void sample_into(Core& b, Batch& out, const window& w, Draws& g, cuda::stream_re
   bool mirrored = false, staged = false;
   if constexpr (host_row_mirroring<typename Core::state_type>) {
     mirrored = consumes && b.selection_->mirrors();
-    staged = mirrored && b.selection_->stages_mirror();
+    staged = !rows_on_host && mirrored && b.selection_->stages_mirror();
   }
   if (consumes)
     removal = b.lease_records(
