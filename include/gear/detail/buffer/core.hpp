@@ -6,8 +6,7 @@
 //   regions   slot bytes (regions.hpp)
 //   ring      which ticket each slot holds, host side (slot_ring.hpp): the state host queries read
 //   mirror    GPU buffers: the same per-slot metadata in device memory, changed only by slot
-//             records applied in stream order (mirror.hpp; the journal kernel, a gather's last
-//             block)
+//             records applied in stream order (mirror.hpp: the journal kernel, a gather's end)
 //   staging   pinned memory leased to one call and recycled by events (staging.hpp)
 //   order     the events that order the buffer's work across streams (stream_order.hpp)
 //   landing   host inserts whose bytes are on their way to device memory, published later by
@@ -50,8 +49,7 @@
 
 namespace gear::detail {
 
-template <class T>
-inline constexpr bool dependent_false = false;
+template <class T> inline constexpr bool dependent_false = false;
 
 /// A stream that is never used for a CUDA call: host-storage buffers take it where the shared
 /// code path expects a stream.
@@ -232,25 +230,27 @@ class buffer_core {
   // ---- views ---------------------------------------------------------------------------------
 
   /// The metadata selection reads: the device mirror for GPU buffers, the ring's arrays on the
-  /// host. Counts are the ring's, as of this call.
+  /// host (host_table). Counts are the ring's, as of this call.
   [[nodiscard]] slot_table table() const noexcept {
-    slot_table t;
+    slot_table t = host_table();
     if constexpr (on_device) {
       const slot_mirror m = mirror();
       t.lengths = m.lengths;
       t.tickets = m.tickets;
       t.dense = dense_reading<Selection> ? m.dense : nullptr;
-    } else {
-      t.lengths = ring_.lengths();
-      t.tickets = ring_.tickets();
-      t.dense = ring_.dense();
     }
+    return t;
+  }
+  /// The same metadata as the host holds it: the ring's arrays (mirror_rows draws from it).
+  [[nodiscard]] slot_table host_table() const noexcept {
+    slot_table t;
+    t.lengths = t.host_lengths = ring_.lengths();
+    t.tickets = t.host_tickets = ring_.tickets();
+    t.dense = ring_.dense();
     t.capacity = capacity_;
     t.occupied = ring_.occupied();
     t.live = ring_.live();
     t.next_ticket = ring_.next_ticket();
-    t.host_lengths = ring_.lengths();
-    t.host_tickets = ring_.tickets();
     t.host_states = reinterpret_cast<const std::uint8_t*>(ring_.states());
     return t;
   }

@@ -335,12 +335,8 @@ void sample_into(Core& b, Batch& out, const window& w, Draws& g, cuda::stream_re
     try {
       if constexpr (host_row_mirroring<typename Core::state_type>)
         if (mirrored) {  // before anything is enqueued: it may allocate
-          slot_table host_view = table;
-          host_view.lengths = b.ring_.lengths();
-          host_view.tickets = b.ring_.tickets();
-          host_view.dense = b.ring_.dense();
           const std::span<const std::int64_t> drawn =
-              b.selection_->mirror_rows(host_view, request);
+              b.selection_->mirror_rows(b.host_table(), request);
           slots = drawn.data();
           if (staged) {
             request.chosen_rows_host = reinterpret_cast<std::int64_t*>(rows->host);
