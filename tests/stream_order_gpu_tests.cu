@@ -518,6 +518,19 @@ struct unstaged : Policy {
   };
 };
 
+/// The same kernels, in a state that says so (mirrors() false, as the contract of
+/// gear::host_row_mirroring asks of a state that draws rows of its own): the buffer reads its
+/// rows back and counts those, which must be right.
+template <class Policy>
+struct read_back : unstaged<Policy> {
+  template <class Space>
+  struct state : unstaged<Policy>::template state<Space> {
+    using base = typename unstaged<Policy>::template state<Space>;
+    state(const read_back& p, std::int64_t capacity) : base(p, capacity) {}
+    [[nodiscard]] bool mirrors() const noexcept { return false; }
+  };
+};
+
 /// Random inserts (the ring wraps), erases and samples of 16 rows under max_times_sampled 2, each
 /// sample read back by the test: the number of checks that fail, of a row's bytes against its
 /// key's, and of contains(key) against the model (a key is live unless erased, evicted, or
@@ -625,6 +638,17 @@ TEST_CASE("max_times_sampled with uniform or recency rows: counted from the host
     CHECK(max_times_sampled_mismatches<shifted_mirror>(seed) > 0);
     CHECK(max_times_sampled_mismatches(seed, own_distinct) > 0);
     CHECK(max_times_sampled_mismatches(seed, own_newest) > 0);
+  }
+  // Those kernels in states that say they draw rows of their own are read back, and right.
+  read_back<gear::select::uniform> read_distinct;
+  read_distinct.replacement = false;
+  read_back<gear::select::recency> read_newest;
+  read_newest.newest = 48;
+  read_newest.half_life = 8;
+  for (std::uint64_t seed = 1; seed <= 6; ++seed) {
+    INFO("seed " << seed);
+    CHECK(max_times_sampled_mismatches(seed, read_distinct) == 0);
+    CHECK(max_times_sampled_mismatches(seed, read_newest) == 0);
   }
   // Eight samples behind a 200 ms kernel: none waits on the host.
   const auto [uniform_s, uniform_wrong] =
