@@ -1216,6 +1216,7 @@ struct observed {
   std::uint64_t tickets;
   std::vector<std::uint64_t> slot_tickets;
   std::vector<std::int64_t> lengths;
+  std::vector<std::int64_t> returns;  // times_sampled of each slot
   std::vector<gear::key> sample_keys;
   std::vector<std::int32_t> sample_values;
   bool operator==(const observed&) const = default;
@@ -1224,6 +1225,7 @@ struct observed {
     for (std::int64_t i = 0; i < buf.capacity(); ++i) {
       slot_tickets.push_back(buf.ticket(i));
       lengths.push_back(buf.length(i));
+      returns.push_back(buf.times_sampled(i));
     }
     // 64 rows, or every trajectory once for a batch without replacement.
     bool distinct = false;
@@ -1371,6 +1373,27 @@ TEST_CASE(
   FAIL("the publish still failed after 200 injected faults");
 }
 
+namespace {
+
+/// arm(), then a sample of `rows` rows under max_times_sampled `limit` (set for that call only).
+template <class Buffer, class Arm>
+void sample_with_removal_of(Buffer& b, cuda::stream_ref s, Arm& arm, std::int64_t limit,
+                            std::int64_t rows) {
+  auto batch = b.make_batch(gear::batch_size{rows}, gear::window_length{2});
+  gear::rng g{1};
+  arm();
+  b.set_max_times_sampled(limit);
+  try {
+    b.sample_async(batch, gear::window{.length = 2}, g, s);
+  } catch (...) {
+    b.set_max_times_sampled(0);
+    throw;
+  }
+  b.set_max_times_sampled(0);
+}
+
+}  // namespace
+
 TEST_CASE_TEMPLATE(
     "row 5: every failing allocation or CUDA call of a mutating call leaves the "
     "buffer as it was, or unusable with a clear error",
@@ -1420,19 +1443,24 @@ TEST_CASE_TEMPLATE(
   // Removal after max_times_sampled: uniform with replacement (the GPU draws the host's rows
   // again), without replacement and recency (the host's rows staged for the GPU).
   const auto sample_with_removal = [](auto& b, cuda::stream_ref s, auto arm) {
-    auto batch = b.make_batch(gear::batch_size{2}, gear::window_length{2});
-    gear::rng g{1};
-    arm();
-    b.set_max_times_sampled(1);
-    try {
-      b.sample_async(batch, gear::window{.length = 2}, g, s);
-    } catch (...) {
-      b.set_max_times_sampled(0);
-      throw;
-    }
-    b.set_max_times_sampled(0);
+    sample_with_removal_of(b, s, arm, 1, 2);
   };
   report("sample with removal", inject_every_fault<Storage>(sample_with_removal));
+  // Under a limit of 2 the returns are counted as the rows are planned, and taken back if their
+  // removal fails: every trajectory has been returned once before, so each one drawn is removed.
+  const auto counted_removal = [](auto& b, cuda::stream_ref s, auto arm) {
+    auto once = b.make_batch(gear::batch_size{3}, gear::window_length{2});
+    gear::rng first{7};
+    b.set_max_times_sampled(100);
+    for (int i = 0; i < 100 && (b.times_sampled(0) == 0 || b.times_sampled(1) == 0 ||
+                                b.times_sampled(2) == 0);
+         ++i)
+      b.sample(once, gear::window{.length = 2}, first, s);
+    b.set_max_times_sampled(0);
+    REQUIRE(b.times_sampled(0) * b.times_sampled(1) * b.times_sampled(2) > 0);
+    sample_with_removal_of(b, s, arm, 2, 4);
+  };
+  report("sample with removal, counted", inject_every_fault<Storage>(counted_removal));
   report("sample with removal, without replacement",
          inject_every_fault<Storage, false>(sample_with_removal,
                                             gear::select::uniform{.replacement = false}));

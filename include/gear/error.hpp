@@ -1,10 +1,13 @@
 #pragma once
-// gear::error: the one exception type gear throws, with a machine-readable code.
+// gear::error: the exception type gear throws, with a machine-readable code. Host memory for the
+// buffer's own bookkeeping (the standard containers of its tables and plans) that cannot be had
+// throws std::bad_alloc as those containers do; pinned and device memory throw
+// errc::out_of_memory.
 //
 // Every operation validates its input and acquires what it needs before it changes anything, so a
-// thrown gear::error leaves the buffer exactly as it was; the one exception is a failure to
-// enqueue GPU work after the buffer changed, which makes the buffer refuse every later call with
-// errc::cuda_error (replay_buffer.hpp).
+// thrown gear::error (or std::bad_alloc) leaves the buffer exactly as it was; the one exception is
+// a failure to enqueue GPU work after the buffer changed, which makes the buffer refuse every
+// later call with errc::cuda_error (replay_buffer.hpp).
 
 #include <stdexcept>
 #include <string>

@@ -177,7 +177,7 @@ class replay_buffer {
 
   /// Allocates now the staging that calls up to `limits` lease (gear/call_limits.hpp): they then
   /// allocate nothing during the run. May wait for work that reads staging it replaces. Throws
-  /// errc::invalid_argument (naming the limit), errc::out_of_memory, errc::cuda_error.
+  /// errc::invalid_argument (naming the limit), out_of_memory, cuda_error; std::bad_alloc.
   void reserve_staging(const call_limits& limits) {
     const detail::device_scope scope(core().device_);
     detail::reserve_call_staging(core(), limits);

@@ -71,8 +71,10 @@ void check_contents(const Core& b, std::int64_t batch) {
 
 /// The trajectories that the rows of a sample (`slots`, host memory) take to their limit of
 /// returns, as runs of distinct tickets: a consuming policy's own runs of the rows it chose
-/// (gear::host_chosen_runs), else b.removal_runs_; the committed rows' slots that stay to be
-/// counted go to b.drawn_slots_. Changes nothing else.
+/// (gear::host_chosen_runs), else b.removal_runs_. Under a limit above 1 the committed rows are
+/// counted in b.times_sampled_ as they are read (their slots listed in b.drawn_slots_, for
+/// unplan_returns to take back should the removal fail); nothing else changes. Throws
+/// std::bad_alloc before anything changes.
 template <class Core>
 std::span<const ticket_run> plan_returns(Core& b, const std::int64_t* slots, std::int64_t rows) {
   using state = typename Core::state_type;
@@ -96,24 +98,16 @@ std::span<const ticket_run> plan_returns(Core& b, const std::int64_t* slots, std
     const std::int64_t limit = consume_limit(b);
     std::vector<ticket_run>& runs = b.removal_runs_;
     runs.clear();
-    const auto committed = [&](std::int64_t slot) {
-      return slot >= 0 && b.ring_.state(slot) == slot_state::committed;
-    };
-    if (limit == 1) {  // every row returned is removed
-      for (std::int64_t row = 0; row < rows; ++row)
-        if (committed(slots[row])) runs.push_back({b.ring_.ticket(slots[row]), 1});
-    } else {
-      for (std::int64_t row = 0; row < rows; ++row)
-        if (committed(slots[row])) drawn.push_back(slots[row]);
-      std::sort(drawn.begin(), drawn.end());
-      for (std::size_t i = 0; i < drawn.size();) {
-        std::size_t end = i;
-        while (end < drawn.size() && drawn[end] == drawn[i]) ++end;
-        const auto slot = static_cast<std::size_t>(drawn[i]);
-        if (b.times_sampled_[slot] + static_cast<std::int64_t>(end - i) >= limit)
-          runs.push_back({b.ring_.ticket(drawn[i]), 1});
-        i = end;
+    runs.reserve(static_cast<std::size_t>(rows));  // may throw: before anything is counted
+    if (limit > 1) drawn.reserve(static_cast<std::size_t>(rows));
+    for (std::int64_t row = 0; row < rows; ++row) {
+      const std::int64_t slot = slots[row];
+      if (slot < 0 || b.ring_.state(slot) != slot_state::committed) continue;
+      if (limit > 1) {  // counted now; a slot drawn again past its limit is pushed again
+        drawn.push_back(slot);
+        if (++b.times_sampled_[static_cast<std::size_t>(slot)] < limit) continue;
       }
+      runs.push_back({b.ring_.ticket(slot), 1});
     }
     // Sorted, distinct, and consecutive tickets merged into runs (in place: a run is written
     // only at or before the one read).
@@ -139,12 +133,12 @@ std::span<const ticket_run> plan_returns(Core& b, const std::int64_t* slots, std
   }
 }
 
-/// Counts the returns plan_returns found, once its removal has changed the ring.
+/// Takes back the returns plan_returns counted, when their removal failed before the ring
+/// changed.
 template <class Core>
-void note_returns(Core& b) noexcept {
-  for (const std::int64_t slot : b.drawn_slots_)
-    if (b.ring_.state(slot) == slot_state::committed)
-      ++b.times_sampled_[static_cast<std::size_t>(slot)];
+void unplan_returns(Core& b) noexcept {
+  for (const std::int64_t slot : b.drawn_slots_) --b.times_sampled_[static_cast<std::size_t>(slot)];
+  b.drawn_slots_.clear();
 }
 
 /// Tells a consuming policy's state that the rows it chose last were all removed (the removal of
@@ -162,12 +156,17 @@ void note_consumed(Core& b) noexcept {
 
 /// Counts the rows of a finished sample (`slots` in host memory) and removes the trajectories
 /// that reached the limit, with the records lease `removal` (room for every row) acquired before
-/// the sample. The counts change only once the removal is enqueued.
+/// the sample. The counts stay changed only once the removal is enqueued.
 template <class Core>
 void count_returns(Core& b, const std::int64_t* slots, std::int64_t rows, cuda::stream_ref stream,
                    const std::optional<staging_pool::lease>& removal) {
-  remove_runs(b, plan_returns(b, slots, rows), stream, removal);
-  note_returns(b);
+  const std::span<const ticket_run> runs = plan_returns(b, slots, rows);
+  try {
+    remove_runs(b, runs, stream, removal);
+  } catch (...) {
+    unplan_returns(b);
+    throw;
+  }
   note_consumed(b);
 }
 
@@ -214,7 +213,6 @@ void remove_in_gather(Core& b, const slot_table& table, selection_request reques
       const std::int64_t n = tickets_in(runs);
       changed = true;  // from the policy's eviction hook on (it may change its state)
       remove_in_ring(b, runs, b.records_of(removal), stream);
-      note_returns(b);
       note_consumed(b);
       return journal_epilogue{b.journal_of(*removal, 0, n), request.arrivals, done};
     });
