@@ -137,6 +137,22 @@ TEST_CASE("max_times_sampled: a slot reserved again starts counting from zero") 
   CHECK(buf.size() == 1);
 }
 
+TEST_CASE("max_times_sampled: a trajectory removed at its limit keeps its count") {
+  host_buffer buf{gear::capacity{2}, gear::max_length{1}};
+  model m;
+  const std::vector<gear::key> keys = insert(buf, m, {1});
+  buf.set_max_times_sampled(3);
+  auto out = buf.make_batch(gear::batch_size{2}, gear::window_length{1});
+  gear::rng g{5};
+  buf.sample(out, gear::window{}, g);  // two rows of the one trajectory
+  CHECK(buf.times_sampled(0) == 2);
+  CHECK(buf.contains(keys[0]));
+  buf.sample(out, gear::window{}, g);  // returned four times: removed by this batch
+  CHECK(buf.times_sampled(0) == 4);
+  CHECK_FALSE(buf.contains(keys[0]));
+  CHECK(buf.size() == 0);
+}
+
 TEST_CASE_TEMPLATE("fifo and lifo return each trajectory once, in order", Policy,
                    gear::select::fifo, gear::select::lifo) {
   constexpr bool oldest_first = std::is_same_v<Policy, gear::select::fifo>;

@@ -373,8 +373,8 @@ class replay_buffer {
     const auto held = core().lock();
     return core().max_times_sampled_;
   }
-  /// How often the trajectory in `slot` has been returned since it was committed (counted while
-  /// a limit is set, or for a consuming policy). Throws errc::key_out_of_range.
+  /// How often the trajectory in `slot` has been returned since it was committed, counted under
+  /// a limit above 1 (one removed at its limit keeps its count). Throws errc::key_out_of_range.
   [[nodiscard]] std::int64_t times_sampled(std::int64_t slot) const {
     core().check_slot(slot);
     const auto held = core().lock();
