@@ -531,6 +531,23 @@ struct read_back : unstaged<Policy> {
   };
 };
 
+/// A uniform policy (or one derived from it) without replacement.
+template <class Policy>
+Policy without_replacement() {
+  Policy p;
+  p.replacement = false;
+  return p;
+}
+
+/// A recency policy (or one derived from it) over the 48 newest, half-life 8.
+template <class Policy>
+Policy newest_48() {
+  Policy p;
+  p.newest = 48;
+  p.half_life = 8;
+  return p;
+}
+
 /// Random inserts (the ring wraps), erases and samples of 16 rows under max_times_sampled 2, each
 /// sample read back by the test: the number of checks that fail, of a row's bytes against its
 /// key's, and of contains(key) against the model (a key is live unless erased, evicted, or
@@ -627,26 +644,17 @@ TEST_CASE("max_times_sampled with uniform or recency rows: counted from the host
     CHECK(max_times_sampled_mismatches(seed, newest) == 0);
   }
   // The checks can fail: a host draw off by one row, or kernels that draw rows of their own
-  // instead of the staged ones, are seen in every seed.
-  unstaged<gear::select::uniform> own_distinct;
-  own_distinct.replacement = false;
-  unstaged<gear::select::recency> own_newest;
-  own_newest.newest = 48;
-  own_newest.half_life = 8;
+  // instead of the staged ones, are seen in every seed. The same kernels in states that say they
+  // draw rows of their own (read_back) are read back, and right.
+  const auto own_distinct = without_replacement<unstaged<gear::select::uniform>>();
+  const auto own_newest = newest_48<unstaged<gear::select::recency>>();
+  const auto read_distinct = without_replacement<read_back<gear::select::uniform>>();
+  const auto read_newest = newest_48<read_back<gear::select::recency>>();
   for (std::uint64_t seed = 1; seed <= 6; ++seed) {
     INFO("seed " << seed);
     CHECK(max_times_sampled_mismatches<shifted_mirror>(seed) > 0);
     CHECK(max_times_sampled_mismatches(seed, own_distinct) > 0);
     CHECK(max_times_sampled_mismatches(seed, own_newest) > 0);
-  }
-  // Those kernels in states that say they draw rows of their own are read back, and right.
-  read_back<gear::select::uniform> read_distinct;
-  read_distinct.replacement = false;
-  read_back<gear::select::recency> read_newest;
-  read_newest.newest = 48;
-  read_newest.half_life = 8;
-  for (std::uint64_t seed = 1; seed <= 6; ++seed) {
-    INFO("seed " << seed);
     CHECK(max_times_sampled_mismatches(seed, read_distinct) == 0);
     CHECK(max_times_sampled_mismatches(seed, read_newest) == 0);
   }
