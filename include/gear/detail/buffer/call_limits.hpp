@@ -7,11 +7,11 @@
 // writer's chunk (with device room for its data where host inserts may land, held until
 // published); 2 x `in_flight` for the leases of settles publishing landing inserts (one per call
 // in flight, of the size of the largest settle, or small), and 2 x `in_flight` small ones
-// for the rest (the records of a batch's removals and its rows, an erase or a commit; the rows a
-// consuming sample reads back or stages for the GPU: a sample under max_times_sampled holds two
-// at once); the selection state its own staging (select::fifo / lifo's chosen rows where a
-// sample has no lease of its own, select::prioritized's host-span updates); a consuming policy
-// its return counts.
+// for the rest (the records of a batch's removals and the rows it stages for the GPU, an erase
+// or a commit; the rows a sample under max_times_sampled reads back, which holds two at once);
+// the selection state its own staging (select::fifo / lifo's chosen rows where a sample has no
+// lease of its own, select::prioritized's host-span updates); a consuming policy its return
+// counts.
 // Leases take the smallest idle entry that fits, so small calls keep to the small entries (and a
 // small call takes a larger idle entry before it makes one: staging.hpp).
 

@@ -156,13 +156,14 @@ void note_consumed(Core& b) noexcept {
 
 /// Counts the rows of a finished sample (`slots` in host memory) and removes the trajectories
 /// that reached the limit, with the records lease `removal` (room for every row) acquired before
-/// the sample. The counts stay changed only once the removal is enqueued.
+/// the sample, `read` by its gather where it holds the staged rows (remove_runs). The counts stay
+/// changed only once the removal is enqueued.
 template <class Core>
 void count_returns(Core& b, const std::int64_t* slots, std::int64_t rows, cuda::stream_ref stream,
-                   const std::optional<staging_pool::lease>& removal) {
+                   const std::optional<staging_pool::lease>& removal, bool read) {
   const std::span<const ticket_run> runs = plan_returns(b, slots, rows);
   try {
-    remove_runs(b, runs, stream, removal);
+    remove_runs(b, runs, stream, removal, read);
   } catch (...) {
     unplan_returns(b);
     throw;
@@ -268,27 +269,27 @@ void sample_into(Core& b, Batch& out, const window& w, Draws& g, cuda::stream_re
   const bool consumes = consume_limit(b) > 0;
   if (consumes && b.times_sampled_.empty())
     b.times_sampled_.assign(static_cast<std::size_t>(b.capacity_), 0);
-  // `rows`: pinned memory for the sample's rows, read back from the GPU or staged for it.
+  // `rows`: pinned memory for the sample's rows, read back from the GPU.
   std::optional<staging_pool::lease> rows, removal;
   // Rows chosen on the GPU are counted from the host's own draw of them where the policy makes
   // one (gear::host_row_mirroring: uniform, recency), which the GPU draws again (uniform with
   // replacement) or takes from staging (stages_mirror); else they are read back (this
-  // synchronises). Rows chosen on the host (fifo, lifo) are counted from the host's copy, and
-  // staged for the gather after the removal's records (remove_in_gather).
+  // synchronises). Rows chosen on the host (fifo, lifo) are counted from the host's copy. Rows
+  // staged for the gather follow the removal's records in its lease (remove_in_gather, and
+  // count_returns, which ends the lease after the gather whatever it removes).
   constexpr bool rows_on_host = host_chosen_rows<typename Core::state_type>;
   bool mirrored = false, staged = false;
   if constexpr (host_row_mirroring<typename Core::state_type>) {
     mirrored = consumes && b.selection_->mirrors();
     staged = !rows_on_host && mirrored && b.selection_->stages_mirror();
   }
+  const auto rows_bytes = static_cast<std::size_t>(out.batch_size()) * sizeof(std::int64_t);
   if (consumes)
-    removal = b.lease_records(
-        out.batch_size(),
-        rows_on_host ? static_cast<std::size_t>(out.batch_size()) * sizeof(std::int64_t) : 0);
+    removal = b.lease_records(out.batch_size(), rows_on_host || staged ? rows_bytes : 0);
   if constexpr (Core::on_device && !rows_on_host)
-    if (consumes && (!mirrored || staged)) {
+    if (consumes && !mirrored) {
       try {
-        rows = b.staging_.acquire(static_cast<std::size_t>(out.batch_size()) * 8, 0);
+        rows = b.staging_.acquire(rows_bytes, 0);
       } catch (...) {
         b.give_back(removal);
         throw;
@@ -337,8 +338,10 @@ void sample_into(Core& b, Batch& out, const window& w, Draws& g, cuda::stream_re
               b.selection_->mirror_rows(b.host_table(), request);
           slots = drawn.data();
           if (staged) {
-            request.chosen_rows_host = reinterpret_cast<std::int64_t*>(rows->host);
-            request.chosen_rows_device = reinterpret_cast<const std::int64_t*>(rows->mapped);
+            const std::size_t at = b.journal_bytes(request.batch);
+            request.chosen_rows_host = reinterpret_cast<std::int64_t*>(removal->host + at);
+            request.chosen_rows_device =
+                reinterpret_cast<const std::int64_t*>(removal->mapped + at);
             std::copy(drawn.begin(), drawn.end(), request.chosen_rows_host);
           }
         }
@@ -358,14 +361,7 @@ void sample_into(Core& b, Batch& out, const window& w, Draws& g, cuda::stream_re
                                     [] { return no_epilogue{}; });
         // The gather is enqueued: a write on another stream must wait for its read event, so a
         // failure to record it makes the buffer unusable rather than leaving it unordered.
-        b.enqueue([&] {
-          b.order_after(stream, Core::read, /*bytes=*/true, device_draws);
-          if (staged) {  // the staged rows are free once the gather has read them
-            const staging_pool::lease read = *rows;
-            rows.reset();
-            b.staging_.release_after(read, stream.get());
-          }
-        });
+        b.enqueue([&] { b.order_after(stream, Core::read, /*bytes=*/true, device_draws); });
       }
       if constexpr (rows_on_host) slots = b.selection_->host_rows().data();
       if constexpr (device_draws) {  // once nothing can be refused (checked: neither throws)
@@ -383,7 +379,7 @@ void sample_into(Core& b, Batch& out, const window& w, Draws& g, cuda::stream_re
       // The read-back copy, or a kernel reading the staged rows, may have been enqueued: the
       // entry waits for the device before reuse.
       if (rows) b.staging_.give_back_unsafe(*rows);
-      b.give_back(removal);
+      b.give_back(removal, staged);
       throw;
     }
 #else
@@ -396,10 +392,10 @@ void sample_into(Core& b, Batch& out, const window& w, Draws& g, cuda::stream_re
   }
   if (consumes && !removes_in_gather) {
     try {
-      count_returns(b, slots, out.batch_size(), stream, removal);
+      count_returns(b, slots, out.batch_size(), stream, removal, staged);
     } catch (...) {
       if (rows) b.staging_.give_back(*rows);
-      b.give_back(removal);  // a no-op if the removal already handed it on
+      b.give_back(removal, staged);  // a no-op if the removal already handed it on
       throw;
     }
     // Read by the CPU after a synchronisation: free at once.
