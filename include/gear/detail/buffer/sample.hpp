@@ -191,26 +191,31 @@ void check_device_draws(const Core& b, const device_rng& g, cuda::stream_ref str
 }
 
 #if defined(GEAR_DEVICE_BACKEND)
-/// The selection and gather of a sample whose rows are chosen on the host (fifo, lifo) and which
-/// removes what it returns: once the rows are chosen, the removal changes the ring and its
-/// records are applied to the mirror by the gather's last block to read its row's metadata (one
-/// launch where a separate apply took two). The call is a write as well as a read. The rows are
-/// staged in `removal` after the room for its records (sample_into leases both). A failure from
-/// the policy's eviction hook on makes the buffer unusable; `removal` is handed on once enqueued.
+/// The selection and gather of a sample whose rows the host knows before the gather, which
+/// removes what it returns or counts returns: once the rows are known (chosen on the host by
+/// fifo or lifo, staged in `removal` after the room for its records, sample_into leasing both; or
+/// `rows`, the host's draw of them: gear::host_row_mirroring), the removal changes the ring and
+/// its records are applied to the mirror by the gather's last block to read its row's metadata
+/// (one launch where a separate apply took two), which then signals that the lease is free (no
+/// event, no query). The call is a write as well as a read. A failure from the policy's eviction
+/// hook on makes the buffer unusable; `removal` is handed on once enqueued.
 template <class Core>
 void remove_in_gather(Core& b, const slot_table& table, selection_request request,
                       const gather_args& args, std::optional<staging_pool::lease>& removal,
-                      cuda::stream_ref stream) {
-  const std::size_t rows_at = b.journal_bytes(request.batch);
-  request.chosen_rows_host = reinterpret_cast<std::int64_t*>(removal->host + rows_at);
-  request.chosen_rows_device = reinterpret_cast<const std::int64_t*>(removal->mapped + rows_at);
+                      cuda::stream_ref stream, const std::int64_t* rows) {
+  constexpr bool rows_on_host = host_chosen_rows<typename Core::state_type>;
+  if constexpr (rows_on_host) {
+    const std::size_t rows_at = b.journal_bytes(request.batch);
+    request.chosen_rows_host = reinterpret_cast<std::int64_t*>(removal->host + rows_at);
+    request.chosen_rows_device = reinterpret_cast<const std::int64_t*>(removal->mapped + rows_at);
+  }
   b.order_before(stream, Core::write, /*capturable=*/true);  // a capture was refused: sample_into
   bool changed = false;
   const staging_pool::signal done = b.staging_.signal_of(*removal);
   try {
     select_and_gather_on_device(*b.selection_, table, request, args, stream, [&] {
-      const std::span<const ticket_run> runs =
-          plan_returns(b, b.selection_->host_rows().data(), request.batch);
+      if constexpr (rows_on_host) rows = b.selection_->host_rows().data();
+      const std::span<const ticket_run> runs = plan_returns(b, rows, request.batch);
       const std::int64_t n = tickets_in(runs);
       changed = true;  // from the policy's eviction hook on (it may change its state)
       remove_in_ring(b, runs, b.records_of(removal), stream);
@@ -326,9 +331,10 @@ void sample_into(Core& b, Batch& out, const window& w, Draws& g, cuda::stream_re
   args.mask = out.mask_data();
   args.keys = out.keys_data();
   const std::int64_t* slots = out.slots_data();
-  // Rows chosen on the host are known before the gather: a sample that removes what it returns
-  // then removes it in the gather's launch (remove_in_gather).
-  const bool removes_in_gather = Core::on_device && rows_on_host && consumes && request.arrivals;
+  // Rows chosen or drawn on the host are known before the gather: a sample that removes what it
+  // returns, or counts its returns, then removes in the gather's launch (remove_in_gather).
+  const bool removes_in_gather =
+      Core::on_device && (rows_on_host || mirrored) && consumes && request.arrivals;
   if constexpr (Core::on_device) {
 #if defined(GEAR_DEVICE_BACKEND)
     try {
@@ -351,8 +357,7 @@ void sample_into(Core& b, Batch& out, const window& w, Draws& g, cuda::stream_re
         args.counter = g.counter();
       }
       if (removes_in_gather) {
-        if constexpr (rows_on_host)
-          remove_in_gather(b, drawn_from, request, args, removal, stream);
+        remove_in_gather(b, drawn_from, request, args, removal, stream, slots);
       } else {
         // capturable: with a gear::rng, check_usable(stream) refused a capture above (one
         // driver query a call).
