@@ -133,8 +133,8 @@ std::span<const ticket_run> plan_returns(Core& b, const std::int64_t* slots, std
   }
 }
 
-/// Takes back the returns plan_returns counted, when their removal failed before the ring
-/// changed.
+/// Takes back the returns plan_returns counted, when their removal failed (before the ring
+/// changed, leaving the buffer as it was; or after, which made it unusable).
 template <class Core>
 void unplan_returns(Core& b) noexcept {
   for (const std::int64_t slot : b.drawn_slots_) --b.times_sampled_[static_cast<std::size_t>(slot)];
@@ -400,7 +400,9 @@ void sample_into(Core& b, Batch& out, const window& w, Draws& g, cuda::stream_re
       count_returns(b, slots, out.batch_size(), stream, removal, staged);
     } catch (...) {
       if (rows) b.staging_.give_back(*rows);
-      b.give_back(removal, staged);  // a no-op if the removal already handed it on
+      // Handed on already by the removal: a no-op, or, for staged rows, its entry's reuse made
+      // to wait for the device (an error path only).
+      b.give_back(removal, staged);
       throw;
     }
     // Read by the CPU after a synchronisation: free at once.
