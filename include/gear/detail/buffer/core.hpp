@@ -372,18 +372,18 @@ class buffer_core {
   [[nodiscard]] static slot_record* records_of(const std::optional<staging_pool::lease>& l) {
     return l ? reinterpret_cast<slot_record*>(l->host) : nullptr;
   }
-  /// Gives back a lease the operation did not use (it failed before enqueueing), or `read` by
-  /// work enqueued already (reused after a device-wide wait).
-  void give_back(const std::optional<staging_pool::lease>& l, bool read = false) noexcept {
-    if (l) read ? staging_.give_back_unsafe(*l) : staging_.give_back(*l);
+  /// Gives back a lease the operation did not use (it failed before enqueueing).
+  void give_back(const std::optional<staging_pool::lease>& l) noexcept {
+    if (l) staging_.give_back(*l);
   }
-  /// Orders a write on `stream` after other streams' work; on failure gives `l` back (give_back).
-  void order_write(const std::optional<staging_pool::lease>& l, cuda::stream_ref stream,
-                   bool read = false) {
+
+  /// Orders a write on `stream` after other streams' work; on failure gives lease `l` back, so
+  /// the call leaves nothing behind.
+  void order_write(const std::optional<staging_pool::lease>& l, cuda::stream_ref stream) {
     try {
       order_before(stream, write);
     } catch (...) {
-      give_back(l, read);
+      give_back(l);
       throw;
     }
   }

@@ -156,14 +156,13 @@ void note_consumed(Core& b) noexcept {
 
 /// Counts the rows of a finished sample (`slots` in host memory) and removes the trajectories
 /// that reached the limit, with the records lease `removal` (room for every row) acquired before
-/// the sample, `read` by its gather where it holds the staged rows (remove_runs). The counts stay
-/// changed only once the removal is enqueued.
+/// the sample. The counts stay changed only once the removal is enqueued.
 template <class Core>
 void count_returns(Core& b, const std::int64_t* slots, std::int64_t rows, cuda::stream_ref stream,
-                   const std::optional<staging_pool::lease>& removal, bool read) {
+                   const std::optional<staging_pool::lease>& removal) {
   const std::span<const ticket_run> runs = plan_returns(b, slots, rows);
   try {
-    remove_runs(b, runs, stream, removal, read);
+    remove_runs(b, runs, stream, removal);
   } catch (...) {
     unplan_returns(b);
     throw;
@@ -193,8 +192,9 @@ void check_device_draws(const Core& b, const device_rng& g, cuda::stream_ref str
 #if defined(GEAR_DEVICE_BACKEND)
 /// The selection and gather of a sample whose rows the host knows before the gather, which
 /// removes what it returns or counts returns: once the rows are known (chosen on the host by
-/// fifo or lifo, staged in `removal` after the room for its records, sample_into leasing both; or
-/// `rows`, the host's draw of them: gear::host_row_mirroring), the removal changes the ring and
+/// fifo or lifo, or `rows`, the host's draw of them: gear::host_row_mirroring; those the GPU
+/// reads are staged in `removal` after the room for its records, where sample_into points
+/// `request`), the removal changes the ring and
 /// its records are applied to the mirror by the gather's last block to read its row's metadata
 /// (one launch where a separate apply took two), which then signals that the lease is free (no
 /// event, no query). The call is a write as well as a read. A failure from the policy's eviction
@@ -203,18 +203,13 @@ template <class Core>
 void remove_in_gather(Core& b, const slot_table& table, selection_request request,
                       const gather_args& args, std::optional<staging_pool::lease>& removal,
                       cuda::stream_ref stream, const std::int64_t* rows) {
-  constexpr bool rows_on_host = host_chosen_rows<typename Core::state_type>;
-  if constexpr (rows_on_host) {
-    const std::size_t rows_at = b.journal_bytes(request.batch);
-    request.chosen_rows_host = reinterpret_cast<std::int64_t*>(removal->host + rows_at);
-    request.chosen_rows_device = reinterpret_cast<const std::int64_t*>(removal->mapped + rows_at);
-  }
   b.order_before(stream, Core::write, /*capturable=*/true);  // a capture was refused: sample_into
   bool changed = false;
   const staging_pool::signal done = b.staging_.signal_of(*removal);
   try {
     select_and_gather_on_device(*b.selection_, table, request, args, stream, [&] {
-      if constexpr (rows_on_host) rows = b.selection_->host_rows().data();
+      if constexpr (host_chosen_rows<typename Core::state_type>)
+        rows = b.selection_->host_rows().data();
       const std::span<const ticket_run> runs = plan_returns(b, rows, request.batch);
       const std::int64_t n = tickets_in(runs);
       changed = true;  // from the policy's eviction hook on (it may change its state)
@@ -279,13 +274,13 @@ void sample_into(Core& b, Batch& out, const window& w, Draws& g, cuda::stream_re
   // Rows chosen on the GPU are counted from the host's own draw of them where the policy makes
   // one (gear::host_row_mirroring: uniform, recency), which the GPU draws again (uniform with
   // replacement) or takes from staging (stages_mirror); else they are read back (this
-  // synchronises). Rows chosen on the host (fifo, lifo) are counted from the host's copy. Rows
-  // staged for the gather follow the removal's records in its lease (remove_in_gather, and
-  // count_returns, which ends the lease after the gather whatever it removes).
+  // synchronises). Rows chosen on the host (fifo, lifo) are counted from the host's copy. A
+  // mirror is counted in the gather's launch (remove_in_gather, which needs the batch's arrivals
+  // word); rows staged for the gather follow the removal's records in its lease.
   constexpr bool rows_on_host = host_chosen_rows<typename Core::state_type>;
   bool mirrored = false, staged = false;
   if constexpr (host_row_mirroring<typename Core::state_type>) {
-    mirrored = consumes && b.selection_->mirrors();
+    mirrored = consumes && out.workspace().arrivals() != nullptr && b.selection_->mirrors();
     staged = !rows_on_host && mirrored && b.selection_->stages_mirror();
   }
   const auto rows_bytes = static_cast<std::size_t>(out.batch_size()) * sizeof(std::int64_t);
@@ -335,6 +330,11 @@ void sample_into(Core& b, Batch& out, const window& w, Draws& g, cuda::stream_re
   // returns, or counts its returns, then removes in the gather's launch (remove_in_gather).
   const bool removes_in_gather =
       Core::on_device && (rows_on_host || mirrored) && consumes && request.arrivals;
+  if (removes_in_gather && (rows_on_host || staged)) {  // the rows the GPU reads, staged
+    const std::size_t at = b.journal_bytes(request.batch);
+    request.chosen_rows_host = reinterpret_cast<std::int64_t*>(removal->host + at);
+    request.chosen_rows_device = reinterpret_cast<const std::int64_t*>(removal->mapped + at);
+  }
   if constexpr (Core::on_device) {
 #if defined(GEAR_DEVICE_BACKEND)
     try {
@@ -343,13 +343,7 @@ void sample_into(Core& b, Batch& out, const window& w, Draws& g, cuda::stream_re
           const std::span<const std::int64_t> drawn =
               b.selection_->mirror_rows(b.host_table(), request);
           slots = drawn.data();
-          if (staged) {
-            const std::size_t at = b.journal_bytes(request.batch);
-            request.chosen_rows_host = reinterpret_cast<std::int64_t*>(removal->host + at);
-            request.chosen_rows_device =
-                reinterpret_cast<const std::int64_t*>(removal->mapped + at);
-            std::copy(drawn.begin(), drawn.end(), request.chosen_rows_host);
-          }
+          if (staged) std::copy(drawn.begin(), drawn.end(), request.chosen_rows_host);
         }
       slot_table drawn_from = table;
       if constexpr (device_draws) {
@@ -384,7 +378,7 @@ void sample_into(Core& b, Batch& out, const window& w, Draws& g, cuda::stream_re
       // The read-back copy, or a kernel reading the staged rows, may have been enqueued: the
       // entry waits for the device before reuse.
       if (rows) b.staging_.give_back_unsafe(*rows);
-      b.give_back(removal, staged);
+      b.give_back(removal);
       throw;
     }
 #else
@@ -397,12 +391,10 @@ void sample_into(Core& b, Batch& out, const window& w, Draws& g, cuda::stream_re
   }
   if (consumes && !removes_in_gather) {
     try {
-      count_returns(b, slots, out.batch_size(), stream, removal, staged);
+      count_returns(b, slots, out.batch_size(), stream, removal);
     } catch (...) {
       if (rows) b.staging_.give_back(*rows);
-      // Handed on already by the removal: a no-op, or, for staged rows, its entry's reuse made
-      // to wait for the device (an error path only).
-      b.give_back(removal, staged);
+      b.give_back(removal);  // a no-op if the removal already handed it on
       throw;
     }
     // Read by the CPU after a synchronisation: free at once.

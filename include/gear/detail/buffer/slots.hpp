@@ -114,21 +114,17 @@ inline std::int64_t tickets_in(std::span<const ticket_run> runs) noexcept {
 
 /// Removes the committed trajectories of `runs` (distinct tickets, each held), with a records
 /// lease acquired by the caller (room for them; given back if nothing is removed) or, without
-/// one, its own. A lease `read` by work enqueued on `stream` already (a sample's staged rows) is
-/// ended after it there, whatever is removed. Expects the buffer's mutex held.
+/// one, its own. Expects the buffer's mutex held.
 template <class Core>
 void remove_runs(Core& b, std::span<const ticket_run> runs, cuda::stream_ref stream,
-                 std::optional<staging_pool::lease> lease = std::nullopt, bool read = false) {
+                 std::optional<staging_pool::lease> lease = std::nullopt) {
   const std::int64_t n = tickets_in(runs);
   if (n == 0) {
-    if (read && lease)  // a failure to record its event makes the buffer unusable
-      b.enqueue([&] { b.staging_.release_after(*lease, stream.get()); });
-    else
-      b.give_back(lease);
+    b.give_back(lease);
     return;
   }
   if (!lease) lease = b.lease_records(n);
-  b.order_write(lease, stream, read);
+  b.order_write(lease, stream);
   b.enqueue([&] {
     remove_in_ring(b, runs, b.records_of(lease), stream);
     b.publish(lease, n, stream);
