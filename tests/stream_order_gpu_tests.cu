@@ -1456,25 +1456,32 @@ TEST_CASE_TEMPLATE(
   report("sample with removal", inject_every_fault<Storage>(sample_with_removal));
   // Under a limit of 2 the returns are counted as the rows are planned, and taken back if their
   // removal fails: every trajectory has been returned once before, so each one drawn is removed.
-  const auto counted_removal = [](auto& b, cuda::stream_ref s, auto arm) {
-    auto once = b.make_batch(gear::batch_size{3}, gear::window_length{2});
-    gear::rng first{7};
-    b.set_max_times_sampled(100);
-    for (int i = 0; i < 100 && (b.times_sampled(0) == 0 || b.times_sampled(1) == 0 ||
-                                b.times_sampled(2) == 0);
-         ++i)
-      b.sample(once, gear::window{.length = 2}, first, s);
-    b.set_max_times_sampled(0);
-    REQUIRE(b.times_sampled(0) * b.times_sampled(1) * b.times_sampled(2) > 0);
-    sample_with_removal_of(b, s, arm, 2, 4);
+  // Without replacement a batch holds at most the 3 live trajectories, so it samples 3 rows.
+  const auto counted_removal_of = [](std::int64_t rows) {
+    return [rows](auto& b, cuda::stream_ref s, auto arm) {
+      auto once = b.make_batch(gear::batch_size{3}, gear::window_length{2});
+      gear::rng first{7};
+      b.set_max_times_sampled(100);
+      for (int i = 0; i < 100 && (b.times_sampled(0) == 0 || b.times_sampled(1) == 0 ||
+                                  b.times_sampled(2) == 0);
+           ++i)
+        b.sample(once, gear::window{.length = 2}, first, s);
+      b.set_max_times_sampled(0);
+      REQUIRE(b.times_sampled(0) * b.times_sampled(1) * b.times_sampled(2) > 0);
+      sample_with_removal_of(b, s, arm, 2, rows);
+    };
   };
-  report("sample with removal, counted", inject_every_fault<Storage>(counted_removal));
+  report("sample with removal, counted", inject_every_fault<Storage>(counted_removal_of(4)));
+  const gear::select::uniform without{.replacement = false};
+  const gear::select::recency newest{.newest = 4};
   report("sample with removal, without replacement",
-         inject_every_fault<Storage, false>(sample_with_removal,
-                                            gear::select::uniform{.replacement = false}));
+         inject_every_fault<Storage, false>(sample_with_removal, without));
+  report("sample with removal, without replacement, counted",
+         inject_every_fault<Storage, false>(counted_removal_of(3), without));
   report("sample with removal, recency",
-         inject_every_fault<Storage, false>(sample_with_removal,
-                                            gear::select::recency{.newest = 4}));
+         inject_every_fault<Storage, false>(sample_with_removal, newest));
+  report("sample with removal, recency, counted",
+         inject_every_fault<Storage, false>(counted_removal_of(4), newest));
 }
 
 namespace {

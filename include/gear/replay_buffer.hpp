@@ -315,13 +315,13 @@ class replay_buffer {
   /// and lifo apply theirs in the gather). Consumes one draw of g. Stream-ordered; does not
   /// synchronise (sample does) unless trajectories are removed after k returns
   /// (set_max_times_sampled) and the policy is prioritized: then it reads back the rows it drew
-  /// (fifo, lifo, uniform and recency draw theirs on the host too, and the GPU returns those:
-  /// they need not). `g` is a gear::rng, or a
+  /// (fifo, lifo, uniform and recency know theirs on the host). `g` is a gear::rng, or a
   /// gear::device_rng for CUDA graphs (see "CUDA graphs" above).
   /// Throws (leaving the buffer and g unchanged): errc::empty_buffer, errc::empty_window,
   /// errc::window_out_of_range, errc::batch_mismatch, errc::not_enough_items (policy-specific),
   /// errc::out_of_memory, errc::cuda_error, errc::invalid_argument (2^31 copy blocks or more; with
-  /// a device_rng: g on another GPU or stream, the buffer used from another stream, a limit set).
+  /// a device_rng: g on another GPU or stream, the buffer used from another stream, a limit set);
+  /// std::bad_alloc where host memory for the buffer's own tables runs out (gear/error.hpp).
   template <class Out, class Draws>  // Out: batch_type; or rows of one (sharded_buffer)
   requires(std::same_as<Out, batch_type> || std::same_as<Out, detail::batch_slice<Spec>>) &&
       (std::same_as<Draws, rng> || (on_device && std::same_as<Draws, device_rng>))
