@@ -481,6 +481,10 @@ TEST_CASE("GPU-side errors leave the buffer unchanged") {
   gear::batch<spec> host_out(gear::memory_kind::host, gear::batch_size{2}, gear::window_length{2});
   CHECK(code_of([&] { buf.sample(host_out, gear::window{2}, g, s); }) ==
         gear::errc::batch_mismatch);
+  // A batch moved from: it holds no memory.
+  auto moved = buf.make_batch(gear::batch_size{2}, gear::window_length{2});
+  auto taken = std::move(moved);
+  CHECK(code_of([&] { buf.sample(moved, gear::window{2}, g, s); }) == gear::errc::batch_mismatch);
   CHECK(g.calls() == 0);
   CHECK(buf.size() == before_size);
   CHECK(buf.tickets_issued() == before_tickets);

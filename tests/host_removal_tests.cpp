@@ -457,6 +457,11 @@ TEST_CASE("bad input: a gear::error with its code, and the buffer unchanged") {
     expect_error(buf, gear::errc::batch_mismatch, [&] { buf.sample(out1, gear::window{4}, g); });
     CHECK(g.calls() == 0);
   }
+  SUBCASE("batch moved from") {
+    auto taken = std::move(out1);
+    expect_error(buf, gear::errc::batch_mismatch, [&] { buf.sample(out1, gear::window{3}, g); });
+    CHECK(g.calls() == 0);
+  }
   SUBCASE("writer past max_length") {
     auto w = buf.make_writer();
     const float obs[6] = {};

@@ -341,6 +341,9 @@ void bad_input(const std::string& provider) {
   expect(gear::errc::invalid_argument, [&] { client.sample(big, gear::window{1, 0}, g); });
   auto b = client.make_batch(gear::batch_size{4}, gear::window_length{1});
   expect(gear::errc::batch_mismatch, [&] { client.sample(b, gear::window{2, 0}, g); });
+  auto moved = client.make_batch(gear::batch_size{4}, gear::window_length{1});
+  auto taken = std::move(moved);  // holds no memory
+  expect(gear::errc::batch_mismatch, [&] { client.sample(moved, gear::window{1, 0}, g); });
   // Updates and erases: a key of a shard the client does not know, a NaN priority, sizes.
   gear::key elsewhere = keys[0];
   elsewhere.shard = 9;

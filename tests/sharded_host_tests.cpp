@@ -112,6 +112,11 @@ TEST_CASE("sharded uniform without replacement: distinct rows over the union; to
   CHECK(gear_test::code_of([&] { buf.sample(big, gear::window{1}, g); }) ==
         gear::errc::not_enough_items);
   CHECK(g.calls() == calls_before);
+  auto taken = std::move(b);  // a batch moved from holds no memory: refused, nothing drawn
+  CHECK(gear_test::code_of([&] { buf.sample(b, gear::window{1}, g); }) ==
+        gear::errc::batch_mismatch);
+  CHECK(g.calls() == calls_before);
+  CHECK(buf.size() == 12);
 }
 
 TEST_CASE(
@@ -398,6 +403,9 @@ TEST_CASE(
   CHECK(gear_test::code_of([&] { sampler.sample(0, wide); }) == gear::errc::batch_mismatch);
   auto longer = u.buf.make_batch(gear::batch_size{4}, gear::window_length{2});
   CHECK(gear_test::code_of([&] { sampler.sample(0, longer); }) == gear::errc::batch_mismatch);
+  auto moved = sampler.make_batch();
+  auto taken = std::move(moved);
+  CHECK(gear_test::code_of([&] { sampler.sample(0, moved); }) == gear::errc::batch_mismatch);
   CHECK(steps() == std::pair<std::uint64_t, std::uint64_t>{0, 0});
 
   // Rank 0 takes step 0; its step 1 needs the one staging, which rank 1 has not taken yet.

@@ -73,6 +73,8 @@ class batch {
   [[nodiscard]] std::int64_t window_length() const noexcept { return length_; }
   /// Where the batch's bytes live.
   [[nodiscard]] memory_kind where() const noexcept { return memory_.kind(); }
+  /// False only for a batch moved from, which holds no memory: no call samples into it.
+  [[nodiscard]] bool holds_memory() const noexcept { return memory_.data() != nullptr; }
 
   /// Column I as a [B, L, shape...] view.
   template <std::size_t I>
@@ -143,5 +145,16 @@ class batch {
   detail::allocation memory_;
   detail::selection_workspace workspace_;
 };
+
+namespace detail {
+
+/// Throws errc::batch_mismatch for a batch (or a slice of one) moved from: it holds no memory.
+template <class Batch>
+void check_batch_memory(const Batch& out) {
+  GEAR_REQUIRE(out.holds_memory(), errc::batch_mismatch,
+               "batch holds no memory (it was moved from); make one with make_batch()");
+}
+
+}  // namespace detail
 
 }  // namespace gear

@@ -159,6 +159,7 @@ class rank_sampler {
   /// replacement), errc::cuda_error (if the draw had been made, the step stays drawn).
   void sample_async(std::int64_t rank, batch_type& out, cuda::stream_ref stream) {
     check_rank(rank);
+    detail::check_batch_memory(out);
     GEAR_REQUIRE(out.batch_size() == rows_ && out.window_length() == window_.length &&
                      out.where() == Buffer::batch_memory,
                  errc::batch_mismatch,

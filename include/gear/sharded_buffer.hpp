@@ -175,6 +175,7 @@ class sharded_buffer {
   /// (shard(s).set_max_times_sampled) stand when a later shard's share fails.
   void sample_async(batch_type& out, const window& w, rng& g, cuda::stream_ref stream) {
     streams_.refuse_capture(stream);
+    detail::check_batch_memory(out);
     const std::lock_guard<std::mutex> held(streams_.mutex());
     rng advanced = g;
     const rng_draw draw = advanced.next();

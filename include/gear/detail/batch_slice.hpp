@@ -24,6 +24,7 @@ class batch_slice {
   [[nodiscard]] std::int64_t batch_size() const noexcept { return rows_; }
   [[nodiscard]] std::int64_t window_length() const noexcept { return whole_->window_length(); }
   [[nodiscard]] memory_kind where() const noexcept { return whole_->where(); }
+  [[nodiscard]] bool holds_memory() const noexcept { return whole_->holds_memory(); }
 
   [[nodiscard]] std::byte* column_data(std::size_t c) const noexcept {
     return whole_->column_data(c) + first_ * window_length() * Spec::step_bytes[c];

@@ -137,6 +137,7 @@ class remote_learner : public remote_client {
     for (const flight& other : flights_)
       GEAR_REQUIRE(other.out != &out, errc::invalid_argument,
                    "a sample into this batch is in flight: sample_end it first");
+    detail::check_batch_memory(out);
     GEAR_REQUIRE(host_accessible(out.where()), errc::wrong_memory,
                  "a remote learner fills batches in host memory");
     GEAR_REQUIRE(w.length == length, errc::batch_mismatch,

@@ -45,6 +45,7 @@ void set_return_limit(Core& b, std::int64_t k) {
 /// Throws unless the window and the batch suit the buffer (what does not depend on its contents).
 template <class Core, class Batch>
 void check_sample_arguments(const Core& b, const Batch& out, const window& w) {
+  check_batch_memory(out);
   GEAR_REQUIRE(w.length >= 1, errc::empty_window,
                "window length must be at least 1, got " + std::to_string(w.length));
   GEAR_REQUIRE(w.offset >= 0 && w.offset < b.max_length_, errc::window_out_of_range,
