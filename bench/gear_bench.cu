@@ -653,50 +653,147 @@ void rows_of_batch(const std::uint8_t* data, std::int64_t batch, std::int64_t ro
   }
 }
 
+/// Baseline: the published system's collection kernel's design, written here from its description:
+/// each row's window split among threads of `load` bytes each (16-byte copies, a byte tail),
+/// 1024-thread blocks, rows given as (slot, first step).
+__global__ void split_gather_kernel(const std::uint8_t* base, std::int64_t slot_stride,
+                                    std::int64_t step_bytes, const std::int64_t* slots,
+                                    const std::int64_t* starts, std::int64_t batch,
+                                    std::int64_t split, std::int64_t load, std::uint8_t* dst) {
+  const std::int64_t row_bytes = window_steps * step_bytes;
+  const std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
+  const std::int64_t row = i / split, first = i % split * load;
+  if (row >= batch || first >= row_bytes) return;
+  const std::int64_t n = row_bytes - first < load ? row_bytes - first : load;
+  const std::uint8_t* from = base + slots[row] * slot_stride + starts[row] * step_bytes + first;
+  std::uint8_t* to = dst + row * row_bytes + first;
+  const std::int64_t vectors = n / 16;  // rows, steps and loads are multiples of 16 bytes
+  for (std::int64_t v = 0; v < vectors; ++v)
+    reinterpret_cast<uint4*>(to)[v] = reinterpret_cast<const uint4*>(from)[v];
+  for (std::int64_t b = vectors * 16; b < n; ++b) to[b] = from[b];
+}
+
+/// What the baselines that gather gear's own rows share: a sample's setup, the rows (slot, first
+/// step) gear chose on the device, the table's base and slot stride, and a destination.
+template <std::int64_t StepBytes, class Storage>
+struct same_rows {
+  sample_setup<StepBytes, Storage> s;
+  std::int64_t batch, row_bytes;
+  gear::detail::allocation rows, dst;
+  const std::uint8_t* base = nullptr;
+  std::int64_t stride = 0;
+
+  explicit same_rows(std::int64_t rows_in_batch, std::uint64_t seed)
+      : s(rows_in_batch, window_steps, seed), batch(s.batch()), row_bytes(s.row_bytes()) {
+    std::vector<std::int64_t> slots, starts;
+    rows_of_batch(s.data(), batch, row_bytes, slots, starts);
+    rows = gear::detail::allocation(gear::memory_kind::device,
+                                    2 * slots.size() * sizeof(std::int64_t));
+    GEAR_CUDA_TRY(cudaMemcpy(slots_data(), slots.data(), slots.size() * 8, cudaMemcpyHostToDevice));
+    GEAR_CUDA_TRY(
+        cudaMemcpy(starts_data(), starts.data(), starts.size() * 8, cudaMemcpyHostToDevice));
+    dst = gear::detail::allocation(gear::memory_kind::device,
+                                   static_cast<std::size_t>(batch * row_bytes));
+    const auto ref = s.t.buf.ref(gear::op::write_steps{});
+    base = reinterpret_cast<const std::uint8_t*>(ref.template step<0>(0, 0));
+    stride = reinterpret_cast<const std::uint8_t*>(ref.template step<0>(1, 0)) - base;
+  }
+  [[nodiscard]] std::int64_t* slots_data() const { return rows.as<std::int64_t>(); }
+  [[nodiscard]] std::int64_t* starts_data() const { return rows.as<std::int64_t>() + batch; }
+  [[nodiscard]] std::uint8_t* out() const { return dst.as<std::uint8_t>(); }
+  /// "" if rows 0, B/2 and B-1 of the destination hold gear's rows, byte for byte.
+  [[nodiscard]] std::string differs(const char* what) const {
+    std::vector<std::uint8_t> a(static_cast<std::size_t>(row_bytes)), b(a.size());
+    for (std::int64_t r : {std::int64_t{0}, batch / 2, batch - 1}) {
+      GEAR_CUDA_TRY(
+          cudaMemcpy(a.data(), s.data() + r * row_bytes, a.size(), cudaMemcpyDeviceToHost));
+      GEAR_CUDA_TRY(cudaMemcpy(b.data(), out() + r * row_bytes, b.size(), cudaMemcpyDeviceToHost));
+      if (a != b) return std::string(what) + " differs from gear's at row " + std::to_string(r);
+      if (auto e = check_rows(b.data(), 1, StepBytes, window_steps, nullptr, nullptr, s.t.slots);
+          !e.empty())
+        return e;
+    }
+    return "";
+  }
+};
+
 /// The naive gather kernel over the same rows gear's sample chose (windows of window_steps).
 template <std::int64_t StepBytes, class Storage>
 void bm_naive_gather(benchmark::State& state) {
-  sample_setup<StepBytes, Storage> s(state.range(0), window_steps, 7);
-  const std::int64_t batch = s.batch(), row_bytes = s.row_bytes();
-  const std::uint8_t* ours = s.data();
-  std::vector<std::int64_t> slots, starts;
-  rows_of_batch(ours, batch, row_bytes, slots, starts);
-  gear::detail::allocation rows(gear::memory_kind::device, 2 * slots.size() * sizeof(std::int64_t));
-  auto* d_slots = rows.as<std::int64_t>();
-  GEAR_CUDA_TRY(cudaMemcpy(d_slots, slots.data(), slots.size() * 8, cudaMemcpyHostToDevice));
-  GEAR_CUDA_TRY(
-      cudaMemcpy(d_slots + batch, starts.data(), starts.size() * 8, cudaMemcpyHostToDevice));
-  gear::detail::allocation dst(gear::memory_kind::device,
-                               static_cast<std::size_t>(batch * row_bytes));
-  const auto ref = s.t.buf.ref(gear::op::write_steps{});
-  const auto* base = reinterpret_cast<const std::uint8_t*>(ref.template step<0>(0, 0));
-  const std::int64_t stride =
-      reinterpret_cast<const std::uint8_t*>(ref.template step<0>(1, 0)) - base;
-  const auto blocks = static_cast<unsigned>((batch * row_bytes + 255) / 256);
+  same_rows<StepBytes, Storage> r(state.range(0), 7);
+  const auto blocks = static_cast<unsigned>((r.batch * r.row_bytes + 255) / 256);
   auto launch = [&] {
-    naive_gather_kernel<<<blocks, 256, 0, s.c.stream>>>(
-        base, stride, StepBytes, d_slots, d_slots + batch, batch, dst.as<std::uint8_t>());
+    naive_gather_kernel<<<blocks, 256, 0, r.s.c.stream>>>(
+        r.base, r.stride, StepBytes, r.slots_data(), r.starts_data(), r.batch, r.out());
   };
   launch();
   GEAR_CHECK_LAUNCH("naive_gather_kernel");
-  GEAR_CUDA_TRY(cudaStreamSynchronize(s.c.stream));
-  // Same bytes as gear's gather, row by row.
-  {
-    std::vector<std::uint8_t> a(static_cast<std::size_t>(row_bytes)), b(a.size());
-    for (std::int64_t r : {std::int64_t{0}, batch / 2, batch - 1}) {
-      GEAR_CUDA_TRY(cudaMemcpy(a.data(), ours + r * row_bytes, a.size(), cudaMemcpyDeviceToHost));
-      GEAR_CUDA_TRY(cudaMemcpy(b.data(), dst.as<std::uint8_t>() + r * row_bytes, b.size(),
-                               cudaMemcpyDeviceToHost));
-      if (a != b)
-        return fail(state, "naive gather differs from gear's at row " + std::to_string(r));
-      if (auto e = check_rows(b.data(), 1, StepBytes, window_steps, nullptr, nullptr, s.t.slots);
-          !e.empty())
-        return fail(state, e);
-    }
-  }
-  const int reps = reps_for(s.moved() / (s.limit * 1e9));
+  GEAR_CUDA_TRY(cudaStreamSynchronize(r.s.c.stream));
+  if (auto e = r.differs("naive gather"); !e.empty()) return fail(state, e);
+  const int reps = reps_for(r.s.moved() / (r.s.limit * 1e9));
   const double sec = time_gpu(state, reps, launch);
-  record(state, {"", s.moved() / sec / 1e9, s.limit_name(), s.limit, "", 0});
+  record(state, {"", r.s.moved() / sec / 1e9, r.s.limit_name(), r.s.limit, "", 0});
+}
+
+/// Median seconds of one body call over `rounds` rounds of `reps` calls (GPU time), after two
+/// calls of warm-up: for figures a benchmark takes besides the one Google Benchmark times.
+template <class Body>
+double gpu_seconds(int reps, int rounds, Body body) {
+  auto& c = clock_();
+  for (int i = 0; i < 2; ++i) body();
+  std::vector<double> per_call;
+  for (int round = 0; round < rounds; ++round) {
+    c.begin();
+    for (int r = 0; r < reps; ++r) body();
+    per_call.push_back(c.end() / reps);
+  }
+  return median(per_call);
+}
+
+/// P1p: the split gather (the published system's collection kernel's design) over the same rows
+/// gear's sample chose, at the bytes per thread fastest for this shape (16 B .. 1 KiB, each tried
+/// in the same run), and gear's sample_async of the same shape timed beside it: gear's figure
+/// over the split gather's, target >= 1.1x.
+template <std::int64_t StepBytes, class Storage>
+void bm_split_gather(benchmark::State& state) {
+  same_rows<StepBytes, Storage> r(state.range(0), 7);
+  std::int64_t load = 0;
+  auto launch = [&] {
+    const std::int64_t split = (r.row_bytes + load - 1) / load;
+    const auto blocks = static_cast<unsigned>((r.batch * split + 1023) / 1024);
+    split_gather_kernel<<<blocks, 1024, 0, r.s.c.stream>>>(r.base, r.stride, StepBytes,
+                                                           r.slots_data(), r.starts_data(),
+                                                           r.batch, split, load, r.out());
+  };
+  const int reps = reps_for(r.s.moved() / (r.s.limit * 1e9));
+  double best = 0;
+  std::int64_t best_load = 16;
+  for (load = 16; load <= 1024; load *= 2) {
+    GEAR_CUDA_TRY(cudaMemsetAsync(r.out(), 0, static_cast<std::size_t>(r.batch * r.row_bytes),
+                                  r.s.c.stream));
+    launch();
+    GEAR_CHECK_LAUNCH("split_gather_kernel");
+    GEAR_CUDA_TRY(cudaStreamSynchronize(r.s.c.stream));
+    if (auto e = r.differs("split gather"); !e.empty()) return fail(state, e);
+    const double sec = gpu_seconds(reps, 5, launch);
+    if (best == 0 || sec < best) best = sec, best_load = load;
+  }
+  load = best_load;
+  const double gear_sec = gpu_seconds(reps, 9, [&] {
+    r.s.t.buf.sample_async(r.s.out, r.s.w, r.s.g, r.s.c.stream);
+  });
+  const double sec = time_gpu(state, reps, launch);
+  const double split = r.s.moved() / sec / 1e9, ours = r.s.moved() / gear_sec / 1e9;
+  char note[96];
+  std::snprintf(note, sizeof note, "%lld B a thread, the fastest of 16 B .. 1 KiB",
+                static_cast<long long>(best_load));
+  table_row row{"", split, r.s.limit_name(), r.s.limit, "", 0};
+  row.note = note;
+  record(state, row);
+  table_row p1p{g_name + "/P1p", ours, "split gather", split, "P1p >= 1.1x", 1.10};
+  p1p.counters = false;
+  p1p.note = "gear's sample_async of the same shape, timed in this benchmark";
+  record(state, p1p);
 }
 
 /// Baseline: what a user without gear writes: select on the CPU, memcpy the rows into pinned
@@ -1517,6 +1614,12 @@ void register_sample_family() {
         ->MinTime(gpu_min_time)
         ->Unit(benchmark::kMicrosecond);
     add("naive_gather/" + tag, bm_naive_gather<StepBytes, Storage>, true)
+        ->Arg(batch)
+        ->ArgName("batch")
+        ->UseManualTime()
+        ->MinTime(gpu_min_time)
+        ->Unit(benchmark::kMicrosecond);
+    add("split_gather/" + tag, bm_split_gather<StepBytes, Storage>, true)
         ->Arg(batch)
         ->ArgName("batch")
         ->UseManualTime()
