@@ -1603,35 +1603,21 @@ void register_sample_family() {
       std::string(storage_name(Storage{})) + "/step:" + std::to_string(StepBytes);
   // Small steps also at batch 32 (latency-bound) and 4096, where launch latency no longer
   // dominates.
+  auto at_batch = [](benchmark::internal::Benchmark* b, std::int64_t batch) {
+    b->Arg(batch)->ArgName("batch")->UseManualTime()->MinTime(gpu_min_time)->Unit(
+        benchmark::kMicrosecond);
+  };
   for (std::int64_t batch : {32, 256, 1024, 4096}) {
     if ((batch == 4096 || batch == 32) && StepBytes > 1024) continue;
-    add(
-        "sample/" + tag,
-        [](benchmark::State& s) { bm_sample<StepBytes, Storage>(s, window_steps, true); }, true)
-        ->Arg(batch)
-        ->ArgName("batch")
-        ->UseManualTime()
-        ->MinTime(gpu_min_time)
-        ->Unit(benchmark::kMicrosecond);
-    add("naive_gather/" + tag, bm_naive_gather<StepBytes, Storage>, true)
-        ->Arg(batch)
-        ->ArgName("batch")
-        ->UseManualTime()
-        ->MinTime(gpu_min_time)
-        ->Unit(benchmark::kMicrosecond);
-    add("split_gather/" + tag, bm_split_gather<StepBytes, Storage>, true)
-        ->Arg(batch)
-        ->ArgName("batch")
-        ->UseManualTime()
-        ->MinTime(gpu_min_time)
-        ->Unit(benchmark::kMicrosecond);
+    at_batch(add(
+                 "sample/" + tag,
+                 [](benchmark::State& s) { bm_sample<StepBytes, Storage>(s, window_steps, true); },
+                 true),
+             batch);
+    at_batch(add("naive_gather/" + tag, bm_naive_gather<StepBytes, Storage>, true), batch);
+    at_batch(add("split_gather/" + tag, bm_split_gather<StepBytes, Storage>, true), batch);
     if constexpr (std::is_same_v<Storage, gear::storage::pinned_host>)
-      add("cpu_pipeline/" + tag, bm_cpu_pipeline<StepBytes>, true)
-          ->Arg(batch)
-          ->ArgName("batch")
-          ->UseManualTime()
-          ->MinTime(gpu_min_time)
-          ->Unit(benchmark::kMicrosecond);
+      at_batch(add("cpu_pipeline/" + tag, bm_cpu_pipeline<StepBytes>, true), batch);
   }
 }
 
