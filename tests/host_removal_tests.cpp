@@ -5,12 +5,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <random>
 #include <set>
 #include <tuple>
 #include <type_traits>
 #include <utility>
+
+#include <gear/rank_sampler.hpp>
 
 #include "host_common.hpp"
 
@@ -435,6 +438,16 @@ TEST_CASE("bad input: a gear::error with its code, and the buffer unchanged") {
     std::vector<gear::key> k(9);
     expect_error(buf, gear::errc::invalid_argument, [&] { buf.insert(p.input(), k); });
   }
+  SUBCASE("a column's rank outside [0, max_rank]") {
+    for (const int rank : {-1, 7, 1000}) {
+      auto bad = good.input();
+      bad.columns[0].rank = rank;
+      std::vector<gear::key> k(good.lengths.size());
+      const std::string what =
+          expect_error(buf, gear::errc::wrong_shape, [&] { buf.insert(bad, k); });
+      CHECK(what.find("rank " + std::to_string(rank)) != std::string::npos);
+    }
+  }
   SUBCASE("keys_out too small") {
     std::vector<gear::key> k;
     expect_error(buf, gear::errc::invalid_argument, [&] { buf.insert(good.input(), k); });
@@ -569,7 +582,71 @@ TEST_CASE("bad construction arguments") {
           host_buffer::batch_type b(gear::memory_kind::host, gear::batch_size{0},
                                     gear::window_length{1});
         }) == gear::errc::invalid_argument);
+  // Sizes whose bytes would wrap (a slot's max_length x step bytes, a batch's rows x length x
+  // step bytes): refused, not made too small.
+  for (const std::int64_t huge : {(std::int64_t{1} << 62) + 1, std::int64_t{1} << 62,
+                                  std::int64_t{1} << 58, std::numeric_limits<std::int64_t>::max()}) {
+    CAPTURE(huge);
+    CHECK(code_of([&] {
+            host_buffer b{gear::capacity{2}, gear::max_length{huge}};
+          }) == gear::errc::out_of_memory);
+    CHECK(code_of([&] {
+            host_buffer::batch_type b(gear::memory_kind::host, gear::batch_size{4},
+                                      gear::window_length{huge});
+          }) == gear::errc::out_of_memory);
+    CHECK(code_of([&] {
+            host_buffer::batch_type b(gear::memory_kind::host, gear::batch_size{huge},
+                                      gear::window_length{1});
+          }) == gear::errc::out_of_memory);
+  }
   CHECK(code_of([] {
           (void)gear::input(static_cast<const float*>(nullptr), {1, 1, 1, 1, 1, 1, 1});
         }) == gear::errc::wrong_shape);
+}
+
+TEST_CASE("a buffer moved from: every call throws errc::invalid_argument; the one moved into "
+          "holds everything, a rank_sampler of the old one refuses") {
+  host_buffer a{gear::capacity{8}, gear::max_length{4}};
+  model m;
+  (void)insert(a, m, {2, 2, 2, 2});
+  gear::rank_sampler<host_buffer> ranks(a, gear::rank_count{1}, gear::batch_size{2},
+                                        gear::window{1}, gear::rng{1});
+  auto w = a.make_writer();  // writers hold the buffer's state, not the buffer
+  host_buffer b{std::move(a)};
+  auto out = b.make_batch(gear::batch_size{2}, gear::window_length{1});
+  gear::rng g{1};
+  const auto moved = [](auto&& call) {
+    const std::string what = [&] {
+      try {
+        call();
+      } catch (const gear::error& e) {
+        CHECK(e.code() == gear::errc::invalid_argument);
+        return std::string(e.what());
+      }
+      return std::string("no error");
+    }();
+    CHECK_MESSAGE(what.find("moved from") != std::string::npos, what);
+  };
+  moved([&] { (void)a.size(); });
+  moved([&] { (void)a.capacity(); });
+  moved([&] { (void)a.contains(gear::key{}); });
+  moved([&] { a.sample(out, gear::window{}, g); });
+  moved([&] { (void)a.make_writer(); });
+  moved([&] { a.set_max_times_sampled(2); });
+  moved([&] { (void)insert(a, m, {2}); });
+  moved([&] {
+    auto r = ranks.make_batch();
+    ranks.sample(0, r);
+  });
+  CHECK(g.calls() == 0);
+  // The buffer moved into holds the four trajectories and takes the writer's commit.
+  CHECK(b.size() == 4);
+  b.sample(out, gear::window{}, g);
+  const std::int32_t a0 = 1;
+  const float obs[6] = {};
+  const bool d = false;
+  const std::uint8_t img[64] = {};
+  w.append(obs, &a0, &d, img);
+  (void)w.commit();
+  CHECK(b.size() == 5);
 }

@@ -17,7 +17,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <gear/distributed.hpp>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -269,6 +271,13 @@ void bad_input(const std::string& provider) {
   auto garbled = client_transport(provider, shards);
   garbled.shards[0].resize(5);
   CHECK_THROWS_AS((client_t{garbled}), gear::error);
+  // Exponents that would weigh every row wrong (the client computes the weights).
+  for (const double bad : {std::nan(""), -1.0, std::numeric_limits<double>::infinity()}) {
+    CHECK_THROWS_WITH_AS((client_t{client_transport(provider, shards), selection{0.6, bad}}),
+                         doctest::Contains("beta"), gear::error);
+    CHECK_THROWS_WITH_AS((client_t{client_transport(provider, shards), selection{bad, 0.4}}),
+                         doctest::Contains("alpha"), gear::error);
+  }
   auto block = shard_transport(provider, 3);
   block.block_bytes = 5000;
   try {
@@ -341,6 +350,18 @@ void bad_input(const std::string& provider) {
   expect(gear::errc::invalid_argument, [&] { client.sample(big, gear::window{1, 0}, g); });
   auto b = client.make_batch(gear::batch_size{4}, gear::window_length{1});
   expect(gear::errc::batch_mismatch, [&] { client.sample(b, gear::window{2, 0}, g); });
+  // Windows the shards refuse are refused here, sending nothing (they waited for the deadline,
+  // threw peer_lost and left the batch unusable).
+  expect(gear::errc::window_out_of_range,
+         [&] { client.sample(b, gear::window{1, max_length}, g); });
+  expect(gear::errc::window_out_of_range,
+         [&] { client.sample(b, gear::window{1, 0, static_cast<gear::anchor>(9)}, g); });
+  auto longer = client.make_batch(gear::batch_size{4}, gear::window_length{max_length + 1});
+  const auto asked = clock_type::now();
+  expect(gear::errc::window_out_of_range,
+         [&] { client.sample(longer, gear::window{max_length + 1, 0}, g); });
+  CHECK(clock_type::now() - asked < std::chrono::milliseconds(500));
+  client.sample(b, gear::window{1, 0}, g);  // the batch still takes a good window
   auto moved = client.make_batch(gear::batch_size{4}, gear::window_length{1});
   auto taken = std::move(moved);  // holds no memory
   expect(gear::errc::batch_mismatch, [&] { client.sample(moved, gear::window{1, 0}, g); });

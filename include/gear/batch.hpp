@@ -44,14 +44,27 @@ class batch {
   using mask_view = cuda::std::mdspan<const std::uint8_t, cuda::std::dextents<std::int64_t, 2>>;
 
   /// Allocates a batch of `rows` rows of `length` steps in memory of kind `where`.
-  /// Throws errc::invalid_argument for rows or length below 1, errc::out_of_memory,
-  /// errc::cuda_error.
+  /// Throws errc::invalid_argument for rows or length below 1, errc::out_of_memory (also for a
+  /// batch of more than 2^62 bytes), errc::cuda_error.
   batch(memory_kind where, gear::batch_size rows, gear::window_length length)
       : rows_(rows.value), length_(length.value) {
     GEAR_REQUIRE(rows_ >= 1, errc::invalid_argument,
                  "batch size must be at least 1, got " + std::to_string(rows_));
     GEAR_REQUIRE(length_ >= 1, errc::invalid_argument,
                  "window length must be at least 1, got " + std::to_string(length_));
+    // Bytes per row and step (the columns and the mask), and a row's own (key, slot,
+    // probability, weight), with room for the alignment: no size below can overflow.
+    constexpr std::int64_t per_step = [] {
+      std::int64_t bytes = 1;
+      for (std::size_t c = 0; c < num_columns; ++c) bytes += Spec::step_bytes[c];
+      return bytes;
+    }();
+    constexpr std::int64_t most = std::int64_t{1} << 62;
+    GEAR_REQUIRE(rows_ <= most / 4096 && length_ <= (most / rows_ - 4096) / per_step,
+                 errc::out_of_memory,
+                 "a batch of " + std::to_string(rows_) + " rows of " + std::to_string(length_) +
+                     " steps of " + std::to_string(per_step - 1) +
+                     " bytes would take more than 2^62 bytes");
     std::size_t at = 0;
     auto reserve = [&at](std::int64_t bytes) {
       const std::size_t here = at;

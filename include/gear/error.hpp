@@ -114,6 +114,20 @@ class error : public std::runtime_error {
   errc code_;
 };
 
+namespace detail {
+
+/// *owned, or errc::invalid_argument for an object moved from (its owned state gone): what
+/// a call on a replay_buffer or sharded_buffer moved from throws.
+template <class Owned>
+[[nodiscard]] Owned& moved_from_check(Owned* owned, const char* what) {
+  if (owned == nullptr) [[unlikely]]
+    throw error(errc::invalid_argument,
+                std::string(what) + " was moved from: use the object it was moved into");
+  return *owned;
+}
+
+}  // namespace detail
+
 }  // namespace gear
 
 /// Throws gear::error(code, message) unless condition holds. The message expression is evaluated

@@ -60,6 +60,9 @@ void check_column_input(const column_input& in) {
   GEAR_REQUIRE(in.type == col::type, errc::wrong_type,
                "column '" + std::string(col::name) + "': expected " +
                    std::string(to_string(col::type)) + ", got " + std::string(to_string(in.type)));
+  GEAR_REQUIRE(in.rank >= 0 && in.rank <= static_cast<int>(max_rank), errc::wrong_shape,
+               "column '" + std::string(col::name) + "': rank " + std::to_string(in.rank) +
+                   " of its per-step shape is outside [0, " + std::to_string(max_rank) + "]");
   const bool same = in.rank == static_cast<int>(col::rank) &&
                     std::equal(col::shape.begin(), col::shape.end(), in.shape.begin());
   if (!same) {

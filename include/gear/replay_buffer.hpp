@@ -170,6 +170,7 @@ class replay_buffer {
     core_ = std::make_unique<core_type>(slots.value, length.value, selection, std::move(transport));
   }
 
+  /// Writers and refs stay valid across a move; a call on the one moved from: invalid_argument.
   replay_buffer(replay_buffer&&) noexcept = default;
   replay_buffer& operator=(replay_buffer&&) noexcept = default;
   replay_buffer(const replay_buffer&) = delete;
@@ -185,31 +186,31 @@ class replay_buffer {
 
   // ---- queries (host state as of the last call that returned; never synchronise) -------------
 
-  [[nodiscard]] std::int64_t capacity() const noexcept { return core().capacity_; }
-  [[nodiscard]] std::int64_t max_length() const noexcept { return core().max_length_; }
+  [[nodiscard]] std::int64_t capacity() const { return core().capacity_; }
+  [[nodiscard]] std::int64_t max_length() const { return core().max_length_; }
   /// Stored trajectories: the committed ones, the ones sampling can return, and host inserts
   /// still on their way to device memory (see "Threads and streams" above).
-  [[nodiscard]] std::int64_t size() const noexcept {
+  [[nodiscard]] std::int64_t size() const {
     const auto held = core().lock();
     return core().ring_.live() + core().landing_count();
   }
-  [[nodiscard]] bool empty() const noexcept { return size() == 0; }
+  [[nodiscard]] bool empty() const { return size() == 0; }
   /// Reservations made so far (inserted trajectories plus pending ones): the next ticket.
-  [[nodiscard]] std::uint64_t tickets_issued() const noexcept {
+  [[nodiscard]] std::uint64_t tickets_issued() const {
     const auto held = core().lock();
     return core().ring_.next_ticket();
   }
   /// The selection policy's settings, as the state holds them now.
-  [[nodiscard]] Selection selection() const noexcept {
+  [[nodiscard]] Selection selection() const {
     const auto held = core().lock();
     if constexpr (requires { core().selection_->policy(); })
       return core().selection_->policy();
     else
       return core().selection_settings_;
   }
-  [[nodiscard]] const Transport& transport() const noexcept { return core().transport_; }
+  [[nodiscard]] const Transport& transport() const { return core().transport_; }
   /// The CUDA device the buffer lives on (-1 for storage::host).
-  [[nodiscard]] int device() const noexcept { return core().device_; }
+  [[nodiscard]] int device() const { return core().device_; }
 
   /// Committed length of `slot` (0 if empty or pending). Throws errc::key_out_of_range.
   [[nodiscard]] std::int64_t length(std::int64_t slot) const {
@@ -224,7 +225,7 @@ class replay_buffer {
     return core().ring_.ticket(slot);
   }
   /// True when k names a committed trajectory still stored (as of the calls that returned).
-  [[nodiscard]] bool contains(const key& k) const noexcept {
+  [[nodiscard]] bool contains(const key& k) const {
     const auto held = core().lock();
     return core().contains(k);
   }
@@ -369,7 +370,7 @@ class replay_buffer {
   /// Throws errc::invalid_argument for k < 0, or k > 0 on a buffer bound to one stream (sampled
   /// with a device_rng, whose replays remove nothing, or updated from device memory in a graph).
   void set_max_times_sampled(std::int64_t k) { detail::set_return_limit(core(), k); }
-  [[nodiscard]] std::int64_t max_times_sampled() const noexcept {
+  [[nodiscard]] std::int64_t max_times_sampled() const {
     const auto held = core().lock();
     return core().max_times_sampled_;
   }
@@ -444,8 +445,7 @@ class replay_buffer {
   }
   /// update_priorities_async from `source`, synchronous. From device memory it runs
   /// check_priority_updates before (an earlier failure is thrown and this update is not made) and
-  /// after (its own failure is thrown), so it throws deterministically and only when the buffer's
-  /// priorities were left unchanged by this call.
+  /// after (its own failure): it throws deterministically, only with the priorities unchanged.
   void update_priorities(std::span<const key> keys, std::span<const float> priorities,
                          memory_kind source,
                          cuda::stream_ref stream) requires host_priority_update<state_type> {
@@ -463,8 +463,8 @@ class replay_buffer {
 
   /// The selection policy's state, for its run-time settings and inspection, e.g.
   /// buf.selection_state().set_exponents(alpha, beta, stream) for select::prioritized.
-  [[nodiscard]] state_type& selection_state() noexcept { return *core().selection_; }
-  [[nodiscard]] const state_type& selection_state() const noexcept { return *core().selection_; }
+  [[nodiscard]] state_type& selection_state() { return *core().selection_; }
+  [[nodiscard]] const state_type& selection_state() const { return *core().selection_; }
 
   // ---- views ---------------------------------------------------------------------------------
 
@@ -475,14 +475,14 @@ class replay_buffer {
   /// mirror at the next call of the buffer's that settles): use it on the stream that writes or
   /// samples, or after synchronising the buffer's streams.
   template <class... Ops>
-  [[nodiscard]] buffer_ref<typename Spec::element_list, Ops...> ref(Ops...) const noexcept {
+  [[nodiscard]] buffer_ref<typename Spec::element_list, Ops...> ref(Ops...) const {
     const slot_table t = selection_table();
     return buffer_ref<typename Spec::element_list, Ops...>(core().regions_.kernel, t.lengths,
                                                            t.tickets, capacity(), max_length());
   }
 
   /// Metadata in the memory where selection runs, as selection policies see it.
-  [[nodiscard]] slot_table selection_table() const noexcept {
+  [[nodiscard]] slot_table selection_table() const {
     const auto held = core().lock();
     return core().table();
   }
@@ -490,8 +490,8 @@ class replay_buffer {
  private:
   template <trajectory_spec, class, class>
   friend class sharded_buffer;  // a sharded update from device memory: every shard, or none
-  [[nodiscard]] core_type& core() noexcept { return *core_; }
-  [[nodiscard]] const core_type& core() const noexcept { return *core_; }
+  core_type& core() { return detail::moved_from_check(core_.get(), "this buffer"); }
+  const core_type& core() const { return detail::moved_from_check(core_.get(), "this buffer"); }
   void synchronize(cuda::stream_ref stream) const { detail::synchronize_call(core(), stream); }
 
   std::unique_ptr<core_type> core_;

@@ -3,6 +3,8 @@
 
 #include <cstdint>
 #include <gear/config.hpp>
+#include <gear/error.hpp>
+#include <string>
 
 namespace gear {
 
@@ -59,5 +61,23 @@ GEAR_HD constexpr window_plan plan_window(const window& w, std::int64_t length,
   p.dst_pos = w.padding == pad::head ? w.length - p.count : 0;
   return p;
 }
+
+namespace detail {
+
+/// Throws unless w suits trajectories of at most `max_length` steps: errc::empty_window,
+/// errc::window_out_of_range (offset outside [0, max_length), an anchor or padding of no name).
+inline void check_window(const window& w, std::int64_t max_length) {
+  GEAR_REQUIRE(w.length >= 1, errc::empty_window,
+               "window length must be at least 1, got " + std::to_string(w.length));
+  GEAR_REQUIRE(w.offset >= 0 && w.offset < max_length, errc::window_out_of_range,
+               "window offset must be in [0, max_length = " + std::to_string(max_length) +
+                   "), got " + std::to_string(w.offset));
+  GEAR_REQUIRE(w.from == anchor::start || w.from == anchor::end || w.from == anchor::random,
+               errc::window_out_of_range, "window anchor is not start, end or random");
+  GEAR_REQUIRE(w.padding == pad::head || w.padding == pad::tail, errc::window_out_of_range,
+               "window padding is not head or tail");
+}
+
+}  // namespace detail
 
 }  // namespace gear

@@ -32,6 +32,7 @@
 #include <gear/priority_update.hpp>
 #include <gear/replay_buffer.hpp>
 #include <gear/rng.hpp>
+#include <gear/select/prioritized.hpp>
 #include <gear/storage/none.hpp>
 #include <gear/strong_types.hpp>
 #include <gear/transport/libfabric.hpp>
@@ -66,9 +67,12 @@ class replay_buffer<Spec, storage::none, Selection, transport::libfabric> {
   };
 
   /// Checks every shard's address blob (no fabric traffic yet). Throws errc::invalid_argument
-  /// (no shards, a blob that does not parse, max_batch or max_window below 1).
+  /// (no shards, a blob that does not parse, max_batch or max_window below 1, a prioritized
+  /// policy's exponents negative or not finite).
   explicit replay_buffer(transport::libfabric t, Selection selection = {})
       : transport_(std::move(t)), selection_(selection) {
+    if constexpr (requires { selection.alpha; selection.beta; })
+      detail::validate_exponents(selection.alpha, selection.beta);  // beta weighs the rows
     GEAR_REQUIRE(!transport_.shards.empty(), errc::invalid_argument,
                  "a client of a distributed buffer (storage::none) needs the address blob of at "
                  "least one shard in transport::libfabric::shards");

@@ -125,7 +125,8 @@ class remote_learner : public remote_client {
   /// meanwhile. Throws, sending nothing, errc::invalid_argument (as many in flight as allowed, or
   /// one into `out` already, a batch larger than the slices, memory an earlier sample's cut-off
   /// reply may still write into: see sample_end), errc::wrong_memory, errc::batch_mismatch;
-  /// errc::empty_buffer when no shard holds anything; errc::transport_error (its memory cannot be
+  /// errc::empty_window, errc::window_out_of_range (as a buffer's sample; also a window longer
+  /// than the shards' max_length); errc::empty_buffer when no shard holds anything; errc::transport_error (its memory cannot be
   /// registered). Throws errc::peer_lost when a request cannot go, after the shards already
   /// asked have answered (or the deadline passed).
   void sample_begin(batch<Spec>& out, const window& w, rng& g) {
@@ -143,6 +144,12 @@ class remote_learner : public remote_client {
     GEAR_REQUIRE(w.length == length, errc::batch_mismatch,
                  "the window has " + std::to_string(w.length) + " steps, the batch " +
                      std::to_string(length));
+    std::int64_t shortest = links_.front().blob.max_length;  // what every shard takes
+    for (const auto& l : links_) shortest = std::min(shortest, l.blob.max_length);
+    detail::check_window(w, shortest);
+    GEAR_REQUIRE(w.length <= shortest, errc::window_out_of_range,
+                 "a remote sample's window is at most the shards' max_length (" +
+                     std::to_string(shortest) + " steps), got " + std::to_string(w.length));
     GEAR_REQUIRE(rows <= options_.max_batch && length <= options_.max_window,
                  errc::invalid_argument,
                  "this learner's slices hold " + std::to_string(options_.max_batch) + " rows of " +

@@ -8,6 +8,7 @@
 #include <gear/detail/memory.hpp>
 #include <gear/error.hpp>
 #include <gear/layout.hpp>
+#include <string>
 
 namespace gear::detail {
 
@@ -28,14 +29,22 @@ struct slot_regions {
     for (std::size_t k = 0; k < 3; ++k) {
       std::int64_t slot_bytes = 0;
       std::array<std::int64_t, num_columns> offset{};
+      constexpr std::int64_t most = std::int64_t{1} << 62;
       for (std::size_t c = 0; c < num_columns; ++c) {
         if (placement[c] != kinds[k]) continue;
         offset[c] = slot_bytes;
+        // Checked before the product: max_length x step bytes must not wrap.
+        GEAR_REQUIRE(max_length <= (most - slot_bytes - segment_alignment) / Spec::step_bytes[c],
+                     errc::out_of_memory,
+                     "a slot of " + std::to_string(max_length) + " steps would take more than "
+                     "2^62 bytes (column " + std::to_string(c) + ": " +
+                         std::to_string(Spec::step_bytes[c]) + " bytes a step)");
         slot_bytes += segment_bytes(Spec::step_bytes[c], max_length);
       }
       if (slot_bytes == 0) continue;
-      GEAR_REQUIRE(slot_bytes <= (std::int64_t{1} << 62) / capacity, errc::out_of_memory,
-                   "slot storage size overflows");
+      GEAR_REQUIRE(slot_bytes <= most / capacity, errc::out_of_memory,
+                   std::to_string(capacity) + " slots of " + std::to_string(slot_bytes) +
+                       " bytes would take more than 2^62 bytes");
       memory[k] = allocation(kinds[k], static_cast<std::size_t>(slot_bytes * capacity));
       for (std::size_t c = 0; c < num_columns; ++c) {
         if (placement[c] != kinds[k]) continue;

@@ -46,15 +46,7 @@ void set_return_limit(Core& b, std::int64_t k) {
 template <class Core, class Batch>
 void check_sample_arguments(const Core& b, const Batch& out, const window& w) {
   check_batch_memory(out);
-  GEAR_REQUIRE(w.length >= 1, errc::empty_window,
-               "window length must be at least 1, got " + std::to_string(w.length));
-  GEAR_REQUIRE(w.offset >= 0 && w.offset < b.max_length_, errc::window_out_of_range,
-               "window offset must be in [0, max_length = " + std::to_string(b.max_length_) +
-                   "), got " + std::to_string(w.offset));
-  GEAR_REQUIRE(w.from == anchor::start || w.from == anchor::end || w.from == anchor::random,
-               errc::window_out_of_range, "window anchor is not start, end or random");
-  GEAR_REQUIRE(w.padding == pad::head || w.padding == pad::tail, errc::window_out_of_range,
-               "window padding is not head or tail");
+  check_window(w, b.max_length_);
   GEAR_REQUIRE(out.window_length() == w.length, errc::batch_mismatch,
                "batch was made for windows of " + std::to_string(out.window_length()) +
                    " steps, the window has " + std::to_string(w.length));
