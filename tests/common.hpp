@@ -99,8 +99,11 @@ struct model {
   std::map<std::uint64_t, std::pair<std::uint64_t, std::int64_t>> by_key;  // ticket -> id, length
   std::uint64_t next_id = 1;
 
+  gear::key_owner owner{};  // of the keys recorded (each buffer's incarnation is its own)
+
   void record(const gear::key& k, std::uint64_t id, std::int64_t length) {
     by_key[k.ticket] = {id, length};
+    owner = {k.shard, k.incarnation};
   }
   [[nodiscard]] std::uint64_t id(const gear::key& k) const {
     auto it = by_key.find(k.ticket);
@@ -110,8 +113,10 @@ struct model {
     auto it = by_key.find(k.ticket);
     return it == by_key.end() ? -1 : it->second.second;
   }
-  /// The key of a recorded ticket (shard 0, incarnation 0: transport::local).
-  [[nodiscard]] static gear::key key_of(std::uint64_t ticket) { return gear::key{ticket, 0, 0}; }
+  /// The key of `ticket` in the buffer whose keys were recorded.
+  [[nodiscard]] gear::key key_of(std::uint64_t ticket) const {
+    return gear::key{ticket, owner.shard, owner.incarnation};
+  }
   /// check_batch against this model.
   [[nodiscard]] std::string check(const struct host_batch& h, const gear::window& w,
                                   std::vector<std::int64_t>* firsts = nullptr) const;

@@ -40,11 +40,11 @@ TEST_CASE("erase removes trajectories: stale keys, never sampled, errors change 
   const std::vector<gear::key> twice{keys[0], keys[4], keys[0]};
   const std::string what = expect_error(buf, gear::errc::stale_key, [&] { buf.erase(twice); });
   CHECK_MESSAGE(what.find("key (ticket 0) is named twice") != std::string::npos, what);
-  const std::vector<gear::key> unissued{keys[0], {99, 0, 0}};  // ticket 99 was never issued
+  const std::vector<gear::key> unissued{keys[0], {99, 0, keys[0].incarnation}};  // not issued
   expect_error(buf, gear::errc::stale_key, [&] { buf.erase(unissued); });
-  const std::vector<gear::key> mixed{keys[0], {keys[2].ticket, 1, 0}};  // another shard
+  const std::vector<gear::key> mixed{keys[0], {keys[2].ticket, 1, keys[0].incarnation}};
   expect_error(buf, gear::errc::key_out_of_range, [&] { buf.erase(mixed); });
-  const std::vector<gear::key> reborn{keys[0], {keys[2].ticket, 0, 1}};  // another incarnation
+  const std::vector<gear::key> reborn{keys[0], {keys[2].ticket, 0, keys[0].incarnation + 1}};
   expect_error(buf, gear::errc::key_out_of_range, [&] { buf.erase(reborn); });
   // The ring reuses erased slots when it reaches them: tickets 5..9 take slots 5, 6, 7, 0, 1,
   // evicting keys[0] (slot 0) and refilling erased slot 1.
@@ -230,7 +230,7 @@ std::tuple<double, double, double> decay_chi2(Buffer& buf, const model& m, std::
   for (std::uint64_t id = newest + 1 - static_cast<std::uint64_t>(K); id <= newest; ++id) {
     const bool live =
         m.by_key.end() != std::find_if(m.by_key.begin(), m.by_key.end(), [&](auto& kv) {
-          return kv.second.first == id && buf.contains(model::key_of(kv.first));
+          return kv.second.first == id && buf.contains(m.key_of(kv.first));
         });
     const double w =
         live ? std::exp2(-static_cast<double>(newest - id) / (wrong_h ? wrong_h : h)) : 0;
@@ -258,8 +258,8 @@ TEST_CASE("recency weighted by age: chi-square at 0.001 over 10^6 draws, power, 
     for (int i = 0; i < 1000; ++i) insert(buf, m, {1});  // one ticket per id; ring wraps twice
     std::vector<gear::key> holes;
     for (auto& [ticket, v] : m.by_key)
-      if (v.first % 7 == 3 && buf.contains(model::key_of(ticket)))
-        holes.push_back(model::key_of(ticket));
+      if (v.first % 7 == 3 && buf.contains(m.key_of(ticket)))
+        holes.push_back(m.key_of(ticket));
     buf.erase(holes);
     auto out = buf.make_batch(gear::batch_size{10000}, gear::window_length{1});
     const std::uint64_t seed = 4711;
@@ -287,7 +287,7 @@ TEST_CASE("recency weighted by age: chi-square at 0.001 over 10^6 draws, power, 
     double total = 0;
     const std::uint64_t newest = m.next_id - 1;
     for (auto& [ticket, v] : m.by_key)
-      if (buf.contains(model::key_of(ticket)) && newest - v.first < std::uint64_t(K))
+      if (buf.contains(m.key_of(ticket)) && newest - v.first < std::uint64_t(K))
         total += std::exp2(-static_cast<double>(newest - v.first) / h);
     for (std::size_t r = 0; r < 100; ++r) {
       const double w = std::exp2(-static_cast<double>(newest - m.id(h1.keys[r])) / h);
@@ -369,20 +369,34 @@ TEST_CASE("bad input: a gear::error with its code, and the buffer unchanged") {
                       std::string::npos,
                   what);
   }
+  const std::uint32_t ours = keys[0].incarnation;  // the buffer's own (each buffer has one)
   SUBCASE("key of a ticket not issued yet, or of no trajectory") {
-    expect_error(buf, gear::errc::stale_key, [&] { buf.check_key({8, 0, 0}); });
-    expect_error(buf, gear::errc::stale_key, [&] { buf.check_key({3, 0, 0}); });
-    expect_error(buf, gear::errc::stale_key, [&] { buf.check_key({gear::no_ticket, 0, 0}); });
+    expect_error(buf, gear::errc::stale_key, [&] { buf.check_key({8, 0, ours}); });
+    expect_error(buf, gear::errc::stale_key, [&] { buf.check_key({3, 0, ours}); });
+    expect_error(buf, gear::errc::stale_key, [&] { buf.check_key({gear::no_ticket, 0, ours}); });
   }
   SUBCASE("key out of range: shard") {
-    expect_error(buf, gear::errc::key_out_of_range, [&] { buf.check_key({0, 3, 0}); });
+    expect_error(buf, gear::errc::key_out_of_range, [&] { buf.check_key({0, 3, ours}); });
   }
   SUBCASE("key out of range: incarnation") {
-    expect_error(buf, gear::errc::key_out_of_range, [&] { buf.check_key({0, 0, 1}); });
+    expect_error(buf, gear::errc::key_out_of_range, [&] { buf.check_key({0, 0, ours + 1}); });
+  }
+  SUBCASE("a key of another buffer: refused by every call, never taken for this buffer's") {
+    host_buffer other{gear::capacity{8}, gear::max_length{6}};
+    model mo;
+    const auto theirs = insert(other, mo, {2, 2, 2});  // the same tickets as keys[0..2]
+    CHECK(theirs[0].ticket == keys[0].ticket);
+    CHECK(theirs[0].incarnation != ours);
+    CHECK(!buf.contains(theirs[0]));
+    expect_error(buf, gear::errc::key_out_of_range, [&] { buf.check_key(theirs[0]); });
+    expect_error(buf, gear::errc::key_out_of_range,
+                 [&] { buf.erase(std::span<const gear::key>(theirs.data(), 1)); });
+    CHECK(other.size() == 3);
   }
   SUBCASE("key of a pending slot") {
     const auto r = buf.reserve(1);
-    expect_error(buf, gear::errc::stale_key, [&] { buf.check_key({r.first_ticket, 0, 0}); });
+    expect_error(buf, gear::errc::stale_key,
+                 [&] { buf.check_key({r.first_ticket, 0, ours}); });
   }
   SUBCASE("slot out of range") {
     expect_error(buf, gear::errc::key_out_of_range, [&] { (void)buf.length(-1); });
@@ -447,6 +461,17 @@ TEST_CASE("bad input: a gear::error with its code, and the buffer unchanged") {
           expect_error(buf, gear::errc::wrong_shape, [&] { buf.insert(bad, k); });
       CHECK(what.find("rank " + std::to_string(rank)) != std::string::npos);
     }
+  }
+  SUBCASE("spans whose data is null but whose size is not 0") {
+    std::vector<gear::key> k(good.lengths.size());
+    const std::span<gear::key> no_keys(static_cast<gear::key*>(nullptr), k.size());
+    expect_error(buf, gear::errc::null_pointer, [&] { buf.insert(good.input(), no_keys); });
+    const std::span<const gear::key> erased(static_cast<const gear::key*>(nullptr), 1);
+    expect_error(buf, gear::errc::null_pointer, [&] { buf.erase(erased); });
+    const auto r = buf.reserve(1);
+    const std::span<const std::int64_t> no_lengths(static_cast<const std::int64_t*>(nullptr), 1);
+    std::vector<gear::key> one(1);
+    expect_error(buf, gear::errc::null_pointer, [&] { buf.commit(r, no_lengths, one); });
   }
   SUBCASE("keys_out too small") {
     std::vector<gear::key> k;
@@ -551,7 +576,7 @@ TEST_CASE("bad input: a gear::error with its code, and the buffer unchanged") {
     CHECK(buf.size() == 3);
     buf.commit(ours, lens, k);
     CHECK(buf.size() == 5);
-    CHECK(k[1] == gear::key{4, 0, 0});
+    CHECK(k[1].ticket == 4);
   }
   SUBCASE("commit twice") {
     const auto r = buf.reserve(1);

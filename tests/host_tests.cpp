@@ -510,7 +510,8 @@ TEST_CASE("FIFO eviction advances tickets and makes old keys stale") {
   for (std::size_t i = 0; i < 3; ++i) {
     CHECK(first[i].ticket == i);
     CHECK(first[i].shard == 0);
-    CHECK(first[i].incarnation == 0);
+    CHECK(first[i].incarnation == first[0].incarnation);  // the buffer's own, not 0
+    CHECK(first[i].incarnation != 0);
   }
   const auto second = insert(buf, m, {2, 2, 2, 2});  // wraps: evicts the first two
   CHECK(buf.size() == 5);
@@ -560,10 +561,10 @@ TEST_CASE("tickets never wrap: a key is stale forever once its slot is reserved 
   CHECK(buf.ticket(1) == 101);
   CHECK(!buf.contains(first[0]));
   CHECK(!buf.contains(fifth[0]));
-  for (std::uint64_t t = 0; t < 105; ++t) CHECK(buf.contains(model::key_of(t)) == (t >= 101));
-  CHECK(!buf.contains(model::key_of(105)));  // not issued yet
-  CHECK(!buf.contains(model::key_of(gear::no_ticket)));
-  CHECK(code_of([&] { buf.check_key(model::key_of(105)); }) == gear::errc::stale_key);
+  for (std::uint64_t t = 0; t < 105; ++t) CHECK(buf.contains(m.key_of(t)) == (t >= 101));
+  CHECK(!buf.contains(m.key_of(105)));  // not issued yet
+  CHECK(!buf.contains(m.key_of(gear::no_ticket)));
+  CHECK(code_of([&] { buf.check_key(m.key_of(105)); }) == gear::errc::stale_key);
 }
 
 TEST_CASE("step-wise writer: append, commit, abandon, takeover") {
@@ -571,6 +572,7 @@ TEST_CASE("step-wise writer: append, commit, abandon, takeover") {
                                host_buffer::writer_type>);
   host_buffer buf{gear::capacity{3}, gear::max_length{4}};
   packed p(42, {3});
+  model keys;  // the buffer's keys, once one is known
   {
     auto w = buf.make_writer();
     CHECK(buf.tickets_issued() == 1);  // reserved at once
@@ -588,6 +590,7 @@ TEST_CASE("step-wise writer: append, commit, abandon, takeover") {
     CHECK(buf.ticket(k.slot(buf.capacity())) == k.ticket);
     model m;
     m.record(k, 42, 3);
+    keys.record(k, 42, 3);
     auto out = buf.make_batch(gear::batch_size{4}, gear::window_length{4});
     gear::rng g{1};
     const gear::window win{.length = 4};
@@ -606,12 +609,12 @@ TEST_CASE("step-wise writer: append, commit, abandon, takeover") {
     w.append(obs, &a, &d, img);
     CHECK(buf.length(slot) == 0);
     CHECK(buf.ticket(slot) == 1);
-    CHECK(!buf.contains(model::key_of(1)));  // pending: not a stored trajectory
+    CHECK(!buf.contains(keys.key_of(1)));  // pending: not a stored trajectory
   }                                          // abandoned: the slot stays empty and unsampled
   CHECK(buf.size() == 1);
   CHECK(buf.length(1) == 0);
   CHECK(buf.ticket(1) == 1);
-  CHECK(!buf.contains(model::key_of(1)));
+  CHECK(!buf.contains(keys.key_of(1)));
   {
     auto w = buf.make_writer();  // ticket 2, slot 2
     const float obs[6] = {1, 2, 3, 4, 5, 6};
@@ -621,7 +624,7 @@ TEST_CASE("step-wise writer: append, commit, abandon, takeover") {
     w.append(obs, &a, &d, img);
     w.append(obs, &a, &d, img);
     const gear::key k = w.commit_async();  // host storage: visible when it returns
-    CHECK(k == gear::key{2, 0, 0});
+    CHECK(k == keys.key_of(2));
     CHECK(buf.contains(k));
     CHECK(buf.size() == 2);
     CHECK(buf.length(2) == 2);
@@ -679,7 +682,8 @@ TEST_CASE("reserve, write through ref, commit (the GPU-simulator path, on the ho
   CHECK(buf.size() == 4);
   CHECK(ref.length(r.slot(2)) == 3);
   for (std::size_t i = 0; i < 4; ++i) {
-    CHECK(keys[i] == gear::key{r.first_ticket + i, 0, 0});
+    CHECK(keys[i].ticket == r.first_ticket + i);
+    CHECK(keys[i].incarnation == keys[0].incarnation);
     CHECK(ref.ticket(r.slot(std::int64_t(i))) == keys[i].ticket);
     CHECK(ref.length(r.slot(std::int64_t(i))) == lens[i]);
   }

@@ -45,6 +45,7 @@ struct queue_world {
   Buffer& buf;
   std::set<std::uint64_t> live;
   std::vector<std::unique_ptr<writer_type>> open;
+  std::uint32_t incarnation = 0;  // the buffer's keys' (each buffer draws its own)
 
   void change(std::mt19937_64& gen) {
     switch (gen() % 5) {
@@ -52,14 +53,17 @@ struct queue_world {
       case 1: {
         const auto n =
             std::min<std::int64_t>(buf.capacity(), 1 + static_cast<std::int64_t>(gen() % 3));
-        for (const auto& k : insert_ids(buf, 0, n)) live.insert(k.ticket);
+        for (const auto& k : insert_ids(buf, 0, n)) {
+          live.insert(k.ticket);
+          incarnation = k.incarnation;
+        }
         break;
       }
       case 2:
         if (!live.empty()) {
           auto it = live.begin();
           std::advance(it, static_cast<long>(gen() % live.size()));
-          const gear::key k{*it, 0, 0};
+          const gear::key k{*it, 0, incarnation};
           buf.erase(std::span<const gear::key>(&k, 1));
           live.erase(it);
         }
@@ -75,7 +79,9 @@ struct queue_world {
           const std::int32_t v = 0;
           try {
             open.back()->append(&v);
-            live.insert(open.back()->commit().ticket);
+            const gear::key k = open.back()->commit();
+            live.insert(k.ticket);
+            incarnation = k.incarnation;
           } catch (const gear::error& e) {  // the ring came round: anything else is a failure
             if (e.code() != gear::errc::invalid_reservation) throw;
           }

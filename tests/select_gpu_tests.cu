@@ -951,7 +951,7 @@ TEST_CASE("prioritized (device): bad pairs from device memory fail the update; s
     buf.update_priorities(dk.span(), dp.span(), gear::memory_kind::device, s);
   }
   auto writer = buf.make_writer(s);  // slot 20 pending (old_keys[20] evicted)
-  const gear::key pending{buf.ticket(20), 0, 0};
+  const gear::key pending{buf.ticket(20), 0, keys[0].incarnation};
   REQUIRE(pending.ticket == 70);
   auto sample_once = [&] {
     gear::rng g{99};
@@ -988,7 +988,7 @@ TEST_CASE("prioritized (device): bad pairs from device memory fail the update; s
   expect(gear::errc::key_out_of_range, {other_shard}, {5.0f}, "key 0 (shard 1,");
   // A key of another incarnation of this shard is not this shard's either.
   gear::key other_incarnation = keys[1];
-  other_incarnation.incarnation = 1;
+  other_incarnation.incarnation = keys[1].incarnation + 1;
   expect(gear::errc::key_out_of_range, {keys[2], other_incarnation}, {5.0f, 5.0f}, "key 1 (");
   // A stale key before it does not hide a key of another shard.
   expect(gear::errc::key_out_of_range, {keys[1], old_keys[3], other_shard}, {1.0f, 1.0f, 1.0f},
@@ -1037,7 +1037,7 @@ TEST_CASE("prioritized (device): bad pairs from device memory fail the update; s
   gear::key future = keys[1], huge = keys[1];
   future.ticket = 1000;
   huge.ticket = (std::uint64_t{1} << 63) + 5;
-  const gear::key none{gear::no_ticket, 0, 0};
+  const gear::key none{gear::no_ticket, 0, keys[0].incarnation};
   const std::vector<gear::key> ks{keys[1], old_keys[3], keys[5], pending, future,
                                   huge,    none,        keys[2], keys[1]};
   const std::vector<float> ps{50.0f, 60.0f, 70.0f, 80.0f, 90.0f, 100.0f, 110.0f, 0.5f, 4.0f};

@@ -337,7 +337,8 @@ TEST_CASE("prioritized: the GPU's pair check agrees with check_key and the host 
   std::vector<gear::key> probes(old_keys.begin(), old_keys.end());
   probes.insert(probes.end(), keys.begin(), keys.end());
   CHECK(buf.ticket(10) == 50);
-  const gear::key pending{buf.ticket(10), 0, 0};
+  const gear::key_owner ours{0, keys[0].incarnation};  // this buffer's keys
+  const gear::key pending{buf.ticket(10), 0, keys[0].incarnation};
   gear::key ahead = keys[0], shard = keys[0], none = keys[0], stale_shard = old_keys[0];
   ahead.ticket = buf.tickets_issued() + 40;  // not issued yet; its slot (11) holds ticket 11, live
   shard.shard = 3;
@@ -348,7 +349,7 @@ TEST_CASE("prioritized: the GPU's pair check agrees with check_key and the host 
     const gear::key& k = probes[i];
     INFO("probe " << i << ": ticket " << k.ticket << " shard " << k.shard);
     const auto verdict = gear::detail::check_priority_pair(k, 1.0f, 0.6, i, t.lengths, t.tickets,
-                                                           t.capacity, gear::key_owner{});
+                                                           t.capacity, ours);
     const gear::errc host = gear_test::code_of([&] { buf.check_key(k); });
     if (host == gear::errc{}) {
       CHECK(verdict == gear::detail::priority_ok);
@@ -360,17 +361,17 @@ TEST_CASE("prioritized: the GPU's pair check agrees with check_key and the host 
   }
   for (float p : {0.0f, -0.0f, 1e-30f, 3.0f, 0x1.fffffep127f})
     CHECK(gear::detail::check_priority_pair(keys[0], p, 0.6, 0, t.lengths, t.tickets, 40,
-                                            gear::key_owner{}) == gear::detail::priority_ok);
+                                            ours) == gear::detail::priority_ok);
   for (float p : {-1e-30f, -1.0f, INFINITY, -INFINITY, std::nanf("")})
     CHECK(gear::detail::priority_verdict_code(gear::detail::check_priority_pair(
-              keys[0], p, 0.6, 7, t.lengths, t.tickets, 40, gear::key_owner{})) ==
+              keys[0], p, 0.6, 7, t.lengths, t.tickets, 40, ours)) ==
           gear::errc::invalid_priority);
   // p^alpha as the host checks it (validate_priorities): a leaf whose capacity-fold overflows
   // (3.2e38^8 is about 1.1e308: one fits, two could not be added), or 0 for p > 0 (1e-33^10),
   // is refused on the GPU too.
   const auto pair_code = [&](float p, double alpha, std::int64_t capacity) {
     const auto v = gear::detail::check_priority_pair(keys[0], p, alpha, 0, t.lengths, t.tickets,
-                                                     capacity, gear::key_owner{});
+                                                     capacity, ours);
     return v == gear::detail::priority_ok ? gear::errc{} : gear::detail::priority_verdict_code(v);
   };
   const auto host_code = [&](float p, double alpha, std::int64_t capacity) {
@@ -411,10 +412,11 @@ TEST_CASE("prioritized: the GPU's pair check refuses keys of another incarnation
   const auto keys = insert_ids(buf, 0, 8);
   const gear::slot_table t = buf.selection_table();
   gear::key reborn = keys[2];
-  reborn.incarnation = 1;
+  reborn.incarnation = keys[2].incarnation + 1;
   REQUIRE(gear_test::code_of([&] { buf.check_key(reborn); }) == gear::errc::key_out_of_range);
+  const gear::key_owner ours{0, keys[2].incarnation};
   const auto verdict = gear::detail::check_priority_pair(reborn, 1.0f, 0.6, 4, t.lengths,
-                                                         t.tickets, t.capacity, gear::key_owner{});
+                                                         t.tickets, t.capacity, ours);
   CHECK(verdict != gear::detail::priority_ok);
   CHECK(gear::detail::priority_verdict_code(verdict) == gear::errc::key_out_of_range);
 }
@@ -754,12 +756,13 @@ TEST_CASE(
   CHECK(c.counts().nodes() == c.counts().rebuilt());
   CHECK(c.weights().nodes() == c.weights().rebuilt());
   const std::uint64_t next = buf.tickets_issued();
+  REQUIRE(!keys.empty());  // (their incarnation names the probes' buffer)
   for (std::uint64_t k :
        {std::uint64_t{1}, std::uint64_t{17}, std::uint64_t{300}, std::uint64_t{1000}}) {
     std::int64_t scan = 0;
     long double fresh = 0;
     for (std::uint64_t t = next - k; t < next; ++t) {
-      const gear::key probe{t, 0, 0};
+      const gear::key probe{t, 0, keys.back().incarnation};
       if (!buf.contains(probe)) continue;
       ++scan;
       fresh += std::exp2(

@@ -392,6 +392,10 @@ TEST_CASE(
   CHECK(gear_test::code_of([&] {
           ranks4 s(u.buf, gear::rank_count{2}, gear::batch_size{4}, gear::window{0}, gear::rng{1});
         }) == gear::errc::empty_window);
+  CHECK(gear_test::code_of([&] {
+          ranks4 s(u.buf, gear::rank_count{2}, gear::batch_size{4}, gear::window{1}, gear::rng{1},
+                   opts{.rounds_ahead = std::int64_t{1} << 50});
+        }) == gear::errc::invalid_argument);
 
   ranks4 sampler(u.buf, gear::rank_count{2}, gear::batch_size{4}, gear::window{1}, gear::rng{5},
                  opts{.rounds_ahead = 1, .wait = std::chrono::milliseconds{50}});
@@ -635,4 +639,38 @@ TEST_CASE("reserve_staging reaches every shard, and a bad limit is refused by na
   }
   CHECK_MESSAGE(what.find("call_limits.insert_trajectories") != std::string::npos, what);
   CHECK(buf.size() == 0);
+}
+
+TEST_CASE("keys of another buffer (sharded or not) are refused, never taken for this one's") {
+  std::map<std::pair<std::uint32_t, std::uint64_t>, int> ids;
+  per_shards a({0, 0}, gear::capacity{8}, gear::max_length{1});
+  per_shards b({0, 0}, gear::capacity{8}, gear::max_length{1});
+  const auto ka = insert_into(a, 0, 4, ids);
+  const auto kb = insert_into(b, 100, 4, ids);
+  REQUIRE(ka[0].ticket == kb[0].ticket);  // the same tickets and shards, another incarnation
+  REQUIRE(ka[0].shard == kb[0].shard);
+  CHECK(ka[0].incarnation == ka[1].incarnation);  // one incarnation for all of a's shards
+  CHECK(ka[0].incarnation != kb[0].incarnation);
+  CHECK(!b.contains(ka[0]));
+  const float five[] = {5.0f};
+  CHECK(gear_test::code_of([&] { (void)b.update_priorities(std::span(ka).first(1), five); }) ==
+        gear::errc::key_out_of_range);
+  CHECK(gear_test::code_of([&] { b.erase(std::span(ka).first(1)); }) ==
+        gear::errc::key_out_of_range);
+  CHECK(b.size() == 4);
+  // A lone buffer's keys and a shard's are told apart too.
+  gear::replay_buffer<spec, gear::storage::host, gear::select::prioritized> lone{
+      gear::capacity{8}, gear::max_length{1}};
+  const auto kl = insert_ids(lone, 200, 4);
+  CHECK(kl[0].ticket == ka[0].ticket);
+  CHECK(!a.contains(kl[0]));
+  CHECK(!lone.contains(ka[0]));
+  CHECK(lone.owner().incarnation == kl[0].incarnation);
+  CHECK(gear_test::code_of([&] { (void)lone.update_priorities(std::span(kb).first(1), five); }) ==
+        gear::errc::key_out_of_range);
+  CHECK(lone.size() == 4);
+  const std::span<const float> no_priorities(static_cast<const float*>(nullptr), 1);
+  CHECK(gear_test::code_of([&] {
+          (void)lone.update_priorities(std::span(kl).first(1), no_priorities);
+        }) == gear::errc::null_pointer);
 }

@@ -1444,7 +1444,7 @@ TEST_CASE_TEMPLATE(
            (void)w.commit_async();
          }));
   report("erase", inject_every_fault<Storage>([](B& b, cuda::stream_ref s, auto arm) {
-           const gear::key k{1, 0, 0};
+           const gear::key k = insert_values(b, {30, 31}, s);  // (its incarnation: b's own)
            arm();
            b.erase_async(std::span<const gear::key>(&k, 1), s);
          }));

@@ -9,6 +9,7 @@
 // a failure to enqueue GPU work after the buffer changed, which makes the buffer refuse every
 // later call with errc::cuda_error (replay_buffer.hpp).
 
+#include <cstddef>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -115,6 +116,14 @@ class error : public std::runtime_error {
 };
 
 namespace detail {
+
+/// Throws errc::null_pointer for a span of `count` elements whose data is null (a span that
+/// breaks its own precondition: caught here rather than dereferenced).
+inline void check_not_null(const void* data, std::size_t count, const char* what) {
+  if (count != 0 && data == nullptr) [[unlikely]]
+    throw error(errc::null_pointer,
+                std::string(what) + " is null with " + std::to_string(count) + " elements");
+}
 
 /// *owned, or errc::invalid_argument for an object moved from (its owned state gone): what
 /// a call on a replay_buffer or sharded_buffer moved from throws.

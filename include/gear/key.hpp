@@ -14,7 +14,7 @@ namespace gear {
 struct key {
   std::uint64_t ticket = 0;       ///< insertion sequence number of the trajectory's reservation
   std::uint32_t shard = 0;        ///< shard that owns the slot (0 with transport::local)
-  std::uint32_t incarnation = 0;  ///< the shard's incarnation (0 with transport::local)
+  std::uint32_t incarnation = 0;  ///< the shard's incarnation (transport::local: the buffer's)
 
   /// The slot this key's trajectory occupies in a shard of `capacity` slots.
   [[nodiscard]] GEAR_HD constexpr std::int64_t slot(std::int64_t capacity) const noexcept {
@@ -26,9 +26,11 @@ struct key {
 
 static_assert(sizeof(key) == 16);
 
-/// Who owns keys: one shard in one incarnation (transport::local: shard 0, incarnation 0; a
-/// shard of a distributed buffer: its id and a random incarnation drawn when it starts, so that
-/// keys from before a restart are told apart from the new ones).
+/// Who owns keys: one shard in one incarnation (transport::local: shard 0 and a number no other
+/// buffer of the process has, so that a key of another buffer is refused; a sharded_buffer's
+/// shards: their index and one such number for all; a shard of a distributed buffer: its id and
+/// a random incarnation drawn when it starts, so that keys from before a restart are told apart
+/// from the new ones).
 struct key_owner {
   std::uint32_t shard = 0;
   std::uint32_t incarnation = 0;

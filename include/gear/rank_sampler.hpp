@@ -84,7 +84,8 @@ class rank_sampler {
   /// R = `ranks` ranks of `rows_per_rank` rows of window `w` each per step, drawn from `buf` with
   /// `g` (every step takes two of its calls). The staging batches are made on the staging device
   /// (a replay_buffer's own; else the current device). Throws errc::invalid_argument (ranks,
-  /// rows_per_rank or rounds_ahead below 1), errc::empty_window, and what making a batch throws.
+  /// rows_per_rank or rounds_ahead below 1, rounds_ahead above 1024), errc::empty_window, and what
+  /// making a batch throws.
   rank_sampler(Buffer& buf, gear::rank_count ranks, gear::batch_size rows_per_rank, const window& w,
                rng g, rank_sampler_options options = {})
       : buf_(&buf),
@@ -96,8 +97,9 @@ class rank_sampler {
     options_.wait = std::clamp(options_.wait, std::chrono::milliseconds{0},
                                std::chrono::milliseconds{std::chrono::hours{24 * 366}});
     GEAR_REQUIRE(
-        ranks_ >= 1 && rows_ >= 1 && options_.rounds_ahead >= 1, errc::invalid_argument,
-        "a rank_sampler needs at least 1 rank, 1 row per rank and rounds_ahead >= 1, got " +
+        ranks_ >= 1 && rows_ >= 1 && options_.rounds_ahead >= 1 && options_.rounds_ahead <= 1024,
+        errc::invalid_argument,
+        "a rank_sampler needs at least 1 rank, 1 row per rank and rounds_ahead in [1, 1024], got " +
             std::to_string(ranks_) + ", " + std::to_string(rows_) + " and " +
             std::to_string(options_.rounds_ahead));
     GEAR_REQUIRE(w.length >= 1, errc::empty_window,

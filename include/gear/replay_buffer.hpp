@@ -1,20 +1,18 @@
 #pragma once
 // gear::replay_buffer: the owning container of trajectories.
 //
-//   gear::replay_buffer<Spec, Storage, Selection, Transport>
-//
-// Spec says what a trajectory holds (gear::spec<gear::column<...>...>), Storage where its bytes
-// live, Selection which trajectories a batch takes, Transport where the shards are. All four are
-// chosen at compile time; nothing in the hot paths branches on them at run time.
+//   gear::replay_buffer<Spec, Storage, Selection, Transport>, all four chosen at compile time:
+//   Spec, what a trajectory holds (gear::spec<gear::column<...>...>); Storage, where its bytes
+//   live; Selection, which trajectories a batch takes; Transport, where the shards are.
 //
 // Slots form a ring: the n-th reservation ever made takes ticket n and slot n % capacity, so when
 // the buffer is full the oldest trajectory is evicted first. A slot is empty, pending (reserved,
 // being written) or committed (visible to sampling). Keys carry the 64-bit ticket: a key to an
-// evicted or removed trajectory is stale forever, never confused with the slot's new occupant.
+// evicted or removed trajectory is stale forever, never confused with the slot's new occupant,
+// and each buffer's keys carry an incarnation of its own: one buffer refuses another's keys.
 //
-// Where selection and gathering run follows from Storage: on the CPU for storage::host, on the GPU
-// otherwise. GPU buffers need <gear/gear.cuh> (compiled by nvcc); storage::host needs only
-// <gear/gear.hpp> and runs on machines without a GPU.
+// Selection and gathering run on the CPU for storage::host (<gear/gear.hpp>, no GPU needed), on
+// the GPU otherwise (<gear/gear.cuh>, compiled by nvcc).
 //
 // ---- The contract: streams, what a call sees, what it waits for ------------------------------
 //
@@ -209,6 +207,8 @@ class replay_buffer {
       return core().selection_settings_;
   }
   [[nodiscard]] const Transport& transport() const { return core().transport_; }
+  /// The shard and incarnation every key of this buffer carries.
+  [[nodiscard]] key_owner owner() const { return core().owner_; }
   /// The CUDA device the buffer lives on (-1 for storage::host).
   [[nodiscard]] int device() const { return core().device_; }
 

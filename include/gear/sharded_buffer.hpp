@@ -83,13 +83,14 @@ class sharded_buffer {
     GEAR_REQUIRE(!devices.empty() && devices.size() <= max_shards, errc::invalid_argument,
                  "a sharded buffer takes 1 to " + std::to_string(max_shards) + " shards, got " +
                      std::to_string(devices.size()));
+    const std::uint32_t incarnation = detail::next_local_incarnation();  // every shard's keys
     for (std::size_t s = 0; s < devices.size(); ++s) {
       const int device = on_device ? devices[s] : -1;
       if constexpr (on_device) detail::check_device_ordinal(device);
       const detail::device_scope scope(device);
       shards_.push_back(std::make_unique<shard_type>(
           per_shard, length, selection,
-          transport::shard_view{{static_cast<std::uint32_t>(s), 0},
+          transport::shard_view{{static_cast<std::uint32_t>(s), incarnation},
                                 static_cast<std::uint32_t>(devices.size())}));
       devices_.push_back(device);
     }

@@ -3,11 +3,13 @@
 //
 // A transport says where the shards of one logical buffer live. The buffer asks it only who it is
 // (shard_id) and how many shards there are (shard_count), and, optionally, which incarnation of
-// its shard it is (incarnation(); 0 without); keys carry both, so that a key from another shard,
-// or from before the shard restarted, is told apart from a local one. A multi-machine transport
+// its shard it is (incarnation(); without one, each buffer draws a number of its own); keys carry
+// both, so that a key from another shard, another buffer, or from before the shard restarted, is
+// told apart from a local one. A multi-machine transport
 // adds remote insert and sample paths on top of the same buffer operations, so the buffer's
 // interface does not change when a transport other than local is chosen.
 
+#include <atomic>
 #include <concepts>
 #include <cstdint>
 #include <gear/key.hpp>
@@ -37,14 +39,23 @@ struct shard_view {
 
 namespace detail {
 
-/// The keys a buffer with transport `t` issues and accepts.
+/// A number no other local buffer (nor sharded_buffer) of this process has drawn (until 2^32
+/// have been), never 0: the incarnation of their keys, so that one buffer refuses another's.
+inline std::uint32_t next_local_incarnation() noexcept {
+  static std::atomic<std::uint32_t> next{1};
+  std::uint32_t n = next.fetch_add(1, std::memory_order_relaxed);
+  return n != 0 ? n : next.fetch_add(1, std::memory_order_relaxed);
+}
+
+/// The keys a buffer with transport `t` issues and accepts: a shard's id and incarnation, or for
+/// a transport without one (transport::local) shard 0 of an incarnation drawn now.
 template <class T>
-constexpr key_owner owner_of(const T& t) noexcept {
+key_owner owner_of(const T& t) noexcept {
   if constexpr (requires { t.incarnation(); })
     return key_owner{static_cast<std::uint32_t>(t.shard_id()),
                      static_cast<std::uint32_t>(t.incarnation())};
   else
-    return key_owner{static_cast<std::uint32_t>(t.shard_id()), 0};
+    return key_owner{static_cast<std::uint32_t>(t.shard_id()), next_local_incarnation()};
 }
 
 /// The shards whose keys an update from device memory may name besides the buffer's own (their

@@ -108,11 +108,13 @@ class shard_server {
     GEAR_REQUIRE(options_.shard < detail::remote::max_peers, errc::invalid_argument,
                  "shard ids go up to " + std::to_string(detail::remote::max_peers - 1) +
                      " (the completion data's 12 bits), got " + std::to_string(options_.shard));
-    GEAR_REQUIRE(local_.incarnation == 0 || local_.shard == options_.shard, errc::invalid_argument,
+    // A shard's buffer (transport::shard_view) names itself; a local buffer's identity stays
+    // inside this process, and the shard draws one for its clients.
+    constexpr bool named = requires(const Buffer& b) { b.transport().incarnation(); };
+    GEAR_REQUIRE(!named || local_.shard == options_.shard, errc::invalid_argument,
                  "the buffer is shard " + std::to_string(local_.shard) + ", the options say " +
                      std::to_string(options_.shard));
-    incarnation_ =
-        local_.incarnation != 0 ? local_.incarnation : detail::remote::draw_incarnation();
+    incarnation_ = named ? local_.incarnation : detail::remote::draw_incarnation();
     std::random_device seed;
     inbox_region_ = ep_->register_memory(inbox_.data(), inbox_.size(), FI_RECV);
     ep_->receive_into(inbox_region_, detail::remote::default_max_message);
@@ -468,7 +470,7 @@ class shard_server {
   }
 
   Buffer& buffer_;
-  key_owner local_ = detail::owner_of(buffer_.transport());  // the keys the buffer issues
+  key_owner local_ = buffer_.owner();  // the keys the buffer issues
   options options_;
   fabric::host_region inbox_;
   // Grown by the progress thread alone; a deque, so that a peer stays put while others join (a

@@ -52,6 +52,7 @@ void check_insert(const Core& b, const trajectories<Spec>& in, std::span<key> ke
                "an insert takes 1 to capacity = " + std::to_string(b.capacity_) +
                    " trajectories, got " + std::to_string(count));
   GEAR_REQUIRE(in.lengths.data() != nullptr, errc::null_pointer, "lengths is null");
+  check_not_null(keys_out.data(), keys_out.size(), "keys_out");
   GEAR_REQUIRE(
       static_cast<std::int64_t>(keys_out.size()) >= count, errc::invalid_argument,
       "keys_out holds " + std::to_string(keys_out.size()) + " keys, need " + std::to_string(count));

@@ -44,6 +44,8 @@ priority_update_result update_from_host(Core& b, std::span<const key> keys,
   GEAR_REQUIRE(keys.size() == priorities.size(), errc::invalid_argument,
                "update_priorities needs one priority per key: " + std::to_string(keys.size()) +
                    " keys, " + std::to_string(priorities.size()) + " priorities");
+  check_not_null(keys.data(), keys.size(), "keys");
+  check_not_null(priorities.data(), priorities.size(), "priorities");
   // Every key, then every priority: the order the GPU's checks report (check_priority_pair).
   for (std::size_t i = 0; i < keys.size(); ++i)
     GEAR_REQUIRE(b.owner_.owns(keys[i]), errc::key_out_of_range,

@@ -56,6 +56,8 @@ void commit_slots(Core& b, const reservation& r, std::span<const std::int64_t> l
   GEAR_REQUIRE(static_cast<std::int64_t>(lengths.size()) == r.count &&
                    static_cast<std::int64_t>(keys_out.size()) >= r.count,
                errc::invalid_argument, "commit needs one length and one key per reserved slot");
+  check_not_null(lengths.data(), lengths.size(), "lengths");
+  check_not_null(keys_out.data(), keys_out.size(), "keys_out");
   b.ring_.check_reservation(r);
   check_lengths(lengths, b.max_length_);
   settle_landing(b, landing_force{}, stream);
@@ -138,6 +140,7 @@ template <class Core>
 void erase_keys(Core& b, std::span<const key> keys, cuda::stream_ref stream) {
   const auto held = b.lock();
   b.check_usable(stream);
+  check_not_null(keys.data(), keys.size(), "keys");
   std::vector<std::uint64_t> tickets;
   tickets.reserve(keys.size());
   for (const key& k : keys) {
