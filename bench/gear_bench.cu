@@ -1008,7 +1008,7 @@ void bm_select(benchmark::State& state, std::int64_t n) {
     // Filled once: the trajectory of ticket i is in slot i.
     for (std::size_t r = 0; r < b; ++r)
       if (keys[r].ticket >= static_cast<std::uint64_t>(n) || ids[r] != keys[r].ticket << 32 ||
-          keys[r].shard != 0 || keys[r].incarnation != 0 || mask[r] != 1 ||
+          keys[r].shard != 0 || keys[r].incarnation != buf.owner().incarnation || mask[r] != 1 ||
           std::abs(double(probabilities[r]) * double(n) - 1) > 1e-3 || weights[r] != 1.0f)
         return fail(state, "row " + std::to_string(r) + ": key ticket " +
                                std::to_string(keys[r].ticket) + " shard " +

@@ -254,4 +254,20 @@ inline std::pair<double, double> pooled_chi2(const std::vector<double>& observed
   return {chi2(o, e), static_cast<double>(o.size()) - 1};
 }
 
+/// `keys` with incarnation `incarnation`: the same trajectories' keys in another buffer given the
+/// same inserts (each buffer draws its own incarnation and refuses another's keys).
+inline std::vector<gear::key> with_incarnation(std::vector<gear::key> keys,
+                                               std::uint32_t incarnation) {
+  for (gear::key& k : keys) k.incarnation = incarnation;
+  return keys;
+}
+
+/// The (shard, ticket) of each key: what two buffers given the same inserts agree on.
+inline std::vector<std::pair<std::uint32_t, std::uint64_t>> tickets_of(
+    const std::vector<gear::key>& keys) {
+  std::vector<std::pair<std::uint32_t, std::uint64_t>> out;
+  for (const gear::key& k : keys) out.emplace_back(k.shard, k.ticket);
+  return out;
+}
+
 }  // namespace gear_test

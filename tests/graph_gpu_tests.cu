@@ -88,7 +88,12 @@ struct drawn {
     return d;
   }
   bool operator==(const drawn& o) const {
-    return slots == o.slots && keys == o.keys && mask == o.mask && v == o.v &&
+    // Keys of two buffers: the same tickets and shards (each buffer's incarnation is its own).
+    const bool same_keys = std::equal(keys.begin(), keys.end(), o.keys.begin(), o.keys.end(),
+                                      [](const gear::key& a, const gear::key& b) {
+                                        return a.shard == b.shard && a.ticket == b.ticket;
+                                      });
+    return slots == o.slots && same_keys && mask == o.mask && v == o.v &&
            std::memcmp(probabilities.data(), o.probabilities.data(),
                        probabilities.size() * sizeof(float)) == 0 &&
            std::memcmp(weights.data(), o.weights.data(), weights.size() * sizeof(float)) == 0;

@@ -609,8 +609,9 @@ TEST_CASE("bad construction arguments") {
         }) == gear::errc::invalid_argument);
   // Sizes whose bytes would wrap (a slot's max_length x step bytes, a batch's rows x length x
   // step bytes): refused, not made too small.
-  for (const std::int64_t huge : {(std::int64_t{1} << 62) + 1, std::int64_t{1} << 62,
-                                  std::int64_t{1} << 58, std::numeric_limits<std::int64_t>::max()}) {
+  const std::int64_t most = std::numeric_limits<std::int64_t>::max();
+  for (const std::int64_t huge :
+       {(std::int64_t{1} << 62) + 1, std::int64_t{1} << 62, std::int64_t{1} << 58, most}) {
     CAPTURE(huge);
     CHECK(code_of([&] {
             host_buffer b{gear::capacity{2}, gear::max_length{huge}};

@@ -362,6 +362,15 @@ void bad_input(const std::string& provider) {
          [&] { client.sample(longer, gear::window{max_length + 1, 0}, g); });
   CHECK(clock_type::now() - asked < std::chrono::milliseconds(500));
   client.sample(b, gear::window{1, 0}, g);  // the batch still takes a good window
+  expect(gear::errc::null_pointer, [&] {
+    (void)client.erase(std::span<const gear::key>(static_cast<const gear::key*>(nullptr), 1));
+  });
+  auto wide = client_transport(provider, shards);  // slices whose bytes would not fit in 2^62
+  wide.max_window = std::int64_t{1} << 60;
+  expect(gear::errc::invalid_argument, [&] {
+    client_t huge{wide};
+    huge.sample(b, gear::window{1, 0}, g);  // (the learner is made at the first sample)
+  });
   auto moved = client.make_batch(gear::batch_size{4}, gear::window_length{1});
   auto taken = std::move(moved);  // holds no memory
   expect(gear::errc::batch_mismatch, [&] { client.sample(moved, gear::window{1, 0}, g); });

@@ -890,7 +890,9 @@ TEST_CASE("prioritized (device): updates from device memory equal host-span upda
   per_buffer a{gear::capacity{n}, gear::max_length{1}, gear::select::prioritized{alpha, 0.4}};
   per_buffer b{gear::capacity{n}, gear::max_length{1}, gear::select::prioritized{alpha, 0.4}};
   const auto keys = insert_ids(a, 0, n, cuda::stream_ref{s});
-  REQUIRE(insert_ids(b, 0, n, cuda::stream_ref{s}) == keys);
+  const auto keys_b = insert_ids(b, 0, n, cuda::stream_ref{s});  // b's keys of the same tickets
+  REQUIRE(gear_test::tickets_of(keys_b) == gear_test::tickets_of(keys));
+  const std::uint32_t of_a = keys[0].incarnation, of_b = keys_b[0].incarnation;
   std::vector<float> raw(static_cast<std::size_t>(n), 1.0f);
   float largest = 1.0f;
   std::mt19937_64 gen(seed);
@@ -908,7 +910,7 @@ TEST_CASE("prioritized (device): updates from device memory equal host-span upda
       largest = std::max(largest, ps[i]);
     }
     a.update_priorities_async(ks, ps, s);
-    const gpu_array<gear::key> dk(ks, where);
+    const gpu_array<gear::key> dk(gear_test::with_incarnation(ks, of_b), where);
     const gpu_array<float> dp(ps, where);
     if (round % 2)
       b.update_priorities(dk.span(), dp.span(), gear::memory_kind::device, s);
@@ -928,7 +930,7 @@ TEST_CASE("prioritized (device): updates from device memory equal host-span upda
   const gpu_array<float> dtd(td);
   b.update_priorities(std::span<const gear::key>(batch.keys().data(), 4096), dtd.span(),
                       gear::memory_kind::device, s);
-  a.update_priorities(sampled, td, s);
+  a.update_priorities(gear_test::with_incarnation(sampled, of_a), td, s);
   CHECK(snapshot(b.selection_state(), s) == snapshot(a.selection_state(), s));
   // New trajectories enter at the largest priority, read by the commit on the device.
   const auto fresh = insert_ids(b, 0, 100, cuda::stream_ref{s});
@@ -1072,7 +1074,7 @@ TEST_CASE("prioritized (device): a failed asynchronous update is raised once, la
   per_buffer buf{gear::capacity{n}, gear::max_length{1}, gear::select::prioritized{0.6, 0.4}};
   per_buffer twin{gear::capacity{n}, gear::max_length{1}, gear::select::prioritized{0.6, 0.4}};
   const auto k = insert_ids(buf, 0, n, cuda::stream_ref{s});
-  insert_ids(twin, 0, n, cuda::stream_ref{s});
+  const std::uint32_t of_twin = insert_ids(twin, 0, n, cuda::stream_ref{s})[0].incarnation;
   gear::key foreign = k[9];
   foreign.shard = 1;
   // bad_key: key 2 is of another shard; with_nan: priority 7 is NaN. Both carry a priority (1000)
@@ -1094,7 +1096,8 @@ TEST_CASE("prioritized (device): a failed asynchronous update is raised once, la
   const gpu_array<float> thousand(ps), good(good_p), with_nan(nan_p);
   const auto device = gear::memory_kind::device;
   const auto untouched = snapshot(buf.selection_state(), s);
-  twin.update_priorities(good_k, good_p, s);  // what the good update alone gives
+  // What the good update alone gives.
+  twin.update_priorities(gear_test::with_incarnation(good_k, of_twin), good_p, s);
 
   SUBCASE("by check_priority_updates, counting later failures; later updates still apply") {
     gear_test::gate held;
@@ -1164,7 +1167,7 @@ TEST_CASE("prioritized: host and device states track the largest priority alike"
       gear::capacity{n}, gear::max_length{1}, gear::select::prioritized{0.5, 0.4}};
   const auto kd = insert_ids(dev, 0, 20, cuda::stream_ref{s});
   const auto kh = insert_ids(host, 0, 20);
-  REQUIRE(kd == kh);
+  REQUIRE(gear_test::tickets_of(kd) == gear_test::tickets_of(kh));
   const std::vector<std::vector<float>> batches{{0.5f, 0.25f},         {-0.0f, 0.0f},
                                                 {3.0f, std::nanf("")}, {2.0f, 7.5f},
                                                 {1.0f, INFINITY},      {0.1f, 0.2f}};
@@ -1174,7 +1177,8 @@ TEST_CASE("prioritized: host and device states track the largest priority alike"
     const gpu_array<float> dp(p);
     const auto dev_code = gear_test::code_of(
         [&] { dev.update_priorities(dk.span(), dp.span(), gear::memory_kind::device, s); });
-    const auto host_code = gear_test::code_of([&] { host.update_priorities(ks, p); });
+    const std::vector<gear::key> kh3{kh[3], kh[3]};  // the same trajectory's key in `host`
+    const auto host_code = gear_test::code_of([&] { host.update_priorities(kh3, p); });
     CHECK(dev_code == host_code);
     CHECK(dev.selection_state().max_priority(s) == host.selection_state().max_priority(s));
   }
@@ -1377,12 +1381,18 @@ TEST_CASE(
                                         gear::insert_route::round_robin);
   };
   auto a = make(), b = make();  // a: host spans; b: device memory
-  std::vector<gear::key> keys;
+  std::vector<gear::key> keys;  // a's; b's keys of the same trajectories: of b's incarnation
+  std::uint32_t of_b = 0;
   for (int call = 0; call < 3; ++call) {
     const auto k = insert_ids(*a, call * 40, 40, cuda::stream_ref{s});
-    REQUIRE(insert_ids(*b, call * 40, 40, cuda::stream_ref{s}) == k);
+    const auto kb = insert_ids(*b, call * 40, 40, cuda::stream_ref{s});
+    REQUIRE(gear_test::tickets_of(kb) == gear_test::tickets_of(k));
+    of_b = kb[0].incarnation;
     keys.insert(keys.end(), k.begin(), k.end());
   }
+  const auto as_b = [&](const std::vector<gear::key>& ks) {
+    return gear_test::with_incarnation(ks, of_b);
+  };
   auto snapshots = [&](per_shards& buf) {
     std::vector<per_snapshot> out;
     for (std::size_t sh = 0; sh < 3; ++sh)
@@ -1399,7 +1409,7 @@ TEST_CASE(
       ps.push_back(float(0.01 + double(gen() % 10000) / 100.0));
     }
     a->update_priorities(ks, ps, s);
-    const gpu_array<gear::key> dk(ks, round % 2 ? gpu_memory::pinned : gpu_memory::device);
+    const gpu_array<gear::key> dk(as_b(ks), round % 2 ? gpu_memory::pinned : gpu_memory::device);
     const gpu_array<float> dp(ps);
     b->update_priorities(dk.span(), dp.span(), gear::memory_kind::device, s);
     REQUIRE(snapshots(*b) == snapshots(*a));
@@ -1407,10 +1417,10 @@ TEST_CASE(
   CHECK(b->stale_pairs(s) == 0);
 
   // Two keys of shard 1 erased: skipped and counted once (by their shard), the rest applied.
-  b->erase(std::vector<gear::key>{keys[40], keys[41]}, s);
+  b->erase(as_b({keys[40], keys[41]}), s);
   a->erase(std::vector<gear::key>{keys[40], keys[41]}, s);
   std::vector<float> all(keys.size(), 2.5f);
-  const gpu_array<gear::key> dall(keys);
+  const gpu_array<gear::key> dall(as_b(keys));
   const gpu_array<float> dps(all);
   b->update_priorities(dall.span(), dps.span(), gear::memory_kind::device, s);
   std::vector<gear::key> live;
@@ -1431,7 +1441,7 @@ TEST_CASE(
         }).first == gear::errc::invalid_priority);
   CHECK(snapshots(*b) == before);
   CHECK(error_of([&] { b->check_priority_updates(s); }).first == gear::errc{});
-  std::vector<gear::key> foreign(keys);
+  std::vector<gear::key> foreign = as_b(keys);
   foreign[5].shard = 7;
   const gpu_array<gear::key> dforeign(foreign);
   b->update_priorities_async(dforeign.span(), dps.span(), gear::memory_kind::device, s);

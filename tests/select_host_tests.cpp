@@ -292,7 +292,7 @@ TEST_CASE(
   };
   gear::key far = keys[1], reborn = keys[1];
   far.shard = 1;
-  reborn.incarnation = 1;
+  reborn.incarnation = keys[1].incarnation + 1;
   expect(gear::errc::key_out_of_range, {keys[1], far}, {5.0f, 5.0f});
   expect(gear::errc::key_out_of_range, {old_keys[3], reborn}, {5.0f, 5.0f});
   expect(gear::errc::invalid_priority, {keys[1], keys[2]}, {100.0f, std::nanf("")});

@@ -175,7 +175,7 @@ TEST_CASE(
   {  // a key of another incarnation of the last shard, after a good key of the first
     const auto first = std::find_if(all.begin(), all.end(), [](auto& k) { return k.shard == 0; });
     auto other = *std::find_if(all.begin(), all.end(), [](auto& k) { return k.shard == 3; });
-    other.incarnation = 7;
+    other.incarnation += 7;
     CHECK(gear_test::code_of([&] {
             (void)buf.update_priorities(std::vector<gear::key>{*first, other},
                                         std::vector<float>{5.0f, 5.0f});
@@ -649,7 +649,9 @@ TEST_CASE("keys of another buffer (sharded or not) are refused, never taken for 
   const auto kb = insert_into(b, 100, 4, ids);
   REQUIRE(ka[0].ticket == kb[0].ticket);  // the same tickets and shards, another incarnation
   REQUIRE(ka[0].shard == kb[0].shard);
-  CHECK(ka[0].incarnation == ka[1].incarnation);  // one incarnation for all of a's shards
+  const auto ka2 = insert_into(a, 10, 1, ids);  // round robin: the other shard
+  CHECK(ka2[0].shard != ka[0].shard);
+  CHECK(ka2[0].incarnation == ka[0].incarnation);  // one incarnation for all of a's shards
   CHECK(ka[0].incarnation != kb[0].incarnation);
   CHECK(!b.contains(ka[0]));
   const float five[] = {5.0f};
@@ -657,6 +659,9 @@ TEST_CASE("keys of another buffer (sharded or not) are refused, never taken for 
         gear::errc::key_out_of_range);
   CHECK(gear_test::code_of([&] { b.erase(std::span(ka).first(1)); }) ==
         gear::errc::key_out_of_range);
+  CHECK(gear_test::code_of([&] {
+          b.erase(std::span<const gear::key>(static_cast<const gear::key*>(nullptr), 1));
+        }) == gear::errc::null_pointer);
   CHECK(b.size() == 4);
   // A lone buffer's keys and a shard's are told apart too.
   gear::replay_buffer<spec, gear::storage::host, gear::select::prioritized> lone{

@@ -3,8 +3,8 @@
 // own on its own GPU (or several on one), with the sharding laws of the remote transport
 // (detail/remote/split.hpp):
 //
-//   insert     routed whole to one shard: by default one on the caller's current device (round
-//              robin among those), else round robin over all; keys name their shard.
+//   insert     routed whole to one shard: on the caller's current device by default (round robin
+//              among those), else round robin over all; keys name their shard and this buffer.
 //   sample     the batch's B rows are split across the shards by a snapshot of their selection
 //              masses (Multinomial(B, M_s / M) with replacement; multivariate hypergeometric on
 //              their sizes without); every shard selects its share on its own GPU, on a stream of
@@ -18,14 +18,12 @@
 //              changes nothing). Exponents: set_exponents sets every shard's.
 //
 // Selection: select::uniform and select::prioritized (whose union law the split reproduces).
-// Threads: any call from any thread at once; samples are enqueued one at a time (each shard's
-// selection workspace is reused in its stream's order).
+// Threads: any call from any thread at once; samples are enqueued one at a time.
 //
-// A shard on another device than the caller's stream: the call's work on it is ordered after the
-// caller's stream (an event) and the caller's stream after it. A sample's batch is on the caller's
-// current device, which its shards' gathers write over peer access: the first sample that needs
-// a pair of devices enables it (cudaDeviceEnablePeerAccess), and one whose devices cannot reach
-// each other is refused (errc::wrong_memory) before anything is enqueued.
+// A shard on another device than the caller's stream: its work is ordered after the caller's
+// stream (an event) and the caller's stream after it. A batch is on the caller's device, which
+// the shards' gathers write over peer access, enabled by the first sample that needs it; one
+// whose devices cannot reach each other is refused (errc::wrong_memory) before anything runs.
 
 #include <array>
 #include <atomic>

@@ -24,6 +24,8 @@ struct routed_keys {
 /// errc::key_out_of_range for a key of a shard past them.
 inline routed_keys route_keys(std::size_t shards, std::span<const key> keys,
                               std::span<const float> priorities = {}) {
+  check_not_null(keys.data(), keys.size(), "keys");
+  check_not_null(priorities.data(), priorities.size(), "priorities");
   routed_keys r{std::vector<std::vector<key>>(shards),
                 std::vector<std::vector<float>>(priorities.empty() ? 0 : shards)};
   for (std::size_t i = 0; i < keys.size(); ++i) {

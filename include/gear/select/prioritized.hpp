@@ -270,6 +270,8 @@ inline float validate_priorities(std::span<const key> keys, std::span<const floa
   GEAR_REQUIRE(keys.size() == priorities.size(), errc::invalid_argument,
                "update_priorities needs one priority per key: " + std::to_string(keys.size()) +
                    " keys, " + std::to_string(priorities.size()) + " priorities");
+  check_not_null(keys.data(), keys.size(), "keys");
+  check_not_null(priorities.data(), priorities.size(), "priorities");
   GEAR_REQUIRE(keys.size() < (std::size_t{1} << 32), errc::invalid_argument,
                "update_priorities takes fewer than 2^32 keys at once");
   const auto in_range = [&](float p) { return priority_in_range(p, alpha, capacity); };

@@ -165,9 +165,9 @@ class replay_buffer<Spec, storage::none, Selection, transport::libfabric> {
   /// max_samples_in_flight (8) samples may be in flight, into different batches, ended in any
   /// order: begin the next batches before training on the last, and the shards gather them while
   /// the last one crosses the wire. Throws, sending nothing, errc::invalid_argument (as many in
-  /// flight as allowed, one into `out`, more than max_batch
-  /// rows or max_window steps), errc::batch_mismatch, errc::empty_buffer (no shard
-  /// holds anything), errc::peer_lost.
+  /// flight as allowed, one into `out`, more than max_batch rows or max_window steps),
+  /// errc::batch_mismatch, errc::empty_window, errc::window_out_of_range (also a window longer
+  /// than the shards' max_length), errc::empty_buffer (no shard holds anything), errc::peer_lost.
   void sample_begin(batch_type& out, const window& w, rng& g) {
     const std::lock_guard held(learner_mutex_);
     learner().sample_begin(out, w, g);
@@ -196,7 +196,7 @@ class replay_buffer<Spec, storage::none, Selection, transport::libfabric> {
   /// Removes the trajectories `keys` at the shards they name. Each shard removes what it still
   /// holds and counts the rest stale (a local erase refuses the whole call instead: shards
   /// cannot refuse together). Returns removed (applied) and stale. Throws, sending nothing,
-  /// errc::key_out_of_range; then errc::peer_lost.
+  /// errc::key_out_of_range, errc::null_pointer; then errc::peer_lost.
   priority_update_result erase(std::span<const key> keys) {
     const std::lock_guard held(learner_mutex_);
     return tally(learner().erase(keys), stats_.erased);

@@ -23,6 +23,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -56,6 +57,12 @@ class remote_client {
   remote_client& operator=(const remote_client&) = delete;
 
   [[nodiscard]] std::size_t shards() const noexcept { return links_.size(); }
+  /// The fewest steps a trajectory of some shard may hold: the longest window a sample may ask.
+  [[nodiscard]] std::int64_t shortest_max_length() const noexcept {
+    std::int64_t shortest = links_.front().blob.max_length;  // (a client has a shard at least)
+    for (const auto& l : links_) shortest = std::min(shortest, l.blob.max_length);
+    return shortest;
+  }
   [[nodiscard]] const detail::remote::address_blob& shard(std::size_t s) const {
     return links_.at(s).blob;
   }

@@ -77,8 +77,13 @@ class remote_learner : public remote_client {
         slices_(links_.size()),
         held_(links_.size()) {
     namespace remote = detail::remote;
-    GEAR_REQUIRE(options_.max_batch >= 1 && options_.max_window >= 1, errc::invalid_argument,
-                 "max_batch and max_window must be at least 1");
+    std::int64_t per_step = 64;  // bytes of a row's step (its columns, its mask), and room
+    for (const std::int64_t b : Spec::step_bytes) per_step += b;
+    GEAR_REQUIRE(options_.max_batch >= 1 && options_.max_window >= 1 &&
+                     options_.max_batch <= (std::int64_t{1} << 31) &&
+                     options_.max_window <= (std::int64_t{1} << 62) / options_.max_batch / per_step,
+                 errc::invalid_argument,
+                 "max_batch and max_window must be at least 1, a batch of them below 2^62 bytes");
     GEAR_REQUIRE(options_.requests_per_message >= 1 &&
                      options_.requests_per_message <= max_samples_in_flight / 2,
                  errc::invalid_argument,
@@ -125,10 +130,10 @@ class remote_learner : public remote_client {
   /// meanwhile. Throws, sending nothing, errc::invalid_argument (as many in flight as allowed, or
   /// one into `out` already, a batch larger than the slices, memory an earlier sample's cut-off
   /// reply may still write into: see sample_end), errc::wrong_memory, errc::batch_mismatch;
-  /// errc::empty_window, errc::window_out_of_range (as a buffer's sample; also a window longer
-  /// than the shards' max_length); errc::empty_buffer when no shard holds anything; errc::transport_error (its memory cannot be
-  /// registered). Throws errc::peer_lost when a request cannot go, after the shards already
-  /// asked have answered (or the deadline passed).
+  /// errc::empty_window, errc::window_out_of_range (check_sample_request); errc::empty_buffer
+  /// when no shard holds anything; errc::transport_error (its memory cannot be registered).
+  /// Throws errc::peer_lost when a request cannot go, after the shards already asked have
+  /// answered (or the deadline passed).
   void sample_begin(batch<Spec>& out, const window& w, rng& g) {
     namespace remote = detail::remote;
     const std::int64_t rows = out.batch_size(), length = out.window_length();
@@ -138,22 +143,7 @@ class remote_learner : public remote_client {
     for (const flight& other : flights_)
       GEAR_REQUIRE(other.out != &out, errc::invalid_argument,
                    "a sample into this batch is in flight: sample_end it first");
-    detail::check_batch_memory(out);
-    GEAR_REQUIRE(host_accessible(out.where()), errc::wrong_memory,
-                 "a remote learner fills batches in host memory");
-    GEAR_REQUIRE(w.length == length, errc::batch_mismatch,
-                 "the window has " + std::to_string(w.length) + " steps, the batch " +
-                     std::to_string(length));
-    std::int64_t shortest = links_.front().blob.max_length;  // what every shard takes
-    for (const auto& l : links_) shortest = std::min(shortest, l.blob.max_length);
-    detail::check_window(w, shortest);
-    GEAR_REQUIRE(w.length <= shortest, errc::window_out_of_range,
-                 "a remote sample's window is at most the shards' max_length (" +
-                     std::to_string(shortest) + " steps), got " + std::to_string(w.length));
-    GEAR_REQUIRE(rows <= options_.max_batch && length <= options_.max_window,
-                 errc::invalid_argument,
-                 "this learner's slices hold " + std::to_string(options_.max_batch) + " rows of " +
-                     std::to_string(options_.max_window) + " steps");
+    check_sample_request(out, w, shortest_max_length(), options_.max_batch, options_.max_window);
     // The masses to split by: the last replies', asked again of every shard the snapshot
     // has none for (the first sample; a shard that was empty, and so got no rows to say more).
     const bool first_sample = snapshot_.size() != links_.size();
@@ -327,6 +317,8 @@ class remote_learner : public remote_client {
   priority_update_result send_updates(std::span<const key> keys, std::span<const float> priorities,
                                       bool erase) {
     namespace remote = detail::remote;
+    detail::check_not_null(keys.data(), keys.size(), "keys");
+    detail::check_not_null(priorities.data(), priorities.size(), "priorities");
     std::vector<remote::update> updates(links_.size());
     for (std::size_t i = 0; i < keys.size(); ++i) {
       std::size_t s = 0;

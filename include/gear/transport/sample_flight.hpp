@@ -2,21 +2,49 @@
 // gear::transport::sample_flight: what a remote learner (remote_learner.hpp) keeps for one sample
 // between sample_begin and sample_end (and unpack_reply, which completes its batch from a shard's
 // reply), and flight_spares, the storage of ended ones kept for the
-// next, so that a learner's sample allocates nothing once its sizes were seen.
+// next, so that a learner's sample allocates nothing once its sizes were seen; and
+// check_sample_request, what a sample's arguments must be.
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <gear/batch.hpp>
 #include <gear/detail/remote/entry.hpp>
 #include <gear/detail/remote/split.hpp>
 #include <gear/key.hpp>
 #include <gear/transport/fabric_memory.hpp>
 #include <gear/transport/reply_slice.hpp>
+#include <gear/window.hpp>
+#include <string>
 #include <utility>
 #include <vector>
 
 namespace gear::transport {
+
+/// Throws unless a sample into `out` of window `w` suits a learner whose shards hold trajectories
+/// of up to `shortest` steps and whose slices hold `max_batch` rows of `max_window` steps:
+/// errc::batch_mismatch (a batch moved from, or of another window length), errc::wrong_memory
+/// (not in host memory), errc::empty_window, errc::window_out_of_range (as a buffer's sample; also
+/// a window longer than `shortest`, which the shards refuse), errc::invalid_argument (too large).
+template <class Batch>
+void check_sample_request(const Batch& out, const window& w, std::int64_t shortest,
+                          std::int64_t max_batch, std::int64_t max_window) {
+  detail::check_batch_memory(out);
+  GEAR_REQUIRE(host_accessible(out.where()), errc::wrong_memory,
+               "a remote learner fills batches in host memory");
+  GEAR_REQUIRE(w.length == out.window_length(), errc::batch_mismatch,
+               "the window has " + std::to_string(w.length) + " steps, the batch " +
+                   std::to_string(out.window_length()));
+  detail::check_window(w, shortest);
+  GEAR_REQUIRE(w.length <= shortest, errc::window_out_of_range,
+               "a remote sample's window is at most the shards' max_length (" +
+                   std::to_string(shortest) + " steps), got " + std::to_string(w.length));
+  GEAR_REQUIRE(out.batch_size() <= max_batch && out.window_length() <= max_window,
+               errc::invalid_argument,
+               "this learner's slices hold " + std::to_string(max_batch) + " rows of " +
+                   std::to_string(max_window) + " steps");
+}
 
 /// A sample in flight: its batch, its reply area, each shard's rows and reply layout, the mass
 /// M split by.

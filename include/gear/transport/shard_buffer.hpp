@@ -50,6 +50,7 @@ class replay_buffer<Spec, Storage, Selection, transport::libfabric>
     o.block_bytes = b;
     o.max_peers = transport_.max_peers;
     o.token = transport_.token;
+    o.buffer_names_shard = true;
     server_ = std::make_unique<server_type>(static_cast<local_type&>(*this), std::move(o));
   }
   replay_buffer(gear::capacity slots, gear::max_length length, transport::libfabric t)

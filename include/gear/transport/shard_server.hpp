@@ -1,8 +1,7 @@
 #pragma once
 // gear::transport::shard_server: serves one local replay buffer to remote actors and learners
 // (remote_actor.hpp, remote_learner.hpp) over a fabric endpoint (transport/libfabric.hpp). The
-// buffer stays the caller's: it may sample, update and insert locally at the same time (the
-// buffer is thread-safe).
+// buffer stays the caller's: it may sample, update and insert locally at the same time.
 //
 // A progress thread owns the control endpoint and the actors' intakes, and acts on what
 // completes, outside the poll (entries are inserted by the inserter thread, a learner's replies
@@ -25,8 +24,7 @@
 //                  into its slice (shard_operations.hpp);
 //   update, erase  pairs of this incarnation applied (or removed), the others counted stale;
 //   status request the buffer's size and selection mass.
-// Whatever a peer sends that does not hold up is refused and counted by reason (stats()), and
-// the server serves on.
+// Whatever a peer sends that does not hold up is refused and counted (stats()); it serves on.
 
 #include <unistd.h>
 
@@ -83,6 +81,8 @@ class shard_server {
     std::chrono::milliseconds send_deadline{1000};
     /// The handshake token: a client must prove it knows the same one (detail/remote/hmac.hpp).
     std::string token;
+    /// The buffer's keys name this shard (a distributed shard's): else it draws an incarnation.
+    bool buffer_names_shard = false;
   };
   struct counters {
     /// Entries inserted (or refused by the buffer) and acknowledged.
@@ -108,9 +108,7 @@ class shard_server {
     GEAR_REQUIRE(options_.shard < detail::remote::max_peers, errc::invalid_argument,
                  "shard ids go up to " + std::to_string(detail::remote::max_peers - 1) +
                      " (the completion data's 12 bits), got " + std::to_string(options_.shard));
-    // A shard's buffer (transport::shard_view) names itself; a local buffer's identity stays
-    // inside this process, and the shard draws one for its clients.
-    constexpr bool named = requires(const Buffer& b) { b.transport().incarnation(); };
+    const bool named = options_.buffer_names_shard;
     GEAR_REQUIRE(!named || local_.shard == options_.shard, errc::invalid_argument,
                  "the buffer is shard " + std::to_string(local_.shard) + ", the options say " +
                      std::to_string(options_.shard));
