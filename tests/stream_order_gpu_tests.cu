@@ -1239,7 +1239,16 @@ struct observed {
     bool distinct = false;
     if constexpr (requires { buf.selection().replacement; })
       distinct = !buf.selection().replacement;
-    if (distinct && size == 0) return;
+    if (distinct && size == 0) {  // nothing to draw; the call still says if the buffer is usable
+      auto one = buf.make_batch(gear::batch_size{1}, gear::window_length{2});
+      gear::rng g{99};
+      try {
+        buf.sample(one, gear::window{.length = 2}, g, s);
+      } catch (const gear::error& e) {
+        if (e.code() != gear::errc::empty_buffer) throw;  // errc::cuda_error: unusable
+      }
+      return;
+    }
     auto batch = buf.make_batch(gear::batch_size{distinct ? size : 64}, gear::window_length{2});
     gear::rng g{99};
     buf.sample(batch, gear::window{.length = 2}, g, s);
