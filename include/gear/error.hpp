@@ -126,7 +126,7 @@ inline void check_not_null(const void* data, std::size_t count, const char* what
 }
 
 /// *owned, or errc::invalid_argument for an object moved from (its owned state gone): what
-/// a call on a replay_buffer or sharded_buffer moved from throws.
+/// a call on a replay_buffer moved from throws.
 template <class Owned>
 [[nodiscard]] Owned& moved_from_check(Owned* owned, const char* what) {
   if (owned == nullptr) [[unlikely]]
