@@ -656,6 +656,32 @@ TEST_CASE("step-wise writer: append, commit, abandon, takeover") {
   for (std::int64_t s = 0; s < 3; ++s) CHECK(buf.length(s) == 1);
 }
 
+TEST_CASE("a writer moved from holds no slot: its calls are refused, the new owner commits") {
+  host_buffer buf{gear::capacity{2}, gear::max_length{4}};
+  const float obs[6] = {1, 2, 3, 4, 5, 6};
+  const std::int32_t a = 7;
+  const bool d = true;
+  const std::uint8_t img[64] = {9};
+  auto w = buf.make_writer();
+  w.append(obs, &a, &d, img);
+  auto moved = std::move(w);
+  const fingerprint before = take_fingerprint(buf);
+  try {
+    w.append(obs, &a, &d, img);
+    FAIL("append on a moved-from writer must throw");
+  } catch (const gear::error& e) {
+    CHECK(e.code() == gear::errc::invalid_reservation);
+    CHECK(std::string(e.what()).find("moved from") != std::string::npos);
+  }
+  CHECK(code_of([&] { (void)w.commit_async(); }) == gear::errc::invalid_reservation);
+  CHECK(take_fingerprint(buf) == before);
+  moved.append(obs, &a, &d, img);
+  const gear::key k = moved.commit();
+  CHECK(buf.contains(k));
+  CHECK(buf.length(k.slot(buf.capacity())) == 2);
+  CHECK(buf.size() == 1);
+}
+
 TEST_CASE("reserve, write through ref, commit (the GPU-simulator path, on the host)") {
   host_buffer buf{gear::capacity{6}, gear::max_length{5}};
   const gear::reservation r = buf.reserve(4);

@@ -203,7 +203,8 @@ class writer {
   }
 
   void check_open() const {
-    GEAR_REQUIRE(core_ != nullptr, errc::invalid_reservation, "writer already committed");
+    GEAR_REQUIRE(core_ != nullptr, errc::invalid_reservation,
+                 "the writer was committed or moved from: it holds no slot");
     core_->check_usable(stream_);
     GEAR_REQUIRE(core_->ring_.is_pending(reservation_.first_ticket), errc::invalid_reservation,
                  "the writer's slot was taken over by newer reservations");
