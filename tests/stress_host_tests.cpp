@@ -1,7 +1,8 @@
 // Stress, host storage: 8 threads insert, write, sample, update priorities and erase on one
 // buffer with no lock of their own (tests/stress.hpp), with prioritized selection and with the
 // consuming fifo and lifo; rank threads draw through a rank_sampler while actors insert; 6
-// threads copy through the process's copy workers at once. CI builds this suite with
+// threads copy through the process's copy workers at once; a sharded erase beside inserts that
+// evict, and a sharded sample beside calls made through shard(s). CI builds this suite with
 // ThreadSanitizer; GEAR_STRESS_OPS sets the operations per thread (default 2500: 2 * 10^4 in all).
 
 #include <gear/gear.hpp>
@@ -12,6 +13,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -20,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "select_common.hpp"
 #include "stress.hpp"
 
 namespace {
@@ -178,4 +181,105 @@ TEST_CASE(
   gear::replay_buffer<gear_stress::spec, gear::storage::host, gear::select::uniform> buf{
       gear::capacity{256}, gear::max_length{gear_stress::max_len}};
   stress(buf, 46, 2);
+}
+
+TEST_CASE("stress: a sharded erase beside inserts that evict removes all of its keys or none") {
+  // Two shards of 2 slots; one thread inserts without pause, so a key checked by the erase may be
+  // evicted before its shard removes it. An erase that throws must have removed nothing: a key
+  // its shard has not evicted since (tickets_issued within its ticket + capacity) is still there.
+  using shards = gear::sharded_buffer<select_test::spec, gear::storage::host,
+                                      gear::select::uniform>;
+  constexpr std::int64_t capacity = 2;
+  shards buf({0, 0}, gear::capacity{capacity}, gear::max_length{1}, {},
+             gear::insert_route::round_robin);
+  std::atomic<bool> stop{false};
+  std::thread actor([&] {
+    while (!stop.load()) (void)select_test::insert_ids(buf, 1, 1);
+  });
+  int attempts = 0, erased = 0, refused = 0, partial = 0;
+  // Until 3000 erases removed both keys (each such call passed its check, the window in which an
+  // eviction can come between a shard's removal and the next's), or 8 s.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(8);
+  while (erased < 3000 && attempts < 400000 && std::chrono::steady_clock::now() < deadline) {
+    gear::key mine[2];
+    bool have[2] = {false, false};
+    while (!(have[0] && have[1])) {
+      const gear::key k = select_test::insert_ids(buf, 2, 1)[0];
+      mine[k.shard] = k;
+      have[k.shard] = true;
+    }
+    ++attempts;
+    try {
+      buf.erase(std::span<const gear::key>(mine, 2));
+      ++erased;
+      CHECK(!buf.contains(mine[0]));
+      CHECK(!buf.contains(mine[1]));
+    } catch (const gear::error& e) {
+      REQUIRE(e.code() == gear::errc::stale_key);
+      ++refused;
+      for (std::uint32_t s = 0; s < 2; ++s) {  // gone, and then still not evicted
+        const bool gone = !buf.contains(mine[s]);
+        partial += gone && buf.shard(s).tickets_issued() <= mine[s].ticket + std::uint64_t(capacity);
+      }
+    }
+  }
+  stop.store(true);
+  actor.join();
+  MESSAGE(attempts << " erases: " << erased << " removed both keys, " << refused
+                   << " refused (a key evicted first), " << partial << " removed a key and threw");
+  CHECK(partial == 0);
+  CHECK(erased + refused == attempts);
+}
+
+TEST_CASE("stress: a sharded prioritized sample beside inserts and updates through shard(s)") {
+  // Calls through shard(s) change that shard's host tree under the shard's own mutex; the sharded
+  // sample's snapshot reads the tree's root under it too (ThreadSanitizer sees a race otherwise),
+  // and every row holds the trajectory its key names.
+  using shards = gear::sharded_buffer<select_test::spec, gear::storage::host,
+                                      gear::select::prioritized>;
+  shards buf({0, 0}, gear::capacity{32}, gear::max_length{1}, {},
+             gear::insert_route::round_robin);
+  std::mutex ids_mutex;
+  std::map<std::pair<std::uint32_t, std::uint64_t>, std::int32_t> id_of;
+  auto record = [&](const std::vector<gear::key>& keys, std::int32_t first) {
+    const std::lock_guard<std::mutex> held(ids_mutex);
+    for (std::size_t i = 0; i < keys.size(); ++i)
+      id_of[{keys[i].shard, keys[i].ticket}] = first + std::int32_t(i);
+  };
+  record(select_test::insert_ids(buf, 0, 16), 0);
+  std::atomic<bool> stop{false};
+  std::thread direct([&] {
+    for (std::int32_t n = 0; n < 4000 && !stop.load(); ++n) {
+      auto& shard = buf.shard(std::size_t(n % 2));
+      const std::vector<gear::key> k = select_test::insert_ids(shard, 100 + n, 1);
+      record(k, 100 + n);
+      const float p = float(n % 7);
+      (void)shard.update_priorities(std::span<const gear::key>(k), std::span<const float>(&p, 1));
+    }
+  });
+  auto out = buf.make_batch(gear::batch_size{8}, gear::window_length{1});
+  gear::rng g{5};
+  std::vector<std::pair<std::pair<std::uint32_t, std::uint64_t>, std::int32_t>> seen;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  for (int i = 0; i < 3000 && std::chrono::steady_clock::now() < deadline; ++i) {
+    try {
+      buf.sample(out, gear::window{.length = 1}, g);
+    } catch (const gear::error& e) {  // a shard emptied of mass since the snapshot
+      REQUIRE(e.code() == gear::errc::empty_buffer);
+      continue;
+    }
+    for (std::int64_t r = 0; r < 8; ++r)
+      seen.push_back({{out.keys_data()[r].shard, out.keys_data()[r].ticket},
+                      out.column<"id">()(r, 0)});
+  }
+  stop.store(true);
+  direct.join();
+  int wrong = 0;
+  for (const auto& [k, id] : seen) {
+    const auto it = id_of.find(k);
+    wrong += it == id_of.end() || it->second != id;
+  }
+  MESSAGE(seen.size() << " rows sampled beside the shard's own calls");
+  CHECK(!seen.empty());
+  CHECK(wrong == 0);
 }

@@ -82,8 +82,8 @@
 // in practice means a broken CUDA context), the buffer records the failure and every later call
 // throws it (errc::cuda_error) instead of returning rows its host and device views disagree on.
 //
-// Lifetime: the buffer keeps its state behind a pointer, so moving it keeps writers valid.
-// Writers and refs must not outlive the buffer; synchronise its streams before destroying it.
+// Lifetime: the buffer keeps its state behind a pointer, so moving it keeps writers valid. Writers
+// and refs must not outlive the buffer; synchronise its streams before destroying it.
 
 #include <array>
 #include <concepts>
@@ -263,9 +263,10 @@ class replay_buffer {
 
   /// Reserves `count` slots (evicting the oldest when full) to be written through ref() and then
   /// committed. Reserved slots are not sampled. Stream-ordered: the evicted occupants stay visible
-  /// to work enqueued earlier; write the slots with work enqueued later on the same stream. Does
-  /// not synchronise. Throws (reserving nothing) errc::invalid_argument (count outside
-  /// [1, capacity]), errc::out_of_memory, errc::cuda_error.
+  /// to work enqueued earlier; write the slots with work enqueued later on the same stream, and
+  /// before a later call takes them over (gear::reservation says when). Does not synchronise.
+  /// Throws (reserving nothing) errc::invalid_argument (count outside [1, capacity]),
+  /// errc::out_of_memory, errc::cuda_error.
   [[nodiscard]] reservation reserve(std::int64_t count, cuda::stream_ref stream) {
     const detail::device_scope scope(core().device_);
     return detail::reserve_slots(core(), count, stream);
@@ -312,12 +313,11 @@ class replay_buffer {
 
   /// Selects out.batch_size() trajectories and gathers window w of each into `out` with one
   /// fused launch for all columns, plus the policy's selection launches (none where it draws each
-  /// row inside a small gather) and, under set_max_times_sampled, an apply of the removals (fifo
-  /// and lifo apply theirs in the gather). Consumes one draw of g. Stream-ordered; does not
-  /// synchronise (sample does) unless trajectories are removed after k returns
-  /// (set_max_times_sampled) and the policy is prioritized: then it reads back the rows it drew
-  /// (fifo, lifo, uniform and recency know theirs on the host). `g` is a gear::rng, or a
-  /// gear::device_rng for CUDA graphs (see "CUDA graphs" above).
+  /// row inside a small gather). Consumes one draw of g. Stream-ordered; does not synchronise
+  /// (sample does) unless trajectories are removed after k returns (set_max_times_sampled) and
+  /// the policy is prioritized: then it reads back the rows it drew and applies their removal
+  /// after the gather (the others know their rows on the host and remove in the gather's launch).
+  /// `g` is a gear::rng, or a gear::device_rng for CUDA graphs (see "CUDA graphs" above).
   /// Throws (leaving the buffer and g unchanged): errc::empty_buffer, errc::empty_window,
   /// errc::window_out_of_range, errc::batch_mismatch, errc::not_enough_items (policy-specific),
   /// errc::out_of_memory, errc::cuda_error, errc::invalid_argument (2^31 copy blocks or more; with

@@ -181,8 +181,9 @@ class sharded_buffer {
     const std::int64_t rows = out.batch_size();
     const double beta = detail::beta_of(detail::common_selection(selection_, shards_));
     try {
-      detail::take_shard_snapshot<prioritized, on_device>(shards_, devices_, streams_, snapshot_,
-                                                          fresh_, stream);
+      detail::take_shard_snapshot<prioritized, on_device>(
+          shards_, devices_, streams_, snapshot_, fresh_, stream,
+          [&](std::size_t s) { return shards_[s]->core().lock(); });
       fresh_ = true;
       if (detail::draws_without_replacement(selection_))
         share_ = detail::remote::split_without_replacement(snapshot_, rows, draw);
@@ -231,7 +232,8 @@ class sharded_buffer {
       throw;
     }
     streams_.join(stream);
-    make_global(out, beta, stream);
+    detail::make_global<on_device>(out.probabilities_data(), out.weights_data(), parts_, beta,
+                                   stream);
     g = advanced;
   }
   /// sample_async, then synchronises the stream.
@@ -393,20 +395,28 @@ class sharded_buffer {
   }
 
   /// Removes the trajectories `keys` from the shards they name. Every key is checked first (its
-  /// shard, that the shard holds it, that it is named once), so bad input removes nothing.
-  /// Throws errc::key_out_of_range, errc::stale_key; errc::cuda_error. Another thread erasing the
-  /// same keys at the same moment can make a shard refuse after others removed theirs.
+  /// shard, that the shard holds it, that it is named once), so bad input removes nothing; the
+  /// shards named stay locked from the check to the removal, so no other thread's call (an insert
+  /// that evicts, an erase) comes between. Throws errc::key_out_of_range, errc::stale_key;
+  /// errc::cuda_error (shards asked before it keep their removals).
   void erase_async(std::span<const key> keys, cuda::stream_ref stream) {
     streams_.refuse_capture(stream);
     detail::routed_keys by_shard = detail::route_keys(shards_.size(), keys);
     detail::check_owners(by_shard, [&](std::size_t s) { return shards_[s]->core().owner_; });
-    const auto guard = host_tree_guard();
-    detail::check_erase(by_shard,
-                        [&](std::size_t s, const key& k) { return shards_[s]->contains(k); });
+    // The streams' mutex, then the shards' in order: the order every call takes them in.
+    const std::lock_guard<std::mutex> turn(streams_.mutex());
+    std::vector<std::unique_lock<std::mutex>> held;
+    for (std::size_t s = 0; s < shards_.size(); ++s)
+      if (!by_shard.keys[s].empty()) held.push_back(shards_[s]->core().lock());
+    detail::check_erase(by_shard, [&](std::size_t s, const key& k) {
+      return shards_[s]->core().contains(k);
+    });
     for (std::size_t s = 0; s < shards_.size(); ++s)
       if (!by_shard.keys[s].empty())
-        streams_.run(s, stream,
-                     [&](cuda::stream_ref on) { shards_[s]->erase_async(by_shard.keys[s], on); });
+        streams_.run_held(s, stream, [&](cuda::stream_ref on) {
+          const detail::device_scope scope(devices_[s]);
+          detail::erase_held_keys(shards_[s]->core(), by_shard.keys[s], on);
+        });
   }
   void erase(std::span<const key> keys, cuda::stream_ref stream) {
     erase_async(keys, stream);
@@ -464,21 +474,6 @@ class sharded_buffer {
     workspaces_ = std::move(grown);
   }
 
-  /// Turns the shards' local probabilities into global ones and writes the union's weights.
-  void make_global(batch_type& out, double beta, cuda::stream_ref stream) {
-    if constexpr (on_device) {
-#if defined(GEAR_DEVICE_BACKEND)
-      detail::globalize_on_device(out.probabilities_data(), out.weights_data(), parts_, beta,
-                                  stream);
-#else
-      static_assert(detail::dependent_false<Storage>,
-                    "gear: a sharded GPU buffer needs <gear/gear.cuh>, compiled by nvcc");
-#endif
-    } else {
-      (void)stream;
-      detail::globalize_on_host(out.probabilities_data(), out.weights_data(), parts_, beta);
-    }
-  }
   Selection selection_;
   insert_route route_;
   std::vector<std::unique_ptr<shard_type>> shards_;

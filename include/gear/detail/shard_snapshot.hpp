@@ -1,6 +1,7 @@
 #pragma once
 // sharded_buffer's view of its shards' selection: the policy they select with now (their
-// exponents agree), and the snapshot of their masses a sample splits by.
+// exponents agree), the snapshot of their masses a sample splits by, and the sample's
+// probabilities and weights made those of the union.
 
 #include <cstddef>
 #include <cstdint>
@@ -50,16 +51,18 @@ Selection common_selection(const Selection& built, const Shards& shards) {
 /// The other way round stays approximate: a shard whose priorities all became 0 since its last
 /// read-back still gets rows by its old mass for one sample, and a tree of zeros draws those
 /// uniformly (probabilities reported as drawn).
-template <bool Prioritized, bool OnDevice, class Shards>
+/// `lock(s)` holds shard s's mutex (its host tree changes under it, by calls through shard(s)).
+template <bool Prioritized, bool OnDevice, class Shards, class Lock>
 void take_shard_snapshot(Shards& shards, const std::vector<int>& devices, shard_streams& streams,
                          std::vector<remote::shard_share>& snapshot, bool fresh,
-                         cuda::stream_ref stream) {
+                         cuda::stream_ref stream, Lock&& lock) {
   bool forked = false;
   for (std::size_t s = 0; s < shards.size(); ++s) {
     const std::int64_t size = shards[s]->size();
     if constexpr (!Prioritized) {
       snapshot[s] = {static_cast<double>(size), size, true};
     } else if constexpr (!OnDevice) {
+      const auto held = lock(s);
       snapshot[s] = {size > 0 ? shards[s]->selection_state().total() : 0.0, size, true};
     } else {
       double mass = snapshot[s].mass;  // kept while a newer read-back is on its way
@@ -75,6 +78,23 @@ void take_shard_snapshot(Shards& shards, const std::vector<int>& devices, shard_
       }
       snapshot[s] = {mass, size, true};
     }
+  }
+}
+
+/// Turns the shards' local probabilities into global ones and writes the union's weights
+/// (sharded_buffer's sample, once every shard wrote its rows).
+template <bool OnDevice, class Parts>
+void make_global(float* probabilities, float* weights, const Parts& parts, double beta,
+                 cuda::stream_ref stream) {
+  if constexpr (OnDevice) {
+#if defined(GEAR_DEVICE_BACKEND)
+    globalize_on_device(probabilities, weights, parts, beta, stream);
+#else
+    static_assert(!OnDevice, "gear: a sharded GPU buffer needs <gear/gear.cuh>, compiled by nvcc");
+#endif
+  } else {
+    (void)stream;
+    globalize_on_host(probabilities, weights, parts, beta);
   }
 }
 

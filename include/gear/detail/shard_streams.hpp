@@ -18,6 +18,7 @@
 #include <gear/error.hpp>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace gear::detail {
@@ -213,6 +214,12 @@ class shard_streams {
   void run(std::size_t s, cuda::stream_ref caller, F&& f) {
     if (!gpu() || devices_[s] == current_device_ordinal()) return f(caller);
     const std::lock_guard<std::mutex> held(mutex_);
+    run_held(s, caller, std::forward<F>(f));
+  }
+  /// run, by a caller that holds mutex().
+  template <class F>
+  void run_held(std::size_t s, cuda::stream_ref caller, F&& f) {
+    if (!gpu() || devices_[s] == current_device_ordinal()) return f(caller);
     fork(caller);
     start(s);
     try {

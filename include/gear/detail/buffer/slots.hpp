@@ -134,11 +134,10 @@ void remove_runs(Core& b, std::span<const ticket_run> runs, cuda::stream_ref str
   });
 }
 
-/// Removes the trajectories `keys`. Throws (removing nothing) for a key that is not live or named
-/// twice.
+/// Removes the trajectories `keys`, with b's mutex held. Throws (removing nothing) for a key that
+/// is not live or named twice.
 template <class Core>
-void erase_keys(Core& b, std::span<const key> keys, cuda::stream_ref stream) {
-  const auto held = b.lock();
+void erase_held_keys(Core& b, std::span<const key> keys, cuda::stream_ref stream) {
   b.check_usable(stream);
   check_not_null(keys.data(), keys.size(), "keys");
   std::vector<std::uint64_t> tickets;
@@ -158,6 +157,13 @@ void erase_keys(Core& b, std::span<const key> keys, cuda::stream_ref stream) {
   });
   settle_landing(b, landing_force{landing_force::kind::keys, {}, keys}, stream);
   remove_runs(b, runs, stream);
+}
+
+/// erase_held_keys under b's mutex.
+template <class Core>
+void erase_keys(Core& b, std::span<const key> keys, cuda::stream_ref stream) {
+  const auto held = b.lock();
+  erase_held_keys(b, keys, stream);
 }
 
 }  // namespace gear::detail
