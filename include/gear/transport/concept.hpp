@@ -10,6 +10,7 @@
 // interface does not change when a transport other than local is chosen.
 
 #include <atomic>
+#include <chrono>
 #include <concepts>
 #include <cstdint>
 #include <gear/key.hpp>
@@ -39,10 +40,22 @@ struct shard_view {
 
 namespace detail {
 
+/// Where a counter of local incarnations starts: mixed from its own address and the time it is
+/// first asked for, so that code built into two shared libraries (hidden visibility: a counter
+/// each) counts from far-apart numbers, not both from 1.
+inline std::uint32_t first_local_incarnation(const void* counter) noexcept {
+  std::uint64_t x = reinterpret_cast<std::uintptr_t>(counter) ^
+                    static_cast<std::uint64_t>(
+                        std::chrono::steady_clock::now().time_since_epoch().count());
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;  // splitmix64's finaliser
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return static_cast<std::uint32_t>(x ^ (x >> 31));
+}
+
 /// A number no other local buffer (nor sharded_buffer) of this process has drawn (until 2^32
 /// have been), never 0: the incarnation of their keys, so that one buffer refuses another's.
 inline std::uint32_t next_local_incarnation() noexcept {
-  static std::atomic<std::uint32_t> next{1};
+  static std::atomic<std::uint32_t> next{first_local_incarnation(&next)};
   std::uint32_t n = next.fetch_add(1, std::memory_order_relaxed);
   return n != 0 ? n : next.fetch_add(1, std::memory_order_relaxed);
 }
