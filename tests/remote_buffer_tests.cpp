@@ -561,6 +561,57 @@ TEST_CASE("tcp;ofi_rxm: with skip_lost_shards, sampling goes on over the other s
   CHECK(e.stale == 1);
   CHECK(s1.size() == 1);
 }
+TEST_CASE("tcp;ofi_rxm: a shard whose priorities all fell to 0, or that was emptied, is asked "
+          "again: sampling goes on over the others") {
+  shard_t s0(gear::capacity{16}, gear::max_length{max_length}, selection{},
+             shard_transport("tcp;ofi_rxm", 0));
+  shard_t s1(gear::capacity{16}, gear::max_length{max_length}, selection{},
+             shard_transport("tcp;ofi_rxm", 1));
+  client_t client(client_transport("tcp;ofi_rxm", {&s0, &s1}));
+  packed p({0, 1, 2, 3, 4, 5, 6, 7});
+  std::vector<gear::key> keys(8);
+  client.insert(p.view(), keys);  // round robin: 4 to each shard
+  std::vector<gear::key> of0;
+  for (const gear::key& k : keys)
+    if (k.shard == 0) of0.push_back(k);
+  REQUIRE(of0.size() == 4);
+  auto b = client.make_batch(gear::batch_size{16}, gear::window_length{1});
+  gear::rng g{3};
+  client.sample(b, gear::window{1, 0}, g);  // the snapshot: both masses 4
+  // Shard 0's priorities all 0: its mass is 0, a state a local buffer samples (uniformly). The
+  // sample split by the old snapshot gets rows of it, drawn uniformly there and reported as drawn
+  // (its reply says mass 0); from then on shard 1 alone, each row at probability 1/4.
+  const std::vector<float> zeros(4, 0.0f);
+  CHECK(client.update_priorities(of0, zeros).applied == 4);
+  int shard0_rows_after = 0;
+  for (int i = 0; i < 6; ++i) {
+    client.sample(b, gear::window{1, 0}, g);  // threw transport_error ("mass") every time
+    for (std::int64_t r = 0; r < 16; ++r) {
+      if (i == 0) continue;
+      shard0_rows_after += b.keys_data()[r].shard == 0;
+      CHECK(b.probabilities_data()[r] == doctest::Approx(0.25));
+    }
+  }
+  CHECK(shard0_rows_after == 0);
+  // Shard 0's priorities back, then every trajectory of it erased at the shard: a sample split by
+  // the snapshot may ask it for rows it cannot give (errc::empty_buffer, once); the next ones
+  // ask its status again and draw from shard 1.
+  const std::vector<float> ones(4, 1.0f);
+  CHECK(client.update_priorities(of0, ones).applied == 4);
+  client.sample(b, gear::window{1, 0}, g);
+  client.sample(b, gear::window{1, 0}, g);  // both masses known again
+  s0.erase(of0);
+  CHECK(s0.size() == 0);
+  int refused = 0;
+  for (int i = 0; i < 6; ++i) try {
+      client.sample(b, gear::window{1, 0}, g);
+      for (std::int64_t r = 0; r < 16; ++r) CHECK(b.keys_data()[r].shard == 1);
+    } catch (const gear::error& e) {
+      CHECK(e.code() == gear::errc::empty_buffer);
+      ++refused;
+    }
+  CHECK(refused <= 1);
+}
 TEST_CASE("tcp;ofi_rxm: a shard welcomes max_peers peers and no more") {
   peers_bounded("tcp;ofi_rxm");
 }

@@ -397,8 +397,9 @@ class sharded_buffer {
   /// Removes the trajectories `keys` from the shards they name. Every key is checked first (its
   /// shard, that the shard holds it, that it is named once), so bad input removes nothing; the
   /// shards named stay locked from the check to the removal, so no other thread's call (an insert
-  /// that evicts, an erase) comes between. Throws errc::key_out_of_range, errc::stale_key;
-  /// errc::cuda_error (shards asked before it keep their removals).
+  /// that evicts, an erase) comes between. Throws errc::key_out_of_range, errc::stale_key,
+  /// errc::cuda_error (a shard made unusable before); then, shards asked before it keeping their
+  /// removals, errc::out_of_memory, errc::cuda_error, std::bad_alloc.
   void erase_async(std::span<const key> keys, cuda::stream_ref stream) {
     streams_.refuse_capture(stream);
     detail::routed_keys by_shard = detail::route_keys(shards_.size(), keys);
@@ -407,7 +408,11 @@ class sharded_buffer {
     const std::lock_guard<std::mutex> turn(streams_.mutex());
     std::vector<std::unique_lock<std::mutex>> held;
     for (std::size_t s = 0; s < shards_.size(); ++s)
-      if (!by_shard.keys[s].empty()) held.push_back(shards_[s]->core().lock());
+      if (!by_shard.keys[s].empty()) {
+        held.push_back(shards_[s]->core().lock());
+        const detail::device_scope scope(devices_[s]);
+        shards_[s]->core().check_usable();  // a broken shard refuses before any shard removes
+      }
     detail::check_erase(by_shard, [&](std::size_t s, const key& k) {
       return shards_[s]->core().contains(k);
     });
@@ -446,8 +451,8 @@ class sharded_buffer {
     return detail::route_insert(turn, devices_, local ? detail::current_device_ordinal() : -1);
   }
 
-  /// Host trees (storage::host, prioritized): calls that change a shard's tree and a sample's
-  /// reading of the roots (outside the shards' locks) take turns.
+  /// Host trees (storage::host, prioritized): sharded calls that change a shard's tree and a
+  /// sample take turns, so that no such call comes between the sample's snapshot and its shares.
   [[nodiscard]] std::unique_lock<std::mutex> host_tree_guard() {
     if constexpr (prioritized && !on_device)
       return std::unique_lock<std::mutex>(streams_.mutex());

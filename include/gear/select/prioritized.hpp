@@ -340,6 +340,7 @@ class prioritized::state<exec::host> {
       tree_[static_cast<std::size_t>(shape_.leaf(static_cast<std::int64_t>(i)))] =
           detail::priority_leaf(priorities_[i], alpha);
     detail::sum_tree_rebuild(tree_.data(), shape_);
+    root_.store(tree_[0], std::memory_order_relaxed);
   }
   void set_exponents(double alpha, double beta, cuda::stream_ref) { set_exponents(alpha, beta); }
   [[nodiscard]] double alpha() const noexcept { return policy_.alpha; }
@@ -353,8 +354,10 @@ class prioritized::state<exec::host> {
 
   // ---- inspection (tests, diagnostics) -----------------------------------------------------
 
-  /// sum of p^alpha over committed trajectories (the root of the tree).
-  [[nodiscard]] double total() const noexcept { return tree_[0]; }
+  /// sum of p^alpha over committed trajectories (the root of the tree). Any thread may read it
+  /// while the buffer changes the tree (a copy of the root kept atomic: a sharded buffer's or a
+  /// shard server's snapshot of the masses).
+  [[nodiscard]] double total() const noexcept { return root_.load(std::memory_order_relaxed); }
   /// The raw priority of `slot` (-1 without a committed trajectory).
   [[nodiscard]] float priority(std::int64_t slot) const {
     return priorities_.at(static_cast<std::size_t>(slot));
@@ -429,11 +432,13 @@ class prioritized::state<exec::host> {
     tree_[static_cast<std::size_t>(shape_.leaf(slot))] =
         detail::priority_leaf(priority, policy_.alpha);
     detail::sum_tree_refresh_path(tree_.data(), shape_, slot);
+    root_.store(tree_[0], std::memory_order_relaxed);
   }
 
   prioritized policy_;
   detail::sum_tree_shape shape_;
   std::vector<double> tree_;
+  std::atomic<double> root_{0.0};  // tree_[0], for total()
   std::vector<float> priorities_;
   float max_priority_ = 1.0f;
 };

@@ -104,7 +104,7 @@ class remote_actor : public remote_client {
     const std::size_t first_pending = post(in, until);
     // Every entry of this call acknowledged: its key, or the shard's refusal.
     for (std::size_t p = first_pending; p < pending_.size(); ++p)
-      wait_until([&] { return pending_[p].acked; }, until, pending_[p].shard, "an acknowledgement");
+      wait_until([&] { return pending_[p].acked; }, until, pending_[p].shard, "acknowledgement");
     for (std::size_t p = first_pending; p < pending_.size(); ++p) {
       const auto& e = pending_[p];
       keys_out[e.index] = e.stored;
@@ -136,7 +136,7 @@ class remote_actor : public remote_client {
   void flush() {
     const auto until = clock::now() + options_.deadline;
     for (std::size_t p = 0; p < pending_.size(); ++p)
-      wait_until([&] { return pending_[p].acked; }, until, pending_[p].shard, "an acknowledgement");
+      wait_until([&] { return pending_[p].acked; }, until, pending_[p].shard, "acknowledgement");
     collect_acknowledged();
   }
 

@@ -79,7 +79,7 @@ class remote_client {
     const auto until = clock::now() + deadline_;
     links_[s].last_status.reset();
     send(bytes, s, until);
-    wait_until([&] { return links_[s].last_status.has_value(); }, until, s, "a status");
+    wait_until([&] { return links_[s].last_status.has_value(); }, until, s, "status");
     return *links_[s].last_status;
   }
 
@@ -181,7 +181,7 @@ class remote_client {
       send(detail::remote::encode(h), s, until);
     }
     for (std::size_t s = 0; s < links_.size(); ++s)
-      wait_until([&] { return links_[s].welcome.has_value(); }, until, s, "a welcome");
+      wait_until([&] { return links_[s].welcome.has_value(); }, until, s, "welcome");
   }
 
   void send(std::span<const std::byte> message, std::size_t s, clock::time_point until) {

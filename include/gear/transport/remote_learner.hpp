@@ -5,14 +5,14 @@
 // At construction it greets every shard (hello) and grants each a slice of its own registered
 // memory that only that shard may write (the meta part of its replies; on shm on an inlet of that
 // shard's: remote_client.hpp). A sample splits the batch's B rows across the shards by their
-// selection masses (detail/remote/split.hpp: Multinomial(B, M_s / M), from a snapshot: the first
-// sample asks every shard's status, later ones use the masses the last replies carried), registers
-// the batch's columns for the sample alone (on the inlets of the shards asked) and asks each shard
-// for its share; each shard selects and gathers its rows with its own policy and writes them with
-// one-sided writes: each column's rows straight into the batch, then the rest (header, mask, keys,
-// probabilities, footer) into its slice. The learner counts the writes, checks every reply against
-// the request (header and footer, poisoned before the request) and copies the small parts into the
-// batch. Each row's probability is global, P_i = (M_s / M) * (p_i / M'_s): the union's p_i / M when
+// selection masses (detail/remote/split.hpp: Multinomial(B, M_s / M), from a snapshot: every
+// shard's status at the first sample, then the masses the last replies carried; a shard whose reply
+// said 0 or did not come is asked again), registers the batch's columns for the sample alone and
+// asks each shard for its share; each shard selects and gathers its rows with its own policy and
+// writes them with one-sided writes: each column's rows straight into the batch, then the rest
+// (header, mask, keys, probabilities, footer) into its slice. The learner counts the writes, checks
+// every reply against the request (header and footer) and copies the small parts into the batch.
+// Each row's probability is global, P_i = (M_s / M) * (p_i / M'_s): the union's p_i / M when
 // nothing changed since the snapshot. Importance weights follow the local formula over the union
 // with options.beta (0: all 1). Rows come grouped by shard. sample_begin / sample_end split a
 // sample in two, so that the shards' work and the transfers overlap a training step.
@@ -112,7 +112,6 @@ class remote_learner : public remote_client {
       return h;
     });
   }
-
   ~remote_learner() { close(); }
 
   /// Samples out.batch_size() rows of window `w` (w.length == out.window_length()) into `out`
@@ -396,6 +395,7 @@ class remote_learner : public remote_client {
     namespace remote = detail::remote;
     const std::int64_t rows = out.batch_size(), length = out.window_length();
     for (std::size_t s = 0; s < links_.size(); ++s) {
+      if (f.share[s] > 0) snapshot_[s].mass = 0;  // asked again unless its reply says (below)
       if (f.share[s] > 0 && lost_[s]) lost(s, "sample reply (it was lost meanwhile)");
       if (f.share[s] > 0 && !f.asked(s)) lost(s, "acceptance of a sample request");
     }

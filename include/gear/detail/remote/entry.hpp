@@ -259,7 +259,7 @@ inline decoded<reply_header> check_reply(std::span<const std::byte> slice, std::
     return refuse<reply_header>(refusal::mismatch, "rows or window");
   if (h.column_writes > step_bytes.size())
     return refuse<reply_header>(refusal::out_of_range, "column writes");
-  if (!(std::isfinite(h.mass) && h.mass > 0))
+  if (!(std::isfinite(h.mass) && h.mass >= 0))  // 0: priorities all 0 since (rows drawn uniformly)
     return refuse<reply_header>(refusal::out_of_range, "mass");
   if (h.size < 1) return refuse<reply_header>(refusal::out_of_range, "size");
   std::uint32_t footer = 0;
