@@ -612,6 +612,33 @@ TEST_CASE("tcp;ofi_rxm: a shard whose priorities all fell to 0, or that was empt
     }
   CHECK(refused <= 1);
 }
+TEST_CASE("tcp;ofi_rxm: routing by hash spreads distinct trajectories over the shards") {
+  // Trajectories of two identical steps (every byte twice: an unmixed FNV-1a taken mod 2 sent
+  // all 64 to one shard). Binomial(64, 1/2) gives a shard fewer than 10 with probability below
+  // 1e-8.
+  shard_t s0(gear::capacity{64}, gear::max_length{max_length}, selection{},
+             shard_transport("tcp;ofi_rxm", 0));
+  shard_t s1(gear::capacity{64}, gear::max_length{max_length}, selection{},
+             shard_transport("tcp;ofi_rxm", 1));
+  auto t = client_transport("tcp;ofi_rxm", {&s0, &s1});
+  t.route = gear::transport::routing::by_hash;
+  client_t hashed(t);
+  std::vector<std::int64_t> lengths(64, 2), ids;
+  std::vector<float> obs;
+  for (std::int64_t i = 0; i < 64; ++i)
+    for (int step = 0; step < 2; ++step) {
+      ids.push_back(500 + i);
+      for (int k = 0; k < 4; ++k) obs.push_back(obs_of(500 + i, 0, k));
+    }
+  std::vector<gear::key> spread(64);
+  hashed.insert({lengths, {gear::input(ids.data()), gear::input(obs.data(), {4})}}, spread);
+  std::size_t to0 = 0;
+  for (const gear::key& k : spread) to0 += k.shard == 0;
+  MESSAGE(to0 << " of 64 to shard 0");
+  CHECK(to0 >= 10);
+  CHECK(to0 <= 54);
+  CHECK(s0.size() + s1.size() == 64);
+}
 TEST_CASE("tcp;ofi_rxm: a shard welcomes max_peers peers and no more") {
   peers_bounded("tcp;ofi_rxm");
 }

@@ -15,10 +15,14 @@
 #include <sys/socket.h>
 
 #include <gear/gear.hpp>
+#include <gear/distributed.hpp>
 #include <gear/transport/remote_actor.hpp>
 #include <gear/transport/shard_server.hpp>
+#include <atomic>
+#include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -163,7 +167,7 @@ struct refusing_buffer : buffer {
 /// A shard over a refusing_buffer and an actor that inserts, without keys, one trajectory too
 /// long (refused at once, nothing sent), then 5, the third refused by the buffer: the next flush
 /// throws errc::invalid_argument naming 1 refusal, the one after throws nothing, and the shard
-/// holds the 4 others.
+/// holds the 4 others; then a refusal of one thread's insert is told to that thread alone.
 int run_refused(const gear::transport::libfabric_config& fabric) {
   refusing_buffer buf{gear::capacity{16}, gear::max_length{max_length}};
   gear::transport::shard_server<refusing_buffer>::options so;
@@ -200,9 +204,78 @@ int run_refused(const gear::transport::libfabric_config& fabric) {
       return 31;
   }
   client.flush();  // reported once
+  // Two threads taking turns on the actor (as a client_buffer's do): B inserts without keys a
+  // trajectory the buffer refuses; A then inserts with keys three times, its calls reading B's
+  // refusal as it comes back. A's inserts must not hear of it (each threw it, sending nothing,
+  // before); B's flush must.
+  std::mutex turns;
+  std::atomic<int> phase{0};
+  int a_failed = 0, b_heard = 0;
+  std::thread b([&] {
+    {
+      const std::lock_guard<std::mutex> held(turns);
+      const std::int64_t lengths[] = {1};
+      const std::int64_t ids[] = {-7};
+      const std::vector<float> obs(4, 1.0f);
+      client.insert({lengths, {gear::input(ids), gear::input(obs.data(), {4})}});
+    }
+    phase = 1;
+    while (phase.load() != 2) std::this_thread::yield();
+    try {
+      const std::lock_guard<std::mutex> held(turns);
+      client.flush();
+    } catch (const gear::error& e) {
+      b_heard += e.code() == gear::errc::invalid_argument &&
+                 std::string(e.what()).find("refused 1 ") != std::string::npos;
+    }
+  });
+  std::thread a([&] {
+    while (phase.load() != 1) std::this_thread::yield();
+    for (const std::int64_t id : {8, 9, 10}) try {
+        const std::lock_guard<std::mutex> held(turns);
+        const std::int64_t lengths[] = {1};
+        const std::int64_t ids[] = {id};
+        const std::vector<float> obs(4, 1.0f);
+        gear::key k;
+        client.insert({lengths, {gear::input(ids), gear::input(obs.data(), {4})}},
+                      std::span<gear::key>(&k, 1));
+      } catch (const gear::error&) {
+        ++a_failed;
+      }
+    phase = 2;
+  });
+  a.join();
+  b.join();
+  if (a_failed != 0) return 36;
+  if (b_heard != 1) return 37;
+  // A keyed insert through a client, its middle trajectory refused: the others stay stored, the
+  // keys say which (no_ticket for the refused), and stats().inserted counts those stored.
+  gear::transport::libfabric ct;
+  ct.fabric = fabric;
+  ct.deadline = std::chrono::duration_cast<std::chrono::milliseconds>(deadline);
+  ct.shards = blobs;
+  gear::replay_buffer<spec, gear::storage::none, gear::select::uniform,
+                      gear::transport::libfabric>
+      through(ct);
+  {
+    const std::int64_t lengths[] = {1, 1, 1};
+    const std::int64_t ids[] = {11, -12, 13};
+    const std::vector<float> obs(12, 1.0f);
+    std::vector<gear::key> keys(3);
+    try {
+      through.insert({lengths, {gear::input(ids), gear::input(obs.data(), {4})}}, keys);
+      return 38;
+    } catch (const gear::error& e) {
+      if (e.code() != gear::errc::invalid_argument) return 39;
+    }
+    if (keys[1].ticket != gear::no_ticket || keys[0].ticket == gear::no_ticket ||
+        keys[2].ticket == gear::no_ticket)
+      return 40;
+    if (through.stats().inserted != 2) return 41;
+  }
   server.stop();
   const auto stats = server.stats();
-  if (stats.inserted != 4 || stats.refused_inserts != 1 || buf.size() != 4) return 32;
+  if (stats.inserted != 9 || stats.refused_inserts != 3 || buf.size() != 9) return 32;
   return 0;
 }
 
@@ -257,7 +330,8 @@ void cluster(const char* provider, bool disable_cma) {
 }  // namespace
 
 TEST_CASE("tcp;ofi_rxm: 2 actors insert into 2 shards") { cluster("tcp;ofi_rxm", false); }
-TEST_CASE("inserts without keys: a shard's refusal is thrown by the next flush, once") {
+TEST_CASE("a shard's refusal: without keys, thrown once by the inserting thread's next flush; "
+          "with keys, the others stored") {
   for (const char* provider : {"tcp;ofi_rxm", "shm"}) {
     gear::transport::libfabric_config fabric;
     fabric.provider = provider;

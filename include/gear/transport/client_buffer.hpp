@@ -118,18 +118,30 @@ class replay_buffer<Spec, storage::none, Selection, transport::libfabric> {
   /// transport routes them to; writes one key per trajectory, naming its shard, once every one
   /// is stored. Throws, sending nothing: errc::invalid_argument (keys_out too small),
   /// errc::empty_trajectory, errc::trajectory_too_long (past the shard's max_length or its
-  /// staging); then errc::timeout (no staging space by the deadline), errc::peer_lost.
+  /// staging); then errc::timeout (no staging space by the deadline), errc::peer_lost, or
+  /// errc::invalid_argument (a shard's buffer refused a trajectory: the others stay stored, and
+  /// keys_out holds their keys and gear::no_ticket for those refused; retry only those).
   void insert(const trajectories<Spec>& in, std::span<key> keys_out) {
     const std::lock_guard held(actor_mutex_);
-    actor().insert(in, keys_out);
-    const std::lock_guard count(stats_mutex_);
-    stats_.inserted += in.lengths.size();
+    const auto mine = keys_out.first(std::min(keys_out.size(), in.lengths.size()));
+    std::fill(mine.begin(), mine.end(), key{no_ticket, 0, 0});  // until a shard says stored
+    const auto count_stored = [&] {
+      const std::lock_guard count(stats_mutex_);
+      for (const key& k : mine) stats_.inserted += k.ticket != no_ticket;
+    };
+    try {
+      actor().insert(in, keys_out);
+    } catch (...) {
+      count_stored();
+      throw;
+    }
+    count_stored();
   }
 
   /// Inserts without waiting for the shards' acknowledgements (no keys): returns once the
   /// trajectories are copied out of `in` and their writes posted, up to each shard's staging
-  /// ring in flight. A shard's refusal is thrown by the next insert or flush
-  /// (errc::invalid_argument, naming each shard and its count); destroying the buffer waits for
+  /// ring in flight. A shard's refusal is thrown by the next insert or flush of the thread that
+  /// inserted it (errc::invalid_argument, naming each shard and its count); destroying waits for
   /// the acknowledgements (up to the deadline) but reports nothing: flush() first. Throws as
   /// insert(in, keys_out) does, except for keys_out. stats().inserted counts them once posted.
   void insert(const trajectories<Spec>& in) {
@@ -139,7 +151,7 @@ class replay_buffer<Spec, storage::none, Selection, transport::libfabric> {
     stats_.inserted += in.lengths.size();
   }
   /// Waits until every trajectory inserted so far is acknowledged (the deadline bounds it);
-  /// throws errc::invalid_argument for those a shard refused, errc::peer_lost.
+  /// throws errc::invalid_argument for those of this thread's a shard refused, errc::peer_lost.
   void flush() {
     const std::lock_guard held(actor_mutex_);
     actor().flush();

@@ -92,7 +92,8 @@ class remote_actor : public remote_client {
   /// (not host memory), errc::null_pointer, errc::wrong_type, errc::wrong_shape,
   /// errc::misaligned_pointer, errc::empty_trajectory, errc::trajectory_too_long; then
   /// errc::timeout (no ring space by the deadline), errc::peer_lost, or errc::invalid_argument
-  /// (a shard's buffer refused the entry).
+  /// (a shard's buffer refused an entry: the others stay stored, and keys_out holds their keys
+  /// and a key of ticket gear::no_ticket for each refused).
   /// Refusals of earlier inserts without keys that came back since are thrown first, sending
   /// nothing (see insert(in)).
   void insert(const trajectories<Spec>& in, std::span<key> keys_out) {
@@ -123,16 +124,17 @@ class remote_actor : public remote_client {
   /// of entries in flight per shard (the credits: a call waits for ring space as insert does).
   /// No keys are reported. A shard that refuses an entry (its buffer's insert failed, or it ran
   /// out of memory) says so in its acknowledgement, which a later call reads: the next insert or
-  /// flush throws errc::invalid_argument naming each shard and how many it refused, sending
-  /// nothing. Throws as insert(in, keys_out) does, except for keys_out. The destructor waits for
-  /// the acknowledgements (up to the deadline) but reports nothing: flush() before it.
+  /// flush of the thread that inserted it throws errc::invalid_argument naming each shard and
+  /// how many it refused, sending nothing. Throws as insert(in, keys_out) does, except for
+  /// keys_out. The destructor waits for the acknowledgements (up to the deadline) but reports
+  /// nothing: flush() before it.
   void insert(const trajectories<Spec>& in) {
     (void)post(in, clock::now() + options_.deadline, true);
   }
 
   /// Waits until every entry inserted so far is acknowledged, up to the deadline
   /// (errc::peer_lost naming the shard that did not answer); throws errc::invalid_argument for
-  /// entries of insert(in) that a shard refused.
+  /// entries of this thread's insert(in) calls that a shard refused.
   void flush() {
     const auto until = clock::now() + options_.deadline;
     for (std::size_t p = 0; p < pending_.size(); ++p)
@@ -216,26 +218,34 @@ class remote_actor : public remote_client {
         throw;
       }
       ++to.next_sequence;
-      pending_.push_back(
-          {s, h.sequence, first, static_cast<std::uint32_t>(layout.blocks), t, false, keyless, {}});
+      pending_.push_back({s, h.sequence, first, static_cast<std::uint32_t>(layout.blocks), t,
+                          false, keyless, {}, std::this_thread::get_id()});
     }
     return first_pending;
   }
 
   /// Drops acknowledged entries from pending_ (a keyed call's own are taken by that call, which
-  /// never overlaps this); throws errc::invalid_argument when a shard refused entries of inserts
-  /// without keys.
+  /// never overlaps this), keeping the refusals of entries of inserts without keys for the
+  /// thread that inserted them; throws errc::invalid_argument when a shard refused entries of
+  /// this thread's (an actor shared by threads that take turns: each hears of its own only).
   void collect_acknowledged() {
-    std::vector<std::size_t> refused;  // per shard
     std::erase_if(pending_, [&](const pending& p) {
       if (!p.acked) return false;
       if (p.keyless && p.stored.ticket == no_ticket) {
-        refused.resize(links_.size());
-        ++refused[p.shard];
+        auto it = std::find_if(refusals_.begin(), refusals_.end(),
+                               [&](const refusals& r) { return r.caller == p.caller; });
+        if (it == refusals_.end()) it = refusals_.insert(it, {p.caller, {}});
+        it->per_shard.resize(links_.size());
+        ++it->per_shard[p.shard];
       }
       return true;
     });
-    if (refused.empty()) return;
+    const auto mine = std::find_if(refusals_.begin(), refusals_.end(), [](const refusals& r) {
+      return r.caller == std::this_thread::get_id();
+    });
+    if (mine == refusals_.end()) return;
+    const std::vector<std::size_t> refused = std::move(mine->per_shard);
+    refusals_.erase(mine);
     std::string which;
     for (std::size_t s = 0; s < refused.size(); ++s)
       if (refused[s] > 0)
@@ -267,6 +277,7 @@ class remote_actor : public remote_client {
     bool acked;
     bool keyless;  // of insert(in): collected by a later call
     key stored;
+    std::thread::id caller;  // whose insert(in): its refusal goes to that thread's next call
   };
 
   void on_welcome(std::size_t s, const detail::remote::welcome& w) override {
@@ -327,6 +338,9 @@ class remote_actor : public remote_client {
           for (std::int64_t b = 0; b < bytes; ++b) h = (h ^ p[b]) * 0x100000001b3ull;
           first[c] += in.lengths[t];
         }
+        h ^= h >> 33;  // mixed (murmur3's finaliser): FNV's low bits depend only on the bytes'
+        h *= 0xff51afd7ed558ccdull;  // low bits, so a count of shards that is a power of two
+        h ^= h >> 33;                // would split by a few bits of each byte
         route[t] = static_cast<std::size_t>(h % shards_.size());
       }
       return route;
@@ -360,6 +374,11 @@ class remote_actor : public remote_client {
   options options_;
   std::vector<shard> shards_;  // their staging outlives the endpoint (reset by remote_client)
   std::vector<pending> pending_;
+  struct refusals {  // entries of a thread's inserts without keys that shards refused, untold
+    std::thread::id caller;
+    std::vector<std::size_t> per_shard;
+  };
+  std::vector<refusals> refusals_;
   std::uint32_t largest_ring_ = 0;  // of shards_' rings
   std::size_t next_shard_ = 0;
   std::vector<std::size_t> turns_;  // the shards inserts take in turn: this host's (local_first)
