@@ -120,7 +120,8 @@ class replay_buffer<Spec, storage::none, Selection, transport::libfabric> {
   /// errc::empty_trajectory, errc::trajectory_too_long (past the shard's max_length or its
   /// staging); then errc::timeout (no staging space by the deadline), errc::peer_lost, or
   /// errc::invalid_argument (a shard's buffer refused a trajectory: the others stay stored, and
-  /// keys_out holds their keys and gear::no_ticket for those refused; retry only those).
+  /// keys_out holds their keys and gear::no_ticket for those refused; retry only those). After
+  /// errc::timeout or errc::peer_lost, trajectories already written may be stored, keys unknown.
   void insert(const trajectories<Spec>& in, std::span<key> keys_out) {
     const std::lock_guard held(actor_mutex_);
     const auto mine = keys_out.first(std::min(keys_out.size(), in.lengths.size()));
