@@ -234,8 +234,8 @@ TEST_CASE("stress: a sharded erase beside inserts that evict removes all of its 
 
 TEST_CASE("stress: a sharded prioritized sample beside inserts and updates through shard(s)") {
   // Calls through shard(s) change that shard's host tree under the shard's own mutex; the sharded
-  // sample's snapshot reads the tree's root under it too (ThreadSanitizer sees a race otherwise),
-  // and every row holds the trajectory its key names.
+  // sample's snapshot reads the root's atomic copy (ThreadSanitizer saw a race on the tree), and
+  // every row holds the trajectory its key names.
   using shards = gear::sharded_buffer<select_test::spec, gear::storage::host,
                                       gear::select::prioritized>;
   shards buf({0, 0}, gear::capacity{32}, gear::max_length{1}, {},

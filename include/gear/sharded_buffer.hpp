@@ -181,9 +181,8 @@ class sharded_buffer {
     const std::int64_t rows = out.batch_size();
     const double beta = detail::beta_of(detail::common_selection(selection_, shards_));
     try {
-      detail::take_shard_snapshot<prioritized, on_device>(
-          shards_, devices_, streams_, snapshot_, fresh_, stream,
-          [&](std::size_t s) { return shards_[s]->core().lock(); });
+      detail::take_shard_snapshot<prioritized, on_device>(shards_, devices_, streams_, snapshot_,
+                                                          fresh_, stream);
       fresh_ = true;
       if (detail::draws_without_replacement(selection_))
         share_ = detail::remote::split_without_replacement(snapshot_, rows, draw);

@@ -51,18 +51,18 @@ Selection common_selection(const Selection& built, const Shards& shards) {
 /// The other way round stays approximate: a shard whose priorities all became 0 since its last
 /// read-back still gets rows by its old mass for one sample, and a tree of zeros draws those
 /// uniformly (probabilities reported as drawn).
-/// `lock(s)` holds shard s's mutex (its host tree changes under it, by calls through shard(s)).
-template <bool Prioritized, bool OnDevice, class Shards, class Lock>
+/// A host tree's root is read while calls through shard(s) may change the tree: total() reads
+/// the copy of it the state keeps atomic.
+template <bool Prioritized, bool OnDevice, class Shards>
 void take_shard_snapshot(Shards& shards, const std::vector<int>& devices, shard_streams& streams,
                          std::vector<remote::shard_share>& snapshot, bool fresh,
-                         cuda::stream_ref stream, Lock&& lock) {
+                         cuda::stream_ref stream) {
   bool forked = false;
   for (std::size_t s = 0; s < shards.size(); ++s) {
     const std::int64_t size = shards[s]->size();
     if constexpr (!Prioritized) {
       snapshot[s] = {static_cast<double>(size), size, true};
     } else if constexpr (!OnDevice) {
-      const auto held = lock(s);
       snapshot[s] = {size > 0 ? shards[s]->selection_state().total() : 0.0, size, true};
     } else {
       double mass = snapshot[s].mass;  // kept while a newer read-back is on its way

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <concepts>
 #include <cstdint>
+#include <gear/detail/mix.hpp>
 #include <gear/key.hpp>
 
 namespace gear {
@@ -44,12 +45,10 @@ namespace detail {
 /// first asked for, so that code built into two shared libraries (hidden visibility: a counter
 /// each) counts from far-apart numbers, not both from 1.
 inline std::uint32_t first_local_incarnation(const void* counter) noexcept {
-  std::uint64_t x = reinterpret_cast<std::uintptr_t>(counter) ^
-                    static_cast<std::uint64_t>(
-                        std::chrono::steady_clock::now().time_since_epoch().count());
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;  // splitmix64's finaliser
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return static_cast<std::uint32_t>(x ^ (x >> 31));
+  return static_cast<std::uint32_t>(
+      mix64(reinterpret_cast<std::uintptr_t>(counter) ^
+            static_cast<std::uint64_t>(
+                std::chrono::steady_clock::now().time_since_epoch().count())));
 }
 
 /// A number no other local buffer (nor sharded_buffer) of this process has drawn (until 2^32

@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <gear/detail/mix.hpp>
 #include <gear/detail/remote/blob.hpp>
 #include <gear/detail/remote/entry.hpp>
 #include <gear/detail/remote/fingerprint.hpp>
@@ -338,10 +339,9 @@ class remote_actor : public remote_client {
           for (std::int64_t b = 0; b < bytes; ++b) h = (h ^ p[b]) * 0x100000001b3ull;
           first[c] += in.lengths[t];
         }
-        h ^= h >> 33;  // mixed (murmur3's finaliser): FNV's low bits depend only on the bytes'
-        h *= 0xff51afd7ed558ccdull;  // low bits, so a count of shards that is a power of two
-        h ^= h >> 33;                // would split by a few bits of each byte
-        route[t] = static_cast<std::size_t>(h % shards_.size());
+        // Mixed: FNV's low bits depend only on the bytes' low bits, so a count of shards that
+        // is a power of two would split by a few bits of each byte.
+        route[t] = static_cast<std::size_t>(detail::mix64(h) % shards_.size());
       }
       return route;
     }

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <gear/detail/mix.hpp>
 #include <gear/error.hpp>
 #include <gear/rng.hpp>
 #include <span>
@@ -39,10 +40,7 @@ GEAR_HD constexpr double unit_double(std::uint64_t bits) noexcept {
 /// The random stream of one shard's share: the sample's seed and call, mixed (splitmix64's
 /// finaliser), so that every shard draws its rows from a stream of its own.
 constexpr std::uint64_t share_seed(std::uint64_t seed, std::uint64_t call) noexcept {
-  std::uint64_t z = seed ^ (call + 0x9E3779B97F4A7C15ull + (seed << 6) + (seed >> 2));
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
+  return mix64(seed ^ (call + 0x9E3779B97F4A7C15ull + (seed << 6) + (seed >> 2)));
 }
 
 /// Throws errc::invalid_argument for a mass or size that is not finite and non-negative.
