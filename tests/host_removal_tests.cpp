@@ -156,6 +156,36 @@ TEST_CASE("max_times_sampled: a trajectory removed at its limit keeps its count"
   CHECK(buf.size() == 0);
 }
 
+TEST_CASE("max_times_sampled: counts are kept when the limit changes; none made without one") {
+  host_buffer buf{gear::capacity{2}, gear::max_length{1}};
+  model m;
+  gear::rng g{6};
+  auto one = buf.make_batch(gear::batch_size{1}, gear::window_length{1});
+  auto two = buf.make_batch(gear::batch_size{2}, gear::window_length{1});
+  const gear::key a = insert(buf, m, {1})[0];  // the only trajectory: every row returns it
+  buf.set_max_times_sampled(5);
+  buf.sample(two, gear::window{}, g);
+  CHECK(buf.times_sampled(0) == 2);
+  buf.set_max_times_sampled(0);  // no limit: returns are not counted
+  buf.sample(one, gear::window{}, g);
+  CHECK(buf.times_sampled(0) == 2);
+  buf.set_max_times_sampled(3);  // the count made under the old limit stands
+  buf.sample(one, gear::window{}, g);
+  CHECK(buf.times_sampled(0) == 3);
+  CHECK_FALSE(buf.contains(a));
+  // A limit lowered below a count: the trajectory goes at its next return, not before.
+  const gear::key b = insert(buf, m, {1})[0];
+  buf.set_max_times_sampled(5);
+  buf.sample(two, gear::window{}, g);
+  buf.sample(one, gear::window{}, g);
+  CHECK(buf.times_sampled(b.slot(2)) == 3);
+  buf.set_max_times_sampled(2);
+  CHECK(buf.contains(b));
+  buf.sample(one, gear::window{}, g);
+  CHECK(buf.times_sampled(b.slot(2)) == 4);
+  CHECK_FALSE(buf.contains(b));
+}
+
 TEST_CASE_TEMPLATE("fifo and lifo return each trajectory once, in order", Policy,
                    gear::select::fifo, gear::select::lifo) {
   constexpr bool oldest_first = std::is_same_v<Policy, gear::select::fifo>;

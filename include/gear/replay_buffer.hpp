@@ -362,11 +362,11 @@ class replay_buffer {
     erase_async(keys, detail::no_stream());
   }
 
-  /// Removes every trajectory once it has been returned by `k` samples (0: never, the default).
-  /// Works with every selection policy. A row counts as one return, so with replacement one batch
-  /// may return a trajectory more often than it had returns left; it is removed after that batch.
-  /// With a limit set, a prioritized sample_async synchronises the stream (it reads back the rows
-  /// it drew); the other policies count rows the host drew. Counts start with the next sample.
+  /// Removes every trajectory once it has been returned by `k` samples (0: never, the default),
+  /// with any selection policy. A row is one return: a batch drawn with replacement may exceed a
+  /// trajectory's returns left; it is removed after that batch. Returns are counted while a limit
+  /// is set, and counts are kept when k changes (one at or past a new k goes at its next return).
+  /// With a limit, a prioritized sample_async synchronises (it reads back the rows it drew).
   /// Throws errc::invalid_argument for k < 0, or k > 0 on a buffer bound to one stream (sampled
   /// with a device_rng, whose replays remove nothing, or updated from device memory in a graph).
   void set_max_times_sampled(std::int64_t k) { detail::set_return_limit(core(), k); }

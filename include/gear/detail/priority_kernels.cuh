@@ -57,7 +57,7 @@ struct priority_status {
   unsigned long long verdict[2];  ///< by epoch parity: an update's first bad pair, or priority_ok
   unsigned long long failures;    ///< failed updates from device memory so far
   unsigned long long stale;       ///< pairs skipped because their key was stale when applied
-  float max_priority;             ///< the largest priority given so far (1 before any)
+  float max_priority;             ///< max(1, the largest priority given so far)
   unsigned marked;                ///< blocks of the running mark launch that have finished
   unsigned long long epoch;       ///< updates marked so far (the last mark's block advances it)
 };

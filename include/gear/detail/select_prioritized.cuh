@@ -200,8 +200,8 @@ class prioritized::state<exec::device> {
     return {range[0], range[1]};
   }
 
-  /// The priority new trajectories enter with: the largest given so far (by updates that
-  /// succeeded), 1 before any. Kept in device memory, folded by the update kernels; this reads it
+  /// The priority new trajectories enter with: max(1, the largest given so far by updates that
+  /// succeeded). Kept in device memory, folded by the update kernels; this reads it
   /// after the stream's earlier work (synchronises).
   [[nodiscard]] float max_priority(cuda::stream_ref stream) const {
     float largest = 0;

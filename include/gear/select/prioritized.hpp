@@ -14,7 +14,8 @@
 // of priorities) and the row with the smallest probability has weight 1; N is the number of
 // committed trajectories.
 //
-// - New trajectories enter with the largest priority given so far (1 before any update).
+// - New trajectories enter with the largest priority given so far, or 1 where that is larger
+//   (so 1 before any update, and while every priority given is below 1).
 // - replay_buffer::update_priorities(keys, priorities) sets priorities in batches and returns
 //   {applied, stale}: keys must be of this shard (errc::key_out_of_range) and priorities finite
 //   and >= 0 (errc::invalid_priority), checked before anything changes; keys whose trajectory was
@@ -347,7 +348,7 @@ class prioritized::state<exec::host> {
   [[nodiscard]] double beta() const noexcept { return policy_.beta; }
   /// The settings as they are now.
   [[nodiscard]] const prioritized& policy() const noexcept { return policy_; }
-  /// The priority new trajectories enter with: the largest given so far, 1 before any.
+  /// The priority new trajectories enter with: max(1, the largest given so far).
   [[nodiscard]] float max_priority() const noexcept { return max_priority_; }
   /// The same; the stream is for code written for both states (the device state's synchronises).
   [[nodiscard]] float max_priority(cuda::stream_ref) const noexcept { return max_priority_; }
