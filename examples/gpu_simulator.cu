@@ -7,7 +7,8 @@
 //   3. buf.commit(reservation, lengths, keys, stream)  makes them visible to sampling
 //
 // Storage is mixed: the large observation column lives in pinned host memory (capacity bounded by
-// RAM, gathered zero-copy), the small ones on the device. Needs a GPU; exits 77 without one.
+// RAM, gathered zero-copy), the small ones on the device, in memory taken from a CUDA memory pool
+// the program owns (gear/memory_resource.hpp). Needs a GPU; exits 77 without one.
 
 #include <cstdio>
 #include <gear/gear.cuh>
@@ -19,6 +20,46 @@ using storage = gear::storage::mixed<gear::storage::pinned_host,  // obs
                                      gear::storage::device,       // reward
                                      gear::storage::device>;      // done
 using buffer = gear::replay_buffer<spec, storage, gear::select::uniform, gear::transport::local>;
+
+// Device memory from a cudaMemPool_t, handed to the buffer as its device slots. A resource is any
+// object with allocate(bytes, alignment) and deallocate(p, bytes, alignment); gear checks that
+// what it gets is device memory of its GPU, aligned to 256 bytes (a fresh pool's first block is).
+class pool_resource {
+ public:
+  explicit pool_resource(int device) {
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    GEAR_CUDA_TRY(cudaMemPoolCreate(&pool_, &props));
+    GEAR_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
+  ~pool_resource() {
+    (void)cudaStreamDestroy(stream_);
+    (void)cudaMemPoolDestroy(pool_);
+  }
+  pool_resource(const pool_resource&) = delete;
+  pool_resource& operator=(const pool_resource&) = delete;
+
+  void* allocate(std::size_t bytes, std::size_t /*alignment*/) {
+    void* p = nullptr;
+    GEAR_CUDA_TRY(cudaMallocFromPoolAsync(&p, bytes, pool_, stream_));
+    const cudaError_t ready = cudaStreamSynchronize(stream_);  // usable from every stream now
+    if (ready != cudaSuccess) (void)cudaFreeAsync(p, stream_);
+    GEAR_CUDA_TRY(ready);
+    ++blocks;
+    return p;
+  }
+  void deallocate(void* p, std::size_t, std::size_t) {  // gear has waited for its work
+    (void)cudaFreeAsync(p, stream_);
+    (void)cudaStreamSynchronize(stream_);
+  }
+  int blocks = 0;
+
+ private:
+  cudaMemPool_t pool_{};
+  cudaStream_t stream_{};
+};
 
 // One block per environment; threads step through time. A real simulator would run physics here.
 template <class Ref>
@@ -41,7 +82,12 @@ int main() {
   try {
     cudaStream_t stream{};
     GEAR_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    buffer buf{gear::capacity{4096}, gear::max_length{200}};
+    int device = 0;
+    GEAR_CUDA_TRY(cudaGetDevice(&device));
+    pool_resource pool(device);  // outlives the buffer
+    buffer buf{gear::capacity{4096}, gear::max_length{200}, {}, {}, {.device = pool}};
+    std::printf("buffer built: its device slots are %d block(s) of the program's memory pool\n",
+                pool.blocks);
 
     // GPU producer: 1024 environments, 200 steps each, written in place.
     const std::int64_t envs = 1024, steps = 200;

@@ -7,6 +7,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <random>
@@ -83,6 +84,17 @@ host_batch copy_device_batch(const Batch& b) {
   get(h.probabilities, b.probabilities_data(), static_cast<std::size_t>(h.rows));
   get(h.weights, b.weights_data(), static_cast<std::size_t>(h.rows));
   return h;
+}
+
+/// Samples `rows` rows of window w into a poisoned batch; the model's verdict ("" when right).
+template <class Buffer>
+std::string sample_checked(Buffer& buf, const model& m, std::int64_t rows, const gear::window& w,
+                           std::uint64_t seed, cuda::stream_ref s) {
+  auto out = buf.make_batch(gear::batch_size{rows}, gear::window_length{w.length});
+  poison(out, s);
+  gear::rng g{seed};
+  buf.sample(out, w, g, s);
+  return m.check(copy_device_batch(out), w);
 }
 
 using mixed_storage = gear::storage::mixed<gear::storage::pinned_host, gear::storage::device,
@@ -341,12 +353,8 @@ TEST_CASE_TEMPLATE("a kernel writes steps through ref, then commit publishes the
   CHECK(buf.size() == 20);
   model m;
   for (std::size_t i = 0; i < 20; ++i) m.record(keys[i], 1000 + i, lens[i]);
-  auto out = buf.make_batch(gear::batch_size{256}, gear::window_length{16});
-  poison(out, s);
-  gear::rng g{3};
-  const gear::window w{16, 0, gear::anchor::end, gear::pad::head};
-  buf.sample(out, w, g, s);
-  const std::string err = m.check(copy_device_batch(out), w);
+  const std::string err =
+      sample_checked(buf, m, 256, gear::window{16, 0, gear::anchor::end, gear::pad::head}, 3, s);
   CHECK_MESSAGE(err.empty(), err);
 }
 
@@ -454,6 +462,137 @@ TEST_CASE("uniform on the device: chi-square at significance 0.001 over 10^6 dra
   const double stat = chi2(counts, expected), crit = chi2_critical_0001(999);
   MESSAGE("device uniform chi2 = " << stat << ", critical = " << crit);
   CHECK(stat < crit);
+}
+
+namespace {
+
+/// A resource of mapped pinned memory (cudaHostAlloc) or device memory (cudaMalloc) that keeps
+/// count of its blocks.
+struct cuda_resource {
+  gear::memory_kind kind;
+  int allocations = 0, deallocations = 0;
+  std::vector<std::pair<const std::byte*, std::size_t>> blocks;
+  void* allocate(std::size_t bytes, std::size_t) {
+    void* p = nullptr;
+    if (kind == gear::memory_kind::device)
+      GEAR_CUDA_TRY(cudaMalloc(&p, bytes));
+    else
+      GEAR_CUDA_TRY(cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
+    ++allocations;
+    blocks.emplace_back(static_cast<const std::byte*>(p), bytes);
+    return p;
+  }
+  void deallocate(void* p, std::size_t, std::size_t) {
+    ++deallocations;
+    if (kind == gear::memory_kind::device)
+      CHECK(cudaFree(p) == cudaSuccess);
+    else
+      CHECK(cudaFreeHost(p) == cudaSuccess);
+  }
+  [[nodiscard]] bool holds(const void* p) const {
+    const auto* b = static_cast<const std::byte*>(p);
+    for (const auto& [first, bytes] : blocks)
+      if (b >= first && b < first + bytes) return true;
+    return false;
+  }
+};
+
+/// Pageable memory from operator new, offered as any kind.
+struct pageable_resource {
+  int allocations = 0, deallocations = 0;
+  void* allocate(std::size_t bytes, std::size_t) {
+    ++allocations;
+    return ::operator new(bytes, std::align_val_t{256});
+  }
+  void deallocate(void* p, std::size_t, std::size_t) {
+    ++deallocations;
+    ::operator delete(p, std::align_val_t{256});
+  }
+};
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("slots from memory resources on GPU storage: sampled right, given back",
+                   Storage, gear::storage::device, gear::storage::pinned_host, mixed_storage) {
+  stream_holder s;
+  using buffer = gear::replay_buffer<spec, Storage>;
+  constexpr auto placement = Storage::template placement<spec::num_columns>();
+  const auto uses = [&](gear::memory_kind k) {
+    return std::find(placement.begin(), placement.end(), k) != placement.end();
+  };
+  cuda_resource pinned{gear::memory_kind::pinned_host}, device{gear::memory_kind::device};
+  {
+    // Outlives the buffer: the last gather below still writes it when the buffer is destroyed.
+    typename buffer::batch_type out(buffer::batch_memory, gear::batch_size{256},
+                                    gear::window_length{8});
+    buffer buf{gear::capacity{40}, gear::max_length{16}, {}, {},
+               {.pinned = pinned, .device = device}};
+    CHECK(pinned.allocations == (uses(gear::memory_kind::pinned_host) ? 1 : 0));
+    CHECK(device.allocations == (uses(gear::memory_kind::device) ? 1 : 0));
+    // Every step of every column lies in a block of its kind's resource.
+    const auto ref = buf.ref(gear::op::write_steps{});
+    for (std::int64_t slot : {0, 17, 39})
+      for (std::int64_t t : {0, 15}) {
+        const void* steps[] = {ref.template step<0>(slot, t), ref.template step<1>(slot, t),
+                               ref.template step<2>(slot, t), ref.template step<3>(slot, t)};
+        for (std::size_t c = 0; c < spec::num_columns; ++c)
+          CHECK((placement[c] == gear::memory_kind::device ? device : pinned).holds(steps[c]));
+      }
+    model m;
+    std::mt19937_64 gen(11);
+    for (int round = 0; round < 6; ++round) {
+      std::vector<std::int64_t> lens(9);
+      for (auto& l : lens) l = 1 + static_cast<std::int64_t>(gen() % 16);
+      insert(buf, m, lens, s, /*from_device=*/round % 2 == 1);
+    }
+    const gear::window w{8, 0, gear::anchor::random, gear::pad::tail};
+    const std::string err = sample_checked(buf, m, 256, w, 5, s);
+    CHECK_MESSAGE(err.empty(), err);
+    // Destroyed with a gather queued behind a held stream: the slots go back after it ran.
+    gear::rng g{6};
+    hold(s, 20);
+    buf.sample_async(out, w, g, s);
+    CHECK(pinned.deallocations + device.deallocations == 0);
+  }
+  CHECK(pinned.deallocations == pinned.allocations);
+  CHECK(device.deallocations == device.allocations);
+}
+
+TEST_CASE("memory a GPU buffer cannot read is refused (wrong_memory) and given back") {
+  pageable_resource pageable;
+  cuda_resource pinned{gear::memory_kind::pinned_host};
+  const auto message = [](auto&& build) -> std::string {
+    try {
+      build();
+    } catch (const gear::error& e) {
+      CHECK(e.code() == gear::errc::wrong_memory);
+      return e.what();
+    }
+    FAIL("no error");
+    return {};
+  };
+  using pinned_buffer = gear::replay_buffer<spec, gear::storage::pinned_host>;
+  using device_buffer = gear::replay_buffer<spec, gear::storage::device>;
+  // Pageable memory as pinned memory: the GPU cannot map it.
+  std::string what = message([&] {
+    pinned_buffer b{gear::capacity{4}, gear::max_length{4}, {}, {}, {.pinned = pageable}};
+  });
+  CHECK(what.find("the pinned memory resource returned memory the GPU cannot map") !=
+        std::string::npos);
+  // Pageable and pinned host memory as device memory.
+  what = message([&] {
+    device_buffer b{gear::capacity{4}, gear::max_length{4}, {}, {}, {.device = pageable}};
+  });
+  CHECK(what.find("the device memory resource returned memory that is not device") !=
+        std::string::npos);
+  what = message([&] {
+    device_buffer b{gear::capacity{4}, gear::max_length{4}, {}, {}, {.device = pinned}};
+  });
+  CHECK(what.find("not device or managed memory of GPU") != std::string::npos);
+  CHECK(pageable.allocations == 2);
+  CHECK(pageable.deallocations == 2);
+  CHECK(pinned.allocations == 1);
+  CHECK(pinned.deallocations == 1);
 }
 
 TEST_CASE("GPU-side errors leave the buffer unchanged") {

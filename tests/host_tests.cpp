@@ -19,6 +19,7 @@
 #include <gear/detail/host_copy.hpp>
 #include <gear/detail/scatter.hpp>
 #include <map>
+#include <memory_resource>
 #include <random>
 #include <set>
 #include <span>
@@ -477,6 +478,156 @@ TEST_CASE("insert then sample: every window shape returns the right bytes") {
             }
           }
   }
+}
+
+// ---- memory resources --------------------------------------------------------------------------
+
+namespace {
+
+/// A std::pmr resource that records what it hands out and takes back, from operator new.
+struct recording_resource : std::pmr::memory_resource {
+  struct block {
+    void* p;
+    std::size_t bytes, alignment;
+    bool operator==(const block&) const = default;
+  };
+  std::vector<block> given, taken;
+
+  void* do_allocate(std::size_t bytes, std::size_t alignment) override {
+    void* p = std::pmr::new_delete_resource()->allocate(bytes, alignment);
+    given.push_back({p, bytes, alignment});
+    return p;
+  }
+  void do_deallocate(void* p, std::size_t bytes, std::size_t alignment) override {
+    taken.push_back({p, bytes, alignment});
+    std::pmr::new_delete_resource()->deallocate(p, bytes, alignment);
+  }
+  bool do_is_equal(const std::pmr::memory_resource& o) const noexcept override {
+    return this == &o;
+  }
+};
+
+/// A resource of one's own (no base class) that fails the way it is told to.
+struct failing_resource {
+  enum class how { throws, throws_other, null, misaligned } mode;
+  int allocations = 0, deallocations = 0;
+  void* given = nullptr;
+
+  void* allocate(std::size_t bytes, std::size_t) {
+    ++allocations;
+    if (mode == how::throws) throw std::bad_alloc();
+    if (mode == how::throws_other) throw 42;  // not a std::exception
+    if (mode == how::null) return nullptr;
+    given = ::operator new(bytes + 512, std::align_val_t{256});
+    return static_cast<std::byte*>(given) + 8;  // aligned to 8 bytes only
+  }
+  void deallocate(void* p, std::size_t, std::size_t) {
+    ++deallocations;
+    CHECK(p == static_cast<std::byte*>(given) + 8);  // what it handed out, given back
+    ::operator delete(given, std::align_val_t{256});
+  }
+};
+
+}  // namespace
+
+TEST_CASE("slots from a memory resource: the buffer's bytes are the resource's, given back once") {
+  static_assert(gear::memory_resource<std::pmr::memory_resource>);
+  static_assert(gear::memory_resource<failing_resource>);
+  static_assert(!gear::memory_resource<int>);
+  struct const_resource {  // a resource whose calls are const, handed over as const
+    void* allocate(std::size_t bytes, std::size_t a) const {
+      return ::operator new(bytes, std::align_val_t{a});
+    }
+    void deallocate(void* p, std::size_t, std::size_t a) const {
+      ::operator delete(p, std::align_val_t{a});
+    }
+  };
+  const const_resource fixed;
+  host_buffer{gear::capacity{2}, gear::max_length{2}, {}, {}, {.host = fixed}};
+  recording_resource resource;
+  model m;
+  const std::int64_t capacity = 9, T = 12;
+  {
+    host_buffer buf{gear::capacity{capacity}, gear::max_length{T}, {}, {}, {.host = resource}};
+    REQUIRE(resource.given.size() == 1);  // one region: every column is in host memory
+    const auto region = resource.given[0];
+    CHECK(region.alignment == 256);
+    CHECK(reinterpret_cast<std::uintptr_t>(region.p) % 256 == 0);
+    const auto* first = static_cast<const std::byte*>(region.p);
+    CHECK(region.bytes >= static_cast<std::size_t>(capacity * T) * 24);
+    std::mt19937_64 gen(5);
+    for (int round = 0; round < 3; ++round) insert(buf, m, random_lengths(gen, 5, T));
+    // Every step of every column lies in the resource's block.
+    const auto r = buf.ref(gear::op::write_steps{});
+    for (std::int64_t slot = 0; slot < capacity; ++slot)
+      for (std::int64_t t = 0; t < T; ++t)
+        for (const auto* p : {reinterpret_cast<const std::byte*>(r.step<0>(slot, t)),
+                              reinterpret_cast<const std::byte*>(r.step<3>(slot, t))}) {
+          CHECK(p >= first);
+          CHECK(p < first + region.bytes);
+        }
+    auto out = buf.make_batch(gear::batch_size{32}, gear::window_length{5});
+    gear::rng g{3};
+    const gear::window w{5, 0, gear::anchor::random, gear::pad::tail};
+    buf.sample(out, w, g);
+    const std::string err = m.check(copy_host_batch(out), w);
+    CHECK_MESSAGE(err.empty(), err);
+    CHECK(resource.taken.empty());  // still in use
+    host_buffer moved = std::move(buf);
+    CHECK(resource.taken.empty());  // a move hands the block on
+    CHECK(moved.size() == capacity);
+  }
+  REQUIRE(resource.taken.size() == 1);
+  CHECK(resource.taken[0] == resource.given[0]);  // the same block, size and alignment
+}
+
+TEST_CASE("a memory resource that fails: out_of_memory or misaligned_pointer, nothing kept") {
+  using how = failing_resource::how;
+  const auto build = [](failing_resource& r) {
+    host_buffer buf{gear::capacity{4}, gear::max_length{8}, {}, {}, {.host = r}};
+  };
+  struct expected {
+    how mode;
+    gear::errc code;
+    const char* words;
+  };
+  for (const expected e :
+       {expected{how::throws, gear::errc::out_of_memory,
+                 "the host memory resource could not allocate"},
+        expected{how::throws_other, gear::errc::out_of_memory,
+                 "could not allocate 4096 bytes: it threw an exception of a type not derived"},
+        expected{how::null, gear::errc::out_of_memory, "the host memory resource returned null"},
+        expected{how::misaligned, gear::errc::misaligned_pointer,
+                 "the host memory resource returned memory aligned to fewer than 256 bytes"}}) {
+    CAPTURE(int(e.mode));
+    failing_resource r{e.mode};
+    try {
+      build(r);
+      FAIL("no error");
+    } catch (const gear::error& x) {
+      CHECK(x.code() == e.code);
+      CHECK_MESSAGE(std::string(x.what()).find(e.words) != std::string::npos, x.what());
+      if (e.mode == how::throws)  // the resource's own message is kept
+        CHECK(std::string(x.what()).find("bad_alloc") != std::string::npos);
+    }
+    CHECK(r.allocations == 1);
+    // What it handed out (misaligned) came back; nothing else was given back.
+    CHECK(r.deallocations == (e.mode == how::misaligned ? 1 : 0));
+  }
+}
+
+TEST_CASE("an empty memory_resource_ref is gear's own allocation; refs compare by object") {
+  recording_resource a, b;
+  const gear::memory_resource_ref none, to_a = a, to_a_again = a, to_b = b;
+  CHECK_FALSE(none);
+  CHECK(to_a);
+  CHECK(to_a == to_a_again);
+  CHECK_FALSE(to_a == to_b);
+  const gear::memory_resource_ref copy = to_a;  // a copy refers to the resource, not to the ref
+  CHECK(copy == to_a);
+  host_buffer buf{gear::capacity{4}, gear::max_length{8}, {}, {}, {.pinned = a, .device = b}};
+  CHECK(a.given.empty());  // kinds the storage does not use are not touched
+  CHECK(b.given.empty());
 }
 
 TEST_CASE("typed mdspan views address the gathered bytes") {

@@ -55,6 +55,40 @@ TEST_CASE("sharded: 1 to 64 shards; inserts go round robin and keys name their s
   CHECK(buf.size() == 90);
 }
 
+TEST_CASE("sharded: every shard's slots come from the memory resource, given back once") {
+  struct counting {  // a resource of one's own: blocks handed out and taken back
+    std::multiset<void*> out;
+    int taken = 0;
+    void* allocate(std::size_t bytes, std::size_t alignment) {
+      void* p = ::operator new(bytes, std::align_val_t{alignment});
+      out.insert(p);
+      return p;
+    }
+    void deallocate(void* p, std::size_t, std::size_t alignment) {
+      CHECK(out.count(p) == 1);
+      out.erase(p);
+      ++taken;
+      ::operator delete(p, std::align_val_t{alignment});
+    }
+  } resource;
+  {
+    uniform_shards buf({0, 0, 0}, gear::capacity{8}, gear::max_length{2}, {},
+                       gear::insert_route::round_robin, {.host = resource});
+    CHECK(resource.out.size() == 3);  // one region per shard
+    for (std::size_t s = 0; s < 3; ++s) {
+      const auto* step = buf.shard(s).ref(gear::op::write_steps{}).step<0>(0, 0);
+      bool inside = false;  // the step lies in one of the blocks
+      for (void* p : resource.out)
+        inside = inside || (static_cast<const void*>(step) >= p &&
+                            reinterpret_cast<const std::byte*>(step) <
+                                static_cast<std::byte*>(p) + 8 * 2 * 24);
+      CHECK(inside);
+    }
+  }
+  CHECK(resource.out.empty());
+  CHECK(resource.taken == 3);
+}
+
 TEST_CASE("sharded uniform: rows follow 1/N over the union (chi-square, 0.001); power check") {
   const std::uint64_t seed = 20261204;
   MESSAGE("sharded uniform chi-square seed " << seed);

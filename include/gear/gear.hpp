@@ -10,6 +10,7 @@
 #include <gear/insert.hpp>
 #include <gear/key.hpp>
 #include <gear/layout.hpp>
+#include <gear/memory_resource.hpp>
 #include <gear/ref.hpp>
 #include <gear/replay_buffer.hpp>
 #include <gear/rng.hpp>

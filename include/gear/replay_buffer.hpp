@@ -109,6 +109,7 @@
 #include <gear/error.hpp>
 #include <gear/insert.hpp>
 #include <gear/key.hpp>
+#include <gear/memory_resource.hpp>
 #include <gear/priority_update.hpp>
 #include <gear/ref.hpp>
 #include <gear/rng.hpp>
@@ -158,14 +159,17 @@ class replay_buffer {
                 "state<exec::device> with validate() and select() (see gear/select/concept.hpp); "
                 "for GPU storage include <gear/gear.cuh> and compile with nvcc");
 
-  /// Allocates `slots` empty slots of `length` steps each (see layout.hpp for the layout) on the
-  /// current device, which the buffer keeps using whatever device is current at later calls.
-  /// Throws errc::invalid_argument (capacity or max_length below 1, more than 2^40 slots),
-  /// errc::no_device (GPU storage without a GPU), errc::out_of_memory, errc::cuda_error.
+  /// Allocates `slots` empty slots of `length` steps each (layout.hpp) on the current device,
+  /// which the buffer keeps using whatever device is current at later calls, from `memory`'s
+  /// resources where given (memory_resource.hpp). Throws errc::invalid_argument (capacity or
+  /// max_length below 1, more than 2^40 slots), errc::no_device (GPU storage without a GPU),
+  /// errc::out_of_memory, errc::wrong_memory and errc::misaligned_pointer (memory from a
+  /// resource that does not fit: memory_resource.hpp), errc::cuda_error.
   replay_buffer(gear::capacity slots, gear::max_length length, Selection selection = {},
-                Transport transport = {}) {
+                Transport transport = {}, const memory_resources& memory = {}) {
     detail::check_buffer_shape(slots.value, length.value);
-    core_ = std::make_unique<core_type>(slots.value, length.value, selection, std::move(transport));
+    core_ = std::make_unique<core_type>(slots.value, length.value, selection,
+                                        std::move(transport), memory);
   }
 
   /// Writers and refs stay valid across a move; a call on the one moved from: invalid_argument.
@@ -201,10 +205,8 @@ class replay_buffer {
   /// The selection policy's settings, as the state holds them now.
   [[nodiscard]] Selection selection() const {
     const auto held = core().lock();
-    if constexpr (requires { core().selection_->policy(); })
-      return core().selection_->policy();
-    else
-      return core().selection_settings_;
+    if constexpr (requires { core().selection_->policy(); }) return core().selection_->policy();
+    else return core().selection_settings_;
   }
   [[nodiscard]] const Transport& transport() const { return core().transport_; }
   /// The shard and incarnation every key of this buffer carries.
@@ -334,8 +336,7 @@ class replay_buffer {
   template <class Draws>
   requires std::same_as<Draws, rng> || (on_device && std::same_as<Draws, device_rng>)
   void sample(batch_type& out, const window& w, Draws& g, cuda::stream_ref stream) {
-    // A device_rng sample may be captured; this call would then synchronise inside the capture.
-    // (A gear::rng sample refuses a capture itself.)
+    // A device_rng sample may be captured: not to synchronise inside a capture, refuse it here.
     if constexpr (std::same_as<Draws, device_rng>) detail::refuse_capture(stream);
     sample_async(out, w, g, stream);
     synchronize(stream);
@@ -384,7 +385,6 @@ class replay_buffer {
   }
 
   // ---- priorities ----------------------------------------------------------------------------
-  //
   // For policies that keep priorities (select::prioritized), from host spans (checked by the CPU
   // during the call) or from device memory (a batch's keys and the TD errors a kernel wrote,
   // checked by the update's kernels in stream order: no copy, no synchronisation).

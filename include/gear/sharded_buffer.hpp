@@ -72,11 +72,12 @@ class sharded_buffer {
   static constexpr std::size_t max_shards = detail::max_local_shards;
 
   /// One shard of `per_shard` slots of up to `length` steps per entry of `devices`, made on that
-  /// device (repeat a device to put several shards on it; for storage::host only the number of
-  /// entries counts). Shard s issues keys with key.shard == s. Throws errc::invalid_argument (no
-  /// devices, more than max_shards, a device that does not exist), and as replay_buffer's does.
+  /// device (repeat a device for several shards on it; storage::host counts the entries only),
+  /// its slots from `memory` (memory_resource.hpp). Shard s issues keys with key.shard == s.
+  /// Throws errc::invalid_argument (no devices, over max_shards, no such device), as replay_buffer.
   sharded_buffer(std::span<const int> devices, gear::capacity per_shard, gear::max_length length,
-                 Selection selection = {}, insert_route route = insert_route::device_first)
+                 Selection selection = {}, insert_route route = insert_route::device_first,
+                 const memory_resources& memory = {})
       : selection_(selection), route_(route) {
     GEAR_REQUIRE(!devices.empty() && devices.size() <= max_shards, errc::invalid_argument,
                  "a sharded buffer takes 1 to " + std::to_string(max_shards) + " shards, got " +
@@ -89,7 +90,7 @@ class sharded_buffer {
       shards_.push_back(std::make_unique<shard_type>(
           per_shard, length, selection,
           transport::shard_view{{static_cast<std::uint32_t>(s), incarnation},
-                                static_cast<std::uint32_t>(devices.size())}));
+                                static_cast<std::uint32_t>(devices.size())}, memory));
       devices_.push_back(device);
     }
     streams_ = detail::shard_streams(devices_, on_device);
@@ -97,14 +98,14 @@ class sharded_buffer {
   }
   sharded_buffer(std::initializer_list<int> devices, gear::capacity per_shard,
                  gear::max_length length, Selection selection = {},
-                 insert_route route = insert_route::device_first)
+                 insert_route route = insert_route::device_first,
+                 const memory_resources& memory = {})
       : sharded_buffer(std::span<const int>(devices.begin(), devices.size()), per_shard, length,
-                       selection, route) {}
+                       selection, route, memory) {}
 
   sharded_buffer(const sharded_buffer&) = delete;
   sharded_buffer& operator=(const sharded_buffer&) = delete;
-  /// Waits for the shards' streams (their selections use this buffer's workspaces) first; a
-  /// broken context leaves nothing to wait for.
+  /// Waits for the shards' streams first (their selections use this buffer's workspaces).
   ~sharded_buffer() { streams_.synchronize_all_noexcept(); }
 
   // ---- queries -------------------------------------------------------------------------------
@@ -153,8 +154,7 @@ class sharded_buffer {
 
   // ---- sample --------------------------------------------------------------------------------
 
-  /// A batch of `rows` rows of `length` steps on the current device (host memory for
-  /// storage::host), to pass to sample().
+  /// A batch of `rows` x `length` steps on the current device (host memory for storage::host).
   [[nodiscard]] batch_type make_batch(gear::batch_size rows, gear::window_length length) const {
     return batch_type(batch_memory, rows, length);
   }

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <gear/detail/cuda.hpp>
 #include <gear/error.hpp>
+#include <gear/memory_resource.hpp>
 #include <new>
 #include <string>
 #include <utility>
@@ -89,6 +90,48 @@ class allocation {
     }
     device_ptr_ = ptr_;
   }
+  /// `bytes` bytes of `kind` from `from`, checked as memory_resource.hpp says, or gear's own
+  /// allocation where `from` is empty. Throws errc::out_of_memory, errc::wrong_memory,
+  /// errc::misaligned_pointer, errc::cuda_error; what it takes is given back when it throws.
+  allocation(memory_kind kind, std::size_t bytes, memory_resource_ref from) {
+    if (!from) {
+      allocation(kind, bytes).swap(*this);
+      return;
+    }
+    kind_ = kind;
+    if (bytes == 0) return;
+    const std::string what = std::string(kind_name(kind)) + " memory resource";
+    const auto failed = [&](const std::string& why) {
+      return error(errc::out_of_memory, "the " + what + " could not allocate " +
+                                            std::to_string(bytes) + " bytes: " + why);
+    };
+    void* p = nullptr;
+    try {
+      p = from.allocate(bytes, allocation_alignment);
+    } catch (const std::exception& e) {
+      throw failed(e.what());
+    } catch (...) {
+      throw failed("it threw an exception of a type not derived from std::exception");
+    }
+    if (p == nullptr)
+      throw error(errc::out_of_memory, "the " + what + " returned null for " +
+                                           std::to_string(bytes) + " bytes");
+    allocation taken;  // gives p back if a check below throws
+    taken.ptr_ = taken.device_ptr_ = p;
+    taken.bytes_ = bytes;
+    taken.kind_ = kind;
+    taken.from_ = from;
+    GEAR_REQUIRE(reinterpret_cast<std::uintptr_t>(p) % allocation_alignment == 0,
+                 errc::misaligned_pointer,
+                 "the " + what + " returned memory aligned to fewer than " +
+                     std::to_string(allocation_alignment) + " bytes");
+    if (kind != memory_kind::host) {
+      taken.device_ = current_device();
+      taken.device_ptr_ = gpu_address_of(p, kind, taken.device_, what);
+      gpu_allocations.fetch_add(1, std::memory_order_relaxed);
+    }
+    taken.swap(*this);
+  }
   allocation(allocation&& o) noexcept { swap(o); }
   allocation& operator=(allocation&& o) noexcept {
     allocation(std::move(o)).swap(*this);
@@ -122,12 +165,18 @@ class allocation {
     std::swap(device_ptr_, o.device_ptr_);
     std::swap(bytes_, o.bytes_);
     std::swap(kind_, o.kind_);
+    std::swap(from_, o.from_);
+    std::swap(device_, o.device_);
   }
 
  private:
   void release() noexcept {
     if (ptr_ == nullptr) return;
     // Errors while freeing cannot be reported from a destructor; the memory is gone either way.
+    if (from_) {
+      give_back();
+      return;
+    }
     switch (kind_) {
       case memory_kind::host:
         ::operator delete (ptr_, std::align_val_t{allocation_alignment});
@@ -142,10 +191,61 @@ class allocation {
     ptr_ = device_ptr_ = nullptr;
   }
 
+  static const char* kind_name(memory_kind kind) noexcept {
+    if (kind == memory_kind::host) return "host";
+    return kind == memory_kind::pinned_host ? "pinned" : "device";
+  }
+
+  /// Where kernels on `device` read `p`, memory of `kind` from a resource, or errc::wrong_memory.
+  static void* gpu_address_of(void* p, memory_kind kind, int device, const std::string& what) {
+    if (kind == memory_kind::pinned_host) {
+      void* mapped = nullptr;
+      const cudaError_t status = cudaHostGetDevicePointer(&mapped, p, 0);
+      if (status == cudaSuccess && mapped != nullptr) return mapped;
+      (void)cudaGetLastError();
+      throw error(errc::wrong_memory,
+                  "the " + what + " returned memory the GPU cannot map "
+                  "(cudaHostGetDevicePointer: " + std::string(cudaGetErrorName(status)) +
+                      "): allocate it with cudaHostAlloc and cudaHostAllocMapped, or register "
+                      "it with cudaHostRegisterMapped");
+    }
+    cudaPointerAttributes a{};
+    const cudaError_t status = cudaPointerGetAttributes(&a, p);
+    if (status != cudaSuccess) (void)cudaGetLastError();
+    const bool gpu = a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+    if (status == cudaSuccess && gpu && (a.device == device || a.type == cudaMemoryTypeManaged))
+      return p;
+    throw error(errc::wrong_memory,
+                "the " + what + " returned memory that is not device or managed memory of GPU " +
+                    std::to_string(device) + " (cudaPointerGetAttributes: " +
+                    cudaGetErrorName(status) + ", type " + std::to_string(int(a.type)) +
+                    ", device " + std::to_string(a.device) + ")");
+  }
+
+  /// Hands resource memory back once its GPU has finished the work queued on it (a pool may
+  /// hand it out again at once; cudaFree would have waited the same way), with that GPU current.
+  void give_back() noexcept {
+    int previous = -1;
+    const bool switched = device_ >= 0 && cudaGetDevice(&previous) == cudaSuccess &&
+                          cudaSetDevice(device_) == cudaSuccess;
+    // A failure here has no one to report it to: cleared below, not left pending for the caller.
+    bool failed = device_ >= 0 && !switched;
+    if (switched) failed = cudaDeviceSynchronize() != cudaSuccess;
+    try {
+      from_.deallocate(ptr_, bytes_, allocation_alignment);
+    } catch (...) {  // NOLINT(bugprone-empty-catch): nothing to report it to from a destructor
+    }
+    if (switched && cudaSetDevice(previous) != cudaSuccess) failed = true;
+    if (failed) (void)cudaGetLastError();
+    ptr_ = device_ptr_ = nullptr;
+  }
+
   void* ptr_ = nullptr;
   void* device_ptr_ = nullptr;
   std::size_t bytes_ = 0;
   memory_kind kind_ = memory_kind::host;
+  memory_resource_ref from_;  // empty: gear's own allocation
+  int device_ = -1;           // the GPU of resource memory of a GPU kind
 };
 
 /// Sets `bytes` bytes at `p`, memory of kind `kind`, to zero and returns once they are. Device

@@ -31,14 +31,15 @@ class replay_buffer<Spec, Storage, Selection, transport::libfabric>
   using server_type = transport::shard_server<local_type>;
   using counters = typename server_type::counters;
 
-  /// Allocates the storage as a local buffer does, opens the fabric endpoint and starts serving.
+  /// Allocates the storage as a local buffer does (its slots from `memory`'s resources where
+  /// given: memory_resource.hpp), opens the fabric endpoint and starts serving.
   /// Throws as the local buffer does, and errc::invalid_argument (a shard id past 4095, a block
   /// size that is not a power of two in [4 KiB, 16 MiB]), errc::transport_error (no such
   /// provider, the endpoint cannot open).
   replay_buffer(gear::capacity slots, gear::max_length length, Selection selection,
-                transport::libfabric t)
+                transport::libfabric t, const memory_resources& memory = {})
       : local_type(slots, length, selection,
-                   transport::shard_view{{t.shard, detail::remote::draw_incarnation()}}),
+                   transport::shard_view{{t.shard, detail::remote::draw_incarnation()}}, memory),
         transport_(std::move(t)) {
     const std::uint32_t b = transport_.block_bytes;
     GEAR_REQUIRE(b >= 4096 && b <= (16u << 20) && (b & (b - 1)) == 0, errc::invalid_argument,
@@ -53,8 +54,9 @@ class replay_buffer<Spec, Storage, Selection, transport::libfabric>
     o.buffer_names_shard = true;
     server_ = std::make_unique<server_type>(static_cast<local_type&>(*this), std::move(o));
   }
-  replay_buffer(gear::capacity slots, gear::max_length length, transport::libfabric t)
-      : replay_buffer(slots, length, Selection{}, std::move(t)) {}
+  replay_buffer(gear::capacity slots, gear::max_length length, transport::libfabric t,
+                const memory_resources& memory = {})
+      : replay_buffer(slots, length, Selection{}, std::move(t), memory) {}
 
   replay_buffer(replay_buffer&&) = delete;
   replay_buffer& operator=(replay_buffer&&) = delete;

@@ -111,13 +111,13 @@ class buffer_core {
   using spec_type = Spec;
 
   buffer_core(std::int64_t capacity, std::int64_t max_length, const Selection& selection,
-              Transport transport)
+              Transport transport, const memory_resources& memory = {})
       : capacity_(capacity),
         max_length_(max_length),
         selection_settings_(selection),
         transport_(std::move(transport)),
         device_(current_device()),
-        regions_(placement, capacity, max_length),
+        regions_(placement, capacity, max_length, memory),
         ring_(capacity, next_buffer_id(), /*indexed=*/dense_reading<Selection>) {
     if constexpr (on_device) {
       // The mirror, then the publish launch's arrivals word (landing.hpp), cleared together.

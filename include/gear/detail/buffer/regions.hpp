@@ -20,10 +20,11 @@ struct slot_regions {
   std::array<column_geometry, num_columns> host{};    ///< CPU addresses
   std::array<column_geometry, num_columns> kernel{};  ///< addresses selection and kernels use
 
-  /// Allocates `capacity` slots of `max_length` steps. Throws errc::out_of_memory,
-  /// errc::cuda_error.
+  /// Allocates `capacity` slots of `max_length` steps, each kind from its resource in `from`
+  /// (memory_resource.hpp). Throws errc::out_of_memory, errc::wrong_memory,
+  /// errc::misaligned_pointer, errc::cuda_error.
   slot_regions(const std::array<memory_kind, num_columns>& placement, std::int64_t capacity,
-               std::int64_t max_length) {
+               std::int64_t max_length, const memory_resources& from = {}) {
     constexpr memory_kind kinds[] = {memory_kind::host, memory_kind::pinned_host,
                                      memory_kind::device};
     for (std::size_t k = 0; k < 3; ++k) {
@@ -45,7 +46,8 @@ struct slot_regions {
       GEAR_REQUIRE(slot_bytes <= most / capacity, errc::out_of_memory,
                    std::to_string(capacity) + " slots of " + std::to_string(slot_bytes) +
                        " bytes would take more than 2^62 bytes");
-      memory[k] = allocation(kinds[k], static_cast<std::size_t>(slot_bytes * capacity));
+      const memory_resource_ref resource = k == 0 ? from.host : k == 1 ? from.pinned : from.device;
+      memory[k] = allocation(kinds[k], static_cast<std::size_t>(slot_bytes * capacity), resource);
       for (std::size_t c = 0; c < num_columns; ++c) {
         if (placement[c] != kinds[k]) continue;
         host[c] = {memory[k].data() + offset[c], slot_bytes, Spec::step_bytes[c]};
