@@ -4,6 +4,7 @@
 // code is the same apart from the storage policy in the buffer's type.
 
 #include <cstdio>
+#include <gear/dlpack.hpp>  // 6. below: tensors for PyTorch, JAX, CuPy
 #include <gear/gear.cuh>
 #include <numeric>
 #include <vector>
@@ -76,7 +77,19 @@ int run(const char* where, cuda::stream_ref stream) {
       static_cast<long long>(valid), static_cast<long long>(mask.size()));
   std::printf("row 0 ends with rewards %.1f %.1f %.1f\n", reward_rows[61], reward_rows[62],
               reward_rows[63]);
-  return valid > 0 ? 0 : 1;
+
+  // 6. Or hand the batch to a framework without a copy: a DLPack tensor viewing its bytes (for
+  //    PyTorch: at::fromDLPack(tensor)). Export once; every sample into the batch refills it.
+  DLManagedTensor* tensor = gear::to_dlpack<"obs">(batch);
+  const DLTensor& t = tensor->dl_tensor;
+  std::printf("obs as a DLPack tensor: [%lld, %lld, %lld, %lld, %lld] of uint%d on %s\n",
+              static_cast<long long>(t.shape[0]), static_cast<long long>(t.shape[1]),
+              static_cast<long long>(t.shape[2]), static_cast<long long>(t.shape[3]),
+              static_cast<long long>(t.shape[4]), t.dtype.bits,
+              t.device.device_type == kDLCUDA ? "the GPU" : "the CPU");
+  const bool exported = t.data == batch.column_data(0) && t.ndim == 5;
+  tensor->deleter(tensor);  // what a framework does when it lets go; the batch keeps its bytes
+  return valid > 0 && exported ? 0 : 1;
 }
 
 int main() {

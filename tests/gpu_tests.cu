@@ -2,6 +2,7 @@
 // gathered bytes compared with an independent host reference on random data, outputs poisoned
 // before every run. Exits 77 (skipped) where no GPU is usable.
 
+#include <gear/dlpack.hpp>
 #include <gear/gear.cuh>
 
 #define DOCTEST_CONFIG_IMPLEMENT
@@ -593,6 +594,41 @@ TEST_CASE("memory a GPU buffer cannot read is refused (wrong_memory) and given b
   CHECK(pageable.deallocations == 2);
   CHECK(pinned.allocations == 1);
   CHECK(pinned.deallocations == 1);
+}
+
+TEST_CASE("DLPack: a GPU batch's tensors are on its device and hold what the sample gathered") {
+  stream_holder s;
+  gear::replay_buffer<spec, gear::storage::device> buf{gear::capacity{16}, gear::max_length{8}};
+  model m;
+  insert(buf, m, {3, 8, 5, 1, 7, 2}, s, false);
+  auto out = buf.make_batch(gear::batch_size{64}, gear::window_length{4});
+  DLManagedTensor* image = gear::to_dlpack<"image">(out);
+  DLManagedTensor* mask = gear::mask_to_dlpack(out);
+  int device = -1;
+  GEAR_CUDA_TRY(cudaGetDevice(&device));
+  for (DLManagedTensor* t : {image, mask}) {
+    CHECK(t->dl_tensor.device.device_type == kDLCUDA);
+    CHECK(t->dl_tensor.device.device_id == device);
+  }
+  CHECK(image->dl_tensor.ndim == 3);
+  CHECK(image->dl_tensor.shape[2] == 64);
+  const gear::window w{4, 0, gear::anchor::start, gear::pad::tail};
+  gear::rng g{8};
+  buf.sample(out, w, g, s);
+  // The bytes behind the tensors are the gathered batch.
+  std::vector<std::byte> through(64 * 4 * 64);
+  std::vector<std::uint8_t> mask_bytes(64 * 4);
+  GEAR_CUDA_TRY(cudaMemcpy(through.data(), image->dl_tensor.data, through.size(),
+                           cudaMemcpyDeviceToHost));
+  GEAR_CUDA_TRY(cudaMemcpy(mask_bytes.data(), mask->dl_tensor.data, mask_bytes.size(),
+                           cudaMemcpyDeviceToHost));
+  const host_batch h = copy_device_batch(out);
+  const std::string err = m.check(h, w);
+  CHECK_MESSAGE(err.empty(), err);
+  CHECK(std::equal(through.begin(), through.end(), h.columns[3].begin()));
+  CHECK(std::equal(mask_bytes.begin(), mask_bytes.end(), h.mask.begin()));
+  image->deleter(image);
+  mask->deleter(mask);
 }
 
 TEST_CASE("GPU-side errors leave the buffer unchanged") {

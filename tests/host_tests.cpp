@@ -18,6 +18,7 @@
 #include <gear/detail/column_blocks.hpp>
 #include <gear/detail/host_copy.hpp>
 #include <gear/detail/scatter.hpp>
+#include <gear/dlpack.hpp>
 #include <map>
 #include <memory_resource>
 #include <random>
@@ -628,6 +629,63 @@ TEST_CASE("an empty memory_resource_ref is gear's own allocation; refs compare b
   host_buffer buf{gear::capacity{4}, gear::max_length{8}, {}, {}, {.pinned = a, .device = b}};
   CHECK(a.given.empty());  // kinds the storage does not use are not touched
   CHECK(b.given.empty());
+}
+
+TEST_CASE("DLPack: a host batch's outputs as tensors that view its bytes") {
+  host_buffer buf{gear::capacity{8}, gear::max_length{6}};
+  model m;
+  std::mt19937_64 gen(9);
+  insert(buf, m, random_lengths(gen, 8, 6));
+  auto out = buf.make_batch(gear::batch_size{5}, gear::window_length{3});
+  struct expected {
+    DLManagedTensor* tensor;
+    const void* data;
+    std::vector<std::int64_t> shape;
+    DLDataType type;
+  };
+  const std::vector<expected> all = {
+      {gear::to_dlpack<0>(out), out.column_data(0), {5, 3, 2, 3}, {kDLFloat, 32, 1}},
+      {gear::to_dlpack<"action">(out), out.column_data(1), {5, 3}, {kDLInt, 32, 1}},
+      {gear::to_dlpack<"done">(out), out.column_data(2), {5, 3}, {kDLUInt, 8, 1}},
+      {gear::to_dlpack<3>(out), out.column_data(3), {5, 3, 64}, {kDLUInt, 8, 1}},
+      {gear::mask_to_dlpack(out), out.mask_data(), {5, 3}, {kDLUInt, 8, 1}},
+      {gear::probabilities_to_dlpack(out), out.probabilities_data(), {5}, {kDLFloat, 32, 1}},
+      {gear::weights_to_dlpack(out), out.weights_data(), {5}, {kDLFloat, 32, 1}}};
+  for (const expected& e : all) {
+    const DLTensor& t = e.tensor->dl_tensor;
+    CHECK(t.data == e.data);
+    CHECK(t.device.device_type == kDLCPU);
+    CHECK(t.device.device_id == 0);
+    REQUIRE(t.ndim == static_cast<int>(e.shape.size()));
+    CHECK(std::vector<std::int64_t>(t.shape, t.shape + t.ndim) == e.shape);
+    CHECK(t.dtype.code == e.type.code);
+    CHECK(t.dtype.bits == e.type.bits);
+    CHECK(t.dtype.lanes == 1);
+    CHECK(t.strides == nullptr);
+    CHECK(t.byte_offset == 0);
+    CHECK(e.tensor->manager_ctx != nullptr);
+  }
+  // A sample refills the bytes the tensors view: read through the tensor, element by element in
+  // its row-major order, they are the batch's view.
+  gear::rng g{4};
+  buf.sample(out, gear::window{3, 0, gear::anchor::random, gear::pad::tail}, g);
+  const auto* obs = static_cast<const float*>(all[0].tensor->dl_tensor.data);
+  const auto view = out.column<"obs">();
+  for (std::int64_t r = 0; r < 5; ++r)
+    for (std::int64_t t = 0; t < 3; ++t)
+      for (std::int64_t i = 0; i < 2; ++i)
+        for (std::int64_t j = 0; j < 3; ++j)
+          CHECK(obs[((r * 3 + t) * 2 + i) * 3 + j] == view(r, t, i, j));
+  const auto* mask = static_cast<const std::uint8_t*>(all[4].tensor->dl_tensor.data);
+  for (std::int64_t r = 0; r < 5; ++r)
+    for (std::int64_t t = 0; t < 3; ++t) CHECK(mask[r * 3 + t] == out.mask()(r, t));
+  for (const expected& e : all) e.tensor->deleter(e.tensor);  // frees the records, not the batch
+  CHECK(out.holds_memory());
+  // A batch moved from holds no memory: refused.
+  auto taken = std::move(out);
+  CHECK(code_of([&] { (void)gear::to_dlpack<0>(out); }) == gear::errc::batch_mismatch);
+  CHECK(code_of([&] { (void)gear::mask_to_dlpack(out); }) == gear::errc::batch_mismatch);
+  CHECK(code_of([&] { (void)gear::weights_to_dlpack(out); }) == gear::errc::batch_mismatch);
 }
 
 TEST_CASE("typed mdspan views address the gathered bytes") {
