@@ -682,3 +682,26 @@ TEST_CASE("tcp;ofi_rxm: with skip_lost_shards and 8 ahead, held samples end and 
     }
   }
 }
+
+TEST_CASE("tcp;ofi_rxm: a priority the shard cannot weigh is skipped there; the others apply") {
+  // alpha 10: 1e38^10 is past float's range, which only the shard (whose alpha it is) can tell.
+  const selection steep{.alpha = 10.0, .beta = 0.4};
+  shard_t s0(gear::capacity{8}, gear::max_length{max_length}, steep,
+             shard_transport("tcp;ofi_rxm", 0));
+  client_t client(client_transport("tcp;ofi_rxm", {&s0}), steep);
+  const packed two({1, 2});
+  std::vector<gear::key> keys(2);
+  client.insert(two.view(), keys);
+  REQUIRE(s0.selection_state().total() == doctest::Approx(2.0));  // both enter at priority 1
+  // Key 0 named twice (its last priority, 3, wins), key 1 with a priority the tree refuses.
+  const std::vector<gear::key> named{keys[0], keys[1], keys[0]};
+  const std::vector<float> priorities{2.0f, 1e38f, 3.0f};
+  const gear::priority_update_result r = client.update_priorities(named, priorities);
+  CHECK(r.applied == 2);
+  CHECK(r.stale == 1);
+  // Key 0 at 3 (3^10), key 1 unchanged at 1: before, the whole message was counted stale and
+  // the shard's mass stayed 2.
+  CHECK(s0.selection_state().total() == doctest::Approx(std::pow(3.0, 10) + 1.0));
+  CHECK(s0.contains(keys[0]));
+  CHECK(s0.contains(keys[1]));
+}

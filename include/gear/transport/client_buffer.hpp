@@ -61,7 +61,7 @@ class replay_buffer<Spec, storage::none, Selection, transport::libfabric> {
 
   /// What this client did.
   struct counters {
-    std::uint64_t inserted = 0;  ///< trajectories stored at a shard
+    std::uint64_t inserted = 0;  ///< trajectories stored at a shard (keyed), or posted (keyless)
     std::uint64_t samples = 0, sampled_rows = 0;
     std::uint64_t updated = 0, erased = 0, stale = 0;  ///< pairs applied, removed, skipped
   };
@@ -101,8 +101,8 @@ class replay_buffer<Spec, storage::none, Selection, transport::libfabric> {
   [[nodiscard]] std::uint32_t shard_count() const noexcept { return transport_.shard_count(); }
   [[nodiscard]] const transport::libfabric& transport() const noexcept { return transport_; }
   [[nodiscard]] Selection selection() const noexcept { return selection_; }
-  /// Trajectories stored by all shards, as each reports it now (asks every shard).
-  /// Throws errc::peer_lost.
+  /// Trajectories stored by all shards, as each reports it now (asks every shard). Throws
+  /// errc::peer_lost (with skip_lost_shards: leaves a shard it finds lost out, and throws not).
   [[nodiscard]] std::int64_t size() {
     const std::lock_guard held(learner_mutex_);
     return learner().size();
@@ -180,7 +180,8 @@ class replay_buffer<Spec, storage::none, Selection, transport::libfabric> {
   /// the last one crosses the wire. Throws, sending nothing, errc::invalid_argument (as many in
   /// flight as allowed, one into `out`, more than max_batch rows or max_window steps),
   /// errc::batch_mismatch, errc::empty_window, errc::window_out_of_range (also a window longer
-  /// than the shards' max_length), errc::empty_buffer (no shard holds anything), errc::peer_lost.
+  /// than the shards' max_length), errc::empty_buffer (no shard holds anything, or, prioritized,
+  /// every shard's priority mass is 0), errc::peer_lost.
   void sample_begin(batch_type& out, const window& w, rng& g) {
     const std::lock_guard held(learner_mutex_);
     learner().sample_begin(out, w, g);
@@ -198,7 +199,8 @@ class replay_buffer<Spec, storage::none, Selection, transport::libfabric> {
 
   // ---- priorities and removal ----------------------------------------------------------------
 
-  /// Sets the priorities of `keys` at the shards they name; stale pairs are skipped and counted.
+  /// Sets the priorities of `keys` at the shards they name; stale pairs are skipped and counted,
+  /// and so is a pair whose p^alpha its shard cannot weigh (past float's range at its alpha).
   /// Throws, sending nothing, errc::invalid_argument (sizes differ), errc::invalid_priority,
   /// errc::key_out_of_range (a shard not among the transport's); then errc::peer_lost.
   priority_update_result update_priorities(std::span<const key> keys,

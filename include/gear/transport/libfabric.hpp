@@ -84,8 +84,9 @@ struct libfabric {
   std::int64_t max_window = 64;                ///< steps of its window, at most
   /// A shard found lost (no answer by the deadline) is left out from then on: later samples go
   /// on over the others, probabilities renormalised over their union; its keys' updates and
-  /// erases count as stale. The call that finds it lost still throws errc::peer_lost. False:
-  /// every call needs every shard.
+  /// erases count as stale. The sample, update or erase that finds it lost still throws
+  /// errc::peer_lost; size() and a sample's status requests go on without it. False: every call
+  /// needs every shard.
   bool skip_lost_shards = false;
   /// With this many samples or more in flight and unanswered, a new one's requests wait and go
   /// this many samples' to a shard in one message (remote_learner's option). 1: never wait.

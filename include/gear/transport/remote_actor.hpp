@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -220,7 +221,7 @@ class remote_actor : public remote_client {
       }
       ++to.next_sequence;
       pending_.push_back({s, h.sequence, first, static_cast<std::uint32_t>(layout.blocks), t,
-                          false, keyless, {}, std::this_thread::get_id()});
+                          false, keyless, {}, caller_id()});
     }
     return first_pending;
   }
@@ -242,7 +243,7 @@ class remote_actor : public remote_client {
       return true;
     });
     const auto mine = std::find_if(refusals_.begin(), refusals_.end(), [](const refusals& r) {
-      return r.caller == std::this_thread::get_id();
+      return r.caller == caller_id();
     });
     if (mine == refusals_.end()) return;
     const std::vector<std::size_t> refused = std::move(mine->per_shard);
@@ -278,7 +279,7 @@ class remote_actor : public remote_client {
     bool acked;
     bool keyless;  // of insert(in): collected by a later call
     key stored;
-    std::thread::id caller;  // whose insert(in): its refusal goes to that thread's next call
+    std::uint64_t caller;  // whose insert(in) (caller_id()): its refusal goes to its next call
   };
 
   void on_welcome(std::size_t s, const detail::remote::welcome& w) override {
@@ -375,10 +376,18 @@ class remote_actor : public remote_client {
   std::vector<shard> shards_;  // their staging outlives the endpoint (reset by remote_client)
   std::vector<pending> pending_;
   struct refusals {  // entries of a thread's inserts without keys that shards refused, untold
-    std::thread::id caller;
+    std::uint64_t caller;
     std::vector<std::size_t> per_shard;
   };
   std::vector<refusals> refusals_;
+
+  /// This thread's number, never reused in the process (a std::thread::id is, once its thread
+  /// has ended: a later thread would be told of an ended one's refusals).
+  static std::uint64_t caller_id() noexcept {
+    static std::atomic<std::uint64_t> next{1};
+    thread_local const std::uint64_t mine = next.fetch_add(1, std::memory_order_relaxed);
+    return mine;
+  }
   std::uint32_t largest_ring_ = 0;  // of shards_' rings
   std::size_t next_shard_ = 0;
   std::vector<std::size_t> turns_;  // the shards inserts take in turn: this host's (local_first)

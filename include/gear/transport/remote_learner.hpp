@@ -126,11 +126,11 @@ class remote_learner : public remote_client {
   /// training step can run). Up to max_samples_in_flight samples may be in flight, into different
   /// batches, ended in any order: with two, a shard gathers the next share while the last one is
   /// on the wire. `out` must stay alive until sample_end; the shards write into its columns
-  /// meanwhile. Throws, sending nothing, errc::invalid_argument (as many in flight as allowed, or
-  /// one into `out` already, a batch larger than the slices, memory an earlier sample's cut-off
-  /// reply may still write into: see sample_end), errc::wrong_memory, errc::batch_mismatch;
-  /// errc::empty_window, errc::window_out_of_range (check_sample_request); errc::empty_buffer
-  /// when no shard holds anything; errc::transport_error (its memory cannot be registered).
+  /// meanwhile. Throws, sending nothing, errc::invalid_argument (as many in flight as allowed, one
+  /// into `out` already, a batch larger than the slices, memory an earlier sample's cut-off reply
+  /// may still write into: see sample_end), errc::wrong_memory, errc::batch_mismatch; empty_window,
+  /// window_out_of_range (check_sample_request); errc::empty_buffer when no shard holds anything
+  /// or every mass is 0; errc::transport_error (its memory cannot be registered).
   /// Throws errc::peer_lost when a request cannot go, after the shards already asked have
   /// answered (or the deadline passed).
   void sample_begin(batch<Spec>& out, const window& w, rng& g) {
@@ -276,11 +276,11 @@ class remote_learner : public remote_client {
     if (!may_hold()) (void)send_held(until);  // what this call's polls saw: the shards less busy
   }
 
-  /// Sets the priorities of `keys` (host spans of one size) at the shards that own them, each
-  /// key's shard checking its ticket and incarnation: stale pairs are skipped and counted, the
-  /// rest applied. Returns the totals. Throws, sending nothing, errc::invalid_argument (sizes
-  /// differ), errc::invalid_priority (NaN, negative, infinite), errc::key_out_of_range (a key of a
-  /// shard this learner does not know); errc::peer_lost when a shard does not answer.
+  /// Sets the priorities of `keys` (host spans of one size) at the shards that own them, which
+  /// skip and count stale pairs (ticket, incarnation) and pairs whose p^alpha they cannot weigh
+  /// (past float's range at their alpha), applying the rest. Returns the totals. Throws, sending
+  /// nothing, errc::invalid_argument (sizes differ), invalid_priority (NaN, negative, infinite),
+  /// key_out_of_range (a shard this learner does not know); errc::peer_lost (no answer).
   priority_update_result update_priorities(std::span<const key> keys,
                                            std::span<const float> priorities) {
     GEAR_REQUIRE(keys.size() == priorities.size(), errc::invalid_argument,

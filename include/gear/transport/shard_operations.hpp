@@ -201,8 +201,23 @@ detail::remote::update_result apply_update(Buffer& buffer, shard_stream& s,
           buffer.update_priorities(keys, priorities, s.for_buffer(buffer));
       result.applied = r.applied;
       result.stale += r.stale;
-    } catch (const error&) {
-      result.stale += static_cast<std::int64_t>(keys.size());
+    } catch (const error& e) {
+      if (e.code() != errc::invalid_priority) {
+        result.stale += static_cast<std::int64_t>(keys.size());
+        return result;
+      }
+      // A priority this shard's policy cannot weigh (p^alpha past float's range at its alpha,
+      // which the learner cannot know) refused the whole call: the others are applied one by
+      // one, in order (a key named twice still takes its last priority), and it is skipped.
+      for (std::size_t i = 0; i < keys.size(); ++i) try {
+          const priority_update_result r =
+              buffer.update_priorities(std::span(keys).subspan(i, 1),
+                                       std::span(priorities).subspan(i, 1), s.for_buffer(buffer));
+          result.applied += r.applied;
+          result.stale += r.stale;
+        } catch (const error&) {
+          ++result.stale;
+        }
     }
   } else {
     result.stale += static_cast<std::int64_t>(keys.size());
