@@ -30,14 +30,15 @@ struct read_metadata {};
 /// A range of slots reserved for writing, committed later with replay_buffer::commit.
 /// Slot i of the reservation is (first_ticket + i) % capacity.
 ///
-/// Writes through a ref are the producer's own: the buffer cannot see them. Once `capacity` newer
-/// reservations (inserts, reserves, writers; from any thread) wrap the ring onto a slot of this
-/// reservation, the slot is taken over: its new occupant is written and may be committed and
-/// sampled, and commit refuses this reservation (errc::invalid_reservation). So finish writing
-/// before that can happen. GPU storage waits, at the takeover, for the device (a kernel enqueued
-/// before it may still write); a kernel enqueued after it, or a host thread still writing into
-/// storage::host, writes into the new occupant. A gear::writer has no such window: it checks
-/// its slot under the buffer's mutex at every append.
+/// Writes through a ref are the producer's own: the buffer cannot see them. Once the ring wraps
+/// onto a slot of this reservation (its first slot after capacity - count + 1 newer reserved
+/// slots: each trajectory of an insert, each slot of a reserve, each writer takes one; from any
+/// thread), the slot is taken over: its new occupant is written and may be committed and
+/// sampled, and commit refuses this whole reservation (errc::invalid_reservation). So finish
+/// writing before that can happen. GPU storage waits, at the takeover, for the device (a kernel
+/// enqueued before it may still write); a kernel enqueued after it, or a host thread still
+/// writing into storage::host, writes into the new occupant. A gear::writer has no such window:
+/// it checks its slot under the buffer's mutex at every append.
 struct reservation {
   std::uint64_t first_ticket = 0;
   std::int64_t count = 0;

@@ -1,9 +1,10 @@
 #pragma once
 // gear::rng: the random stream sample() draws from. Counter-based (Philox-4x32-10), so the host
 // and the device produce the same numbers for the same (seed, call, row, attempt). A sample is
-// reproducible from its seed and the buffer's contents (it sees exactly the calls that returned
-// before it started, on any stream: replay_buffer.hpp), except uniform without replacement on
-// the GPU, whose rows race for slots (select/uniform.hpp).
+// reproducible from its seed and the calls that built the buffer, in their order (it sees exactly
+// the calls that returned before it started, on any stream: replay_buffer.hpp; two buffers of the
+// same contents reached by erases in another order may draw other rows), except uniform without
+// replacement on the GPU, whose rows race for slots (select/uniform.hpp).
 
 #include <cstdint>
 #include <gear/config.hpp>
