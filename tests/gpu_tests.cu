@@ -631,6 +631,30 @@ TEST_CASE("DLPack: a GPU batch's tensors are on its device and hold what the sam
   mask->deleter(mask);
 }
 
+TEST_CASE("stats() on GPU storage: inserts landing from a second stream count in size only") {
+  stream_holder a, b;
+  gear::replay_buffer<spec, gear::storage::device> buf{gear::capacity{8}, gear::max_length{4}};
+  model m;
+  insert(buf, m, {2}, a, false);
+  insert(buf, m, {3}, b, false);     // a second stream: host inserts land from now on
+  insert(buf, m, {1, 4}, b, false);  // on their way, or published by a later call
+  gear::buffer_stats s = buf.stats();
+  CHECK(s.size == buf.size());
+  CHECK(s.size == 4);
+  CHECK(s.pending == 0);  // a landing insert's reserved slots are stored, not pending
+  CHECK(s.slot_bytes[0] == 0);
+  CHECK(s.slot_bytes[1] == 0);
+  CHECK(s.slot_bytes[2] > 0);
+  auto out = buf.make_batch(gear::batch_size{16}, gear::window_length{2});
+  gear::rng g{2};
+  buf.sample(out, gear::window{2}, g, a);  // publishes every insert (too few rows otherwise)
+  s = buf.stats();
+  CHECK(s.committed == 4);
+  CHECK(s.size == 4);
+  CHECK(s.samples == 1);
+  CHECK(s.rows_sampled == 16);
+}
+
 TEST_CASE("GPU-side errors leave the buffer unchanged") {
   stream_holder s;
   using buffer = gear::replay_buffer<spec, gear::storage::device>;

@@ -20,6 +20,7 @@
 #include <gear/detail/scatter.hpp>
 #include <gear/dlpack.hpp>
 #include <map>
+#include <optional>
 #include <memory_resource>
 #include <random>
 #include <set>
@@ -686,6 +687,72 @@ TEST_CASE("DLPack: a host batch's outputs as tensors that view its bytes") {
   CHECK(code_of([&] { (void)gear::to_dlpack<0>(out); }) == gear::errc::batch_mismatch);
   CHECK(code_of([&] { (void)gear::mask_to_dlpack(out); }) == gear::errc::batch_mismatch);
   CHECK(code_of([&] { (void)gear::weights_to_dlpack(out); }) == gear::errc::batch_mismatch);
+}
+
+TEST_CASE("stats(): sizes, slot memory and every count, as the calls made them") {
+  host_buffer buf{gear::capacity{4}, gear::max_length{6}};
+  model m;
+  gear::buffer_stats s = buf.stats();
+  CHECK(s.capacity == 4);
+  CHECK(s.size == 0);
+  CHECK(s.slot_bytes[0] >= std::size_t{4} * 6 * 93);  // host memory: every column's steps
+  CHECK(s.slot_bytes[1] == 0);
+  CHECK(s.slot_bytes[2] == 0);
+  CHECK(s.committed + s.evicted + s.removed + s.samples + s.priority_updates == 0);
+  const std::vector<gear::key> first = insert(buf, m, {2, 3, 4});  // tickets 0, 1, 2
+  std::optional<host_buffer::writer_type> w;
+  w.emplace(buf.make_writer());  // ticket 3, slot 3
+  const float obs[6] = {};
+  const std::int32_t a = 0;
+  const bool d = false;
+  const std::uint8_t img[64] = {};
+  w->append(obs, &a, &d, img);
+  const gear::reservation r = buf.reserve(2);  // tickets 4, 5 take slots 0, 1: evict 0 and 1
+  s = buf.stats();
+  CHECK(s.committed == 3);
+  CHECK(s.evicted == 2);
+  CHECK(s.pending == 3);
+  CHECK(s.size == 1);
+  CHECK(s.tickets_issued == 6);
+  std::vector<gear::key> keys(2);
+  buf.commit(r, std::vector<std::int64_t>{2, 3}, keys);
+  w.reset();  // abandoned
+  s = buf.stats();
+  CHECK(s.committed == 5);
+  CHECK(s.pending == 0);
+  CHECK(s.size == 3);
+  buf.erase(std::span(first).subspan(2, 1));
+  buf.set_max_times_sampled(1);
+  auto out = buf.make_batch(gear::batch_size{1}, gear::window_length{1});
+  gear::rng g{3};
+  buf.sample(out, gear::window{}, g);  // returns one trajectory, which goes at its limit
+  s = buf.stats();
+  CHECK(s.removed == 2);
+  CHECK(s.size == 1);
+  CHECK(s.samples == 1);
+  CHECK(s.rows_sampled == 1);
+  // A call refused changes no count.
+  auto wide = buf.make_batch(gear::batch_size{2}, gear::window_length{1});
+  CHECK(code_of([&] { buf.sample(wide, gear::window{0}, g); }) == gear::errc::empty_window);
+  const gear::buffer_stats after = buf.stats();
+  CHECK(after.samples == 1);
+  CHECK(after.rows_sampled == 1);
+  CHECK(after.removed == 2);
+
+  // Priority updates from host spans: calls, and pairs applied and stale.
+  gear::replay_buffer<spec, gear::storage::host, gear::select::prioritized> per{
+      gear::capacity{2}, gear::max_length{2}};
+  model pm;
+  const std::vector<gear::key> old = insert(per, pm, {1, 1});
+  const std::vector<gear::key> now = insert(per, pm, {1});  // evicts old[0]
+  const std::vector<gear::key> named{old[0], old[1], now[0]};
+  (void)per.update_priorities(named, std::vector<float>{1.0f, 2.0f, 3.0f});
+  const gear::buffer_stats ps = per.stats();
+  CHECK(ps.priority_updates == 1);
+  CHECK(ps.priorities_applied == 2);
+  CHECK(ps.priorities_stale == 1);
+  CHECK(ps.committed == 3);
+  CHECK(ps.evicted == 1);
 }
 
 TEST_CASE("typed mdspan views address the gathered bytes") {

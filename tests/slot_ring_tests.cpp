@@ -151,6 +151,22 @@ std::string diff(const slot_ring& ring, const model& m) {
   if (ring.capacity() != m.capacity) return say("capacity", ring.capacity(), m.capacity);
   if (ring.next_ticket() != m.next) return say("next_ticket", ring.next_ticket(), m.next);
   if (ring.live() != m.live()) return say("live", ring.live(), m.live());
+  // The counts stats() reports: pending slots now; tickets ever committed, committed ones
+  // overwritten by a reservation, committed ones removed.
+  std::int64_t pending = 0;
+  for (std::int64_t s = 0; s < m.capacity; ++s) pending += m.state(s) == slot_state::pending;
+  if (ring.pending() != pending) return say("pending", ring.pending(), pending);
+  std::uint64_t committed = 0, evicted = 0, removed = 0;
+  for (std::uint64_t t = 0; t < m.next; ++t) {
+    committed += m.fates[t] == fate::committed || m.fates[t] == fate::removed;
+    removed += m.fates[t] == fate::removed;
+    evicted += m.fates[t] == fate::committed &&
+               m.newest(static_cast<std::int64_t>(t % m.cap())) != t;
+  }
+  if (ring.committed_total() != committed)
+    return say("committed_total", ring.committed_total(), committed);
+  if (ring.evicted_total() != evicted) return say("evicted_total", ring.evicted_total(), evicted);
+  if (ring.removed_total() != removed) return say("removed_total", ring.removed_total(), removed);
   const auto occupied = static_cast<std::int64_t>(std::min(m.next, m.cap()));
   if (ring.occupied() != occupied) return say("occupied", ring.occupied(), occupied);
   for (std::int64_t s = 0; s < m.capacity; ++s) {

@@ -32,9 +32,8 @@
 //   A trajectory becomes visible to sampling only after all of its bytes are stored: its commit
 //   records are applied after its scatter (a landing insert's placement, below), in stream order.
 //
-//   Memory a call reads: host memory (any kind: pageable or pinned; insert data, writer steps,
-//   priorities) is copied during the call and may be reused when it returns. Device memory (an
-//   insert from memory_kind::device, priorities from memory_kind::device) is read in stream order.
+//   Memory a call reads: host memory (pageable or pinned: insert data, writer steps, priorities)
+//   is copied during the call, reusable when it returns; device memory is read in stream order.
 //
 //   Waits: an _async call never waits for its stream, except (1) an insert of host data into
 //   pinned_host or mixed storage waits on the host for the gathers that may read the slots it
@@ -56,31 +55,25 @@
 //   (pinned_host / mixed record events, for (1)); a second stream's first call syncs the device.
 //
 //   Host inserts that land: once a buffer whose columns are all in device memory has been used
-//   from a second stream, an insert of host data copies it into staging (CPU, during the call),
-//   enqueues its upload to device staging on the caller's stream (copy engines; it waits for no
-//   other stream) and reserves its slots. A later call (such an insert too, while no sample is in
-//   flight) publishes the inserts whose upload has finished: one kernel on its stream places
-//   their bytes in the slots, after the samples that may read the evicted occupants, and applies
-//   their commit records (detail/buffer/landing.hpp). So actors never wait for a learner's
-//   samples, and a learner on another stream never waits for bytes crossing PCIe: it sees the
-//   inserts uploaded before its call, its own stream's, and, rather than find too few, all of
-//   them. Erase and host-span priority updates publish the keys they name; size() counts them.
-//   Priority updates from device memory see a still-landing key as stale.
+//   from a second stream, a host insert uploads its data to device staging on the caller's
+//   stream, waiting for no other, and a later call publishes it once uploaded (one kernel places
+//   the bytes after the gathers of the evicted slots, and commits: detail/buffer/landing.hpp). A
+//   sample sees the inserts uploaded before it, its own stream's, and, rather than find too few,
+//   all of them; erase and host-span updates publish the keys they name; size() counts them;
+//   priority updates from device memory see them as stale.
 //   selection_state() is not synchronised: change its settings while no other thread uses it.
 //
 // CUDA graphs: sample_async with a gear::device_rng (select::uniform, select::prioritized) and
 // update_priorities_async from device memory can be captured and replayed; each replay does what
-// the next eager call would, on the buffer as it is when the replay runs (device_rng.hpp). The
-// batch, window and policy settings are the capture's; a buffer emptied since gives rows of slot
-// -1, mask 0. Such a call binds the buffer to its stream: replays wait for no event, so a later
-// call on another stream throws errc::invalid_argument, changing nothing. Every other call throws
-// errc::invalid_argument on a capturing stream, before it changes anything.
+// the next eager call would, on the buffer as it is then (device_rng.hpp), with the capture's
+// batch, window and policy settings; a buffer emptied since gives rows of slot -1, mask 0. Such a
+// call binds the buffer to its stream (replays wait for no event): a later call on another
+// stream, or any other call on a capturing stream, throws errc::invalid_argument, changes nothing.
 //
 // Errors: every call checks its input, then acquires what it needs (staging, allocations), and
-// only then changes anything: a gear::error thrown before that point leaves the buffer exactly as
-// it was. If enqueueing GPU work fails after the buffer changed (a launch or copy failing, which
-// in practice means a broken CUDA context), the buffer records the failure and every later call
-// throws it (errc::cuda_error) instead of returning rows its host and device views disagree on.
+// only then changes anything: a gear::error thrown before that leaves the buffer as it was. If
+// enqueueing GPU work fails after that (in practice, a broken CUDA context), the buffer records
+// the failure and every later call throws it (errc::cuda_error) rather than return wrong rows.
 //
 // Lifetime: the buffer keeps its state behind a pointer, so moving it keeps writers valid. Writers
 // and refs must not outlive the buffer; synchronise its streams before destroying it.
@@ -97,6 +90,7 @@
 #include <utility>
 #define GEAR_REPLAY_BUFFER_INCLUDED 1
 #include <gear/batch.hpp>
+#include <gear/buffer_stats.hpp>
 #include <gear/call_limits.hpp>
 #include <gear/detail/batch_slice.hpp>
 #include <gear/detail/buffer/call_limits.hpp>
@@ -172,7 +166,8 @@ class replay_buffer {
                                         std::move(transport), memory);
   }
 
-  /// Writers and refs stay valid across a move; a call on the one moved from: invalid_argument.
+  /// Writers and refs stay valid across a move; a call on the one moved from (but make_batch,
+  /// which reads none of its state): invalid_argument.
   replay_buffer(replay_buffer&&) noexcept = default;
   replay_buffer& operator=(replay_buffer&&) noexcept = default;
   replay_buffer(const replay_buffer&) = delete;
@@ -197,6 +192,11 @@ class replay_buffer {
     return core().ring_.live() + core().landing_count();
   }
   [[nodiscard]] bool empty() const { return size() == 0; }
+  /// Sizes, slot memory and counts since construction (buffer_stats.hpp), as of calls returned.
+  [[nodiscard]] buffer_stats stats() const {
+    const auto held = core().lock();
+    return core().stats();
+  }
   /// Reservations made so far (inserted trajectories plus pending ones): the next ticket.
   [[nodiscard]] std::uint64_t tickets_issued() const {
     const auto held = core().lock();

@@ -75,6 +75,9 @@ class replay_buffer<Spec, Storage, Selection, transport::libfabric>
   /// What remote peers did: inserts stored and refused, peers, failed transfers, dropped sends,
   /// messages and entries refused by reason.
   [[nodiscard]] counters stats() const { return server_->stats(); }
+  /// The buffer's own sizes and counts (replay_buffer::stats, which stats() above hides): every
+  /// call counted, local and remote.
+  [[nodiscard]] buffer_stats local_stats() const { return local_type::stats(); }
 
  private:
   transport::libfabric transport_;

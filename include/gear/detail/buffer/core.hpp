@@ -26,6 +26,8 @@
 #include <atomic>
 #include <cstdint>
 #include <cuda/stream_ref>
+#include <gear/buffer_stats.hpp>
+#include <gear/detail/buffer/calls.hpp>
 #include <gear/detail/buffer/landing_state.hpp>
 #include <gear/detail/buffer/mirror.hpp>
 #include <gear/detail/buffer/regions.hpp>
@@ -48,44 +50,6 @@
 #include <vector>
 
 namespace gear::detail {
-
-template <class T> inline constexpr bool dependent_false = false;
-
-/// A stream that is never used for a CUDA call: host-storage buffers take it where the shared
-/// code path expects a stream.
-inline cuda::stream_ref no_stream() noexcept { return cuda::stream_ref{cudaStream_t{}}; }
-
-/// True while `stream` is capturing a CUDA graph (or its capture was invalidated). Throws
-/// errc::cuda_error.
-[[nodiscard]] inline bool stream_capturing(cuda::stream_ref stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  GEAR_CUDA_TRY(cudaStreamIsCapturing(stream.get(), &status));
-  return status != cudaStreamCaptureStatusNone;
-}
-/// Throws errc::invalid_argument while `stream` captures a CUDA graph: the call's host
-/// bookkeeping would not be replayed with its GPU work.
-inline void refuse_capture(cuda::stream_ref stream) {
-  GEAR_REQUIRE(!stream_capturing(stream), errc::invalid_argument,
-               "this call cannot be captured into a CUDA graph (its host bookkeeping would not be "
-               "replayed): of a buffer's calls only sample_async with a gear::device_rng and "
-               "update_priorities_async from device memory can (replay_buffer only); make it "
-               "outside the capture");
-}
-
-/// Throws errc::invalid_argument unless a buffer of `capacity` slots of `max_length` steps may
-/// be made.
-inline void check_buffer_shape(std::int64_t capacity, std::int64_t max_length) {
-  GEAR_REQUIRE(capacity >= 1 && capacity <= (std::int64_t{1} << 40), errc::invalid_argument,
-               "capacity must be in [1, 2^40], got " + std::to_string(capacity));
-  GEAR_REQUIRE(max_length >= 1, errc::invalid_argument,
-               "max_length must be at least 1, got " + std::to_string(max_length));
-}
-
-/// A process-wide number per buffer, stamped into its reservations.
-inline std::uint64_t next_buffer_id() noexcept {
-  static std::atomic<std::uint64_t> next{1};
-  return next.fetch_add(1, std::memory_order_relaxed);
-}
 
 template <class Spec, class Storage, class Selection, class Transport>
 class buffer_core {
@@ -143,6 +107,7 @@ class buffer_core {
   staging_pool staging_;
   std::optional<state_type> selection_;
   std::string failure_;  // an enqueue that failed after state changed; empty if none
+  buffer_stats calls_;   // the counts of calls (samples, priority updates) that stats() reports
   std::int64_t max_times_sampled_ = 0;
   std::vector<std::int64_t> times_sampled_;     // [capacity] once counting is on
   std::vector<ticket_run> removal_runs_;        // scratch of counting returns, reused
@@ -189,6 +154,21 @@ class buffer_core {
     for (const auto& l : landing_)
       for (std::size_t i = 0; i < l.lengths.size(); ++i) n += ring_.is_pending(l.first_ticket + i);
     return n;
+  }
+  /// replay_buffer::stats(): the ring's counts and the calls' (the mutex held).
+  [[nodiscard]] buffer_stats stats() const {
+    buffer_stats s = calls_;
+    const std::int64_t landing = landing_count();
+    s.capacity = capacity_;
+    s.size = ring_.live() + landing;
+    s.pending = ring_.pending() - landing;  // a landing insert's slots count in size
+    s.tickets_issued = ring_.next_ticket();
+    for (std::size_t k = 0; k < s.slot_bytes.size(); ++k)
+      s.slot_bytes[k] = regions_.memory[k].size();
+    s.committed = ring_.committed_total();
+    s.evicted = ring_.evicted_total();
+    s.removed = ring_.removed_total();
+    return s;
   }
   /// True when `ticket` belongs to a landing insert and is still its slot's reservation.
   [[nodiscard]] bool is_landing(std::uint64_t ticket) const noexcept {

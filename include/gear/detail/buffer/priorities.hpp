@@ -90,6 +90,9 @@ priority_update_result update_from_host(Core& b, std::span<const key> keys,
       b.selection_->update(b.table(), live_keys, live_priorities, stream);
     b.order_after(stream, Core::write, /*bytes=*/false);
   });
+  ++b.calls_.priority_updates;
+  b.calls_.priorities_applied += static_cast<std::uint64_t>(n - stale);
+  b.calls_.priorities_stale += static_cast<std::uint64_t>(stale);
   return {n - stale, stale};
 }
 
@@ -104,7 +107,10 @@ void update_from_device(Core& b, std::span<const key> keys, std::span<const floa
     GEAR_REQUIRE(keys.size() == priorities.size(), errc::invalid_argument,
                  "update_priorities needs one priority per key: " + std::to_string(keys.size()) +
                      " keys, " + std::to_string(priorities.size()) + " priorities");
-    if (keys.empty()) return;
+    if (keys.empty()) {
+      ++b.calls_.priority_updates;
+      return;
+    }
     GEAR_REQUIRE(keys.size() < (std::size_t{1} << 32), errc::invalid_argument,
                  "update_priorities takes fewer than 2^32 keys at once");
     check_gpu_readable(keys.data(), alignof(key), "keys");
@@ -131,6 +137,7 @@ void update_from_device(Core& b, std::span<const key> keys, std::span<const floa
       b.order_after(stream, Core::write, /*bytes=*/false, /*binding=*/captured);
     });
     if (captured) b.order_.bind(stream.get());
+    ++b.calls_.priority_updates;
   } else {
     (void)keys, (void)priorities, (void)stream, (void)raise_earlier;
     throw error(errc::wrong_memory,

@@ -393,6 +393,8 @@ void sample_into(Core& b, Batch& out, const window& w, Draws& g, cuda::stream_re
     // Read by the CPU after a synchronisation: free at once.
     if (rows) b.staging_.give_back(*rows);
   }
+  ++b.calls_.samples;
+  b.calls_.rows_sampled += static_cast<std::uint64_t>(out.batch_size());
   if constexpr (!device_draws) g = advanced;
 }
 

@@ -75,6 +75,13 @@ class slot_ring {
   [[nodiscard]] std::uint64_t buffer_id() const noexcept { return buffer_id_; }
   /// Committed trajectories.
   [[nodiscard]] std::int64_t live() const noexcept { return live_; }
+  /// Reserved slots not yet committed or abandoned.
+  [[nodiscard]] std::int64_t pending() const noexcept { return pending_; }
+  /// Since the ring was made: trajectories committed, committed ones evicted by a reservation,
+  /// and committed ones removed.
+  [[nodiscard]] std::uint64_t committed_total() const noexcept { return committed_total_; }
+  [[nodiscard]] std::uint64_t evicted_total() const noexcept { return evicted_total_; }
+  [[nodiscard]] std::uint64_t removed_total() const noexcept { return removed_total_; }
   /// The ticket the next reservation gets (reservations made so far).
   [[nodiscard]] std::uint64_t next_ticket() const noexcept { return next_ticket_; }
   /// Slots [0, occupied) have been reserved at least once.
@@ -159,13 +166,19 @@ class slot_ring {
     for (std::int64_t i = 0; i < count; ++i) {
       const std::uint64_t ticket = r.first_ticket + static_cast<std::uint64_t>(i);
       const std::size_t s = at(slot_of(ticket));
-      if (states_[s] == slot_state::committed) unlist(slot_of(ticket));
+      if (states_[s] == slot_state::committed) {
+        unlist(slot_of(ticket));
+        ++evicted_total_;
+      } else if (states_[s] == slot_state::pending) {
+        --pending_;  // an open reservation taken over
+      }
       lengths_[s] = 0;
       tickets_[s] = ticket;
       states_[s] = slot_state::pending;
       if (out != nullptr) out[i] = slot_record::make(ticket, slot_record::pending);
     }
     next_ticket_ += static_cast<std::uint64_t>(count);
+    pending_ += count;
     return r;
   }
 
@@ -182,6 +195,8 @@ class slot_ring {
       list(slot_of(ticket));
       if (out != nullptr) out[i] = slot_record::make(ticket, slot_record::committed, length);
     }
+    pending_ -= r.count;
+    committed_total_ += static_cast<std::uint64_t>(r.count);
   }
 
   /// Empties the slot of a pending `ticket` (an abandoned writer). Returns false, writing
@@ -189,6 +204,7 @@ class slot_ring {
   bool abandon(std::uint64_t ticket, slot_record* out) noexcept {
     if (!is_pending(ticket)) return false;
     states_[at(slot_of(ticket))] = slot_state::empty;
+    --pending_;
     if (out != nullptr) *out = slot_record::make(ticket, slot_record::removed);
     return true;
   }
@@ -215,6 +231,7 @@ class slot_ring {
   /// Removes the committed trajectories of tickets [first, first + count), writing their records
   /// to out[0, count) (unless null).
   void remove_run(std::uint64_t first, std::int64_t count, slot_record* out) noexcept {
+    removed_total_ += static_cast<std::uint64_t>(count);
     for (std::int64_t done = 0; done < count;) {
       const std::int64_t slot = slot_of(first + static_cast<std::uint64_t>(done));
       const std::int64_t run = std::min(count - done, capacity_ - slot);  // to the ring's end
@@ -285,6 +302,8 @@ class slot_ring {
   std::uint64_t epoch_ = 1;
   std::uint64_t next_ticket_ = 0;
   std::int64_t live_ = 0;
+  std::int64_t pending_ = 0;
+  std::uint64_t committed_total_ = 0, evicted_total_ = 0, removed_total_ = 0;
 };
 
 }  // namespace gear::detail
