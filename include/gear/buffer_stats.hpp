@@ -1,7 +1,10 @@
 #pragma once
 // gear::buffer_stats: what replay_buffer::stats() reports, for logs and dashboards: sizes, the
 // slot memory by kind, and counts since the buffer was built, as of the calls that returned
-// (host state: no GPU work is waited for). Counting costs a few additions a call.
+// (host state: no GPU work is waited for). Counting costs a few additions a call. A call
+// captured into a CUDA graph counts once, at its capture, not at each replay; an update from
+// device memory counts when it is queued (its pairs are checked on the GPU, and a failure found
+// there does not take the count back).
 
 #include <array>
 #include <cstddef>
@@ -19,7 +22,9 @@ struct buffer_stats {
 
   // ---- counts since the buffer was built -----------------------------------------------------
   std::uint64_t committed = 0;  ///< trajectories made visible (inserts, commits, writers)
-  std::uint64_t evicted = 0;    ///< committed trajectories overwritten by newer reservations
+  /// Committed trajectories overwritten by newer reservations. (A host insert still landing,
+  /// overwritten before a call published it, is counted in size meanwhile and then nowhere.)
+  std::uint64_t evicted = 0;
   /// Committed trajectories removed: by erase, by set_max_times_sampled, consumed by fifo / lifo.
   std::uint64_t removed = 0;
   std::uint64_t samples = 0;       ///< sample calls that returned
@@ -27,7 +32,7 @@ struct buffer_stats {
   /// Priority update calls that returned (from host spans and from device memory).
   std::uint64_t priority_updates = 0;
   /// Pairs of the updates from host spans: applied, and skipped as stale. (Updates from device
-  /// memory count theirs on the GPU: select::prioritized's state reports them.)
+  /// memory count their stale pairs on the GPU: select::prioritized's state, stale_pairs().)
   std::uint64_t priorities_applied = 0, priorities_stale = 0;
 };
 

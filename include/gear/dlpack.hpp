@@ -11,7 +11,8 @@
 //
 // Each tensor views the batch's memory, compact and row-major (strides null, byte_offset 0), on
 // the batch's device: kDLCUDA and the GPU the memory is on for GPU buffers' batches, kDLCPU for
-// storage::host's. It does not own the bytes: keep the batch alive, and not moved from, while the
+// storage::host's (a batch made by hand in pinned memory: kDLCUDAHost, which not every framework
+// takes). It does not own the bytes: keep the batch alive, and not moved from, while the
 // tensor is in use; read it after the sample that fills it (on that sample's stream, or after
 // synchronising it). Every sample into the batch refills the same bytes, so export once per batch.
 // The tensor's deleter (frameworks call it when they let go) frees only the tensor's own record.
