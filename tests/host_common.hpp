@@ -84,6 +84,16 @@ std::string expect_error(Buffer& buf, gear::errc code, F&& f) {
   return what;
 }
 
+/// Samples `rows` rows of window w with a gear::rng of `seed`; the model's verdict ("" if right).
+template <class Buffer>
+std::string sample_checked(Buffer& buf, const model& m, std::int64_t rows, const gear::window& w,
+                           std::uint64_t seed) {
+  auto out = buf.make_batch(gear::batch_size{rows}, gear::window_length{w.length});
+  gear::rng g{seed};
+  buf.sample(out, w, g);
+  return m.check(copy_host_batch(out), w);
+}
+
 /// Samples batches of `rows` until the buffer is empty; returns how often each id came back.
 template <class Buffer>
 std::map<std::uint64_t, int> drain(Buffer& buf, const model& m, std::int64_t rows, int max_calls) {

@@ -568,11 +568,8 @@ TEST_CASE("slots from a memory resource: the buffer's bytes are the resource's, 
           CHECK(p >= first);
           CHECK(p < first + region.bytes);
         }
-    auto out = buf.make_batch(gear::batch_size{32}, gear::window_length{5});
-    gear::rng g{3};
-    const gear::window w{5, 0, gear::anchor::random, gear::pad::tail};
-    buf.sample(out, w, g);
-    const std::string err = m.check(copy_host_batch(out), w);
+    const std::string err =
+        sample_checked(buf, m, 32, gear::window{5, 0, gear::anchor::random, gear::pad::tail}, 3);
     CHECK_MESSAGE(err.empty(), err);
     CHECK(resource.taken.empty());  // still in use
     host_buffer moved = std::move(buf);
@@ -991,11 +988,8 @@ TEST_CASE("reserve, write through ref, commit (the GPU-simulator path, on the ho
   }
   model m;
   for (std::size_t i = 0; i < 4; ++i) m.record(keys[i], 100 + i, lens[i]);
-  auto out = buf.make_batch(gear::batch_size{64}, gear::window_length{5});
-  gear::rng g{9};
-  const gear::window win{5, 0, gear::anchor::end, gear::pad::head};
-  buf.sample(out, win, g);
-  const std::string err = m.check(copy_host_batch(out), win);
+  const std::string err =
+      sample_checked(buf, m, 64, gear::window{5, 0, gear::anchor::end, gear::pad::head}, 9);
   CHECK_MESSAGE(err.empty(), err);
 }
 
