@@ -21,6 +21,8 @@ gear_configure() {
       tr -d '. ' | grep -E '^[0-9]+$' | sort -u | paste -sd ';' || true)
     [[ -z $archs ]] || args+=("-DCMAKE_CUDA_ARCHITECTURES=$archs")
   fi
+  # No choice and no GPU: gear's default, also over a choice an earlier run left in build/.
+  [[ " ${args[*]} " == *" -DCMAKE_CUDA_ARCHITECTURES="* ]] || args+=(-DCMAKE_CUDA_ARCHITECTURES=90)
   echo "gear: configuring $build_dir/"
   cmake "${args[@]}"
 }
