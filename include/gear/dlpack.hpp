@@ -67,10 +67,8 @@ constexpr DLDataType dlpack_type_of() noexcept {
 /// The DLPack device of memory of kind `where` at `p`. Throws errc::cuda_error.
 inline DLDevice dlpack_device_of(const void* p, memory_kind where) {
   if (where == memory_kind::host) return {kDLCPU, 0};
-  cudaPointerAttributes a{};
-  GEAR_CUDA_TRY(cudaPointerGetAttributes(&a, p));
   if (where == memory_kind::pinned_host) return {kDLCUDAHost, 0};
-  return {kDLCUDA, a.device};
+  return {kDLCUDA, memory_of(p).ordinal};
 }
 
 /// A tensor of T viewing `data` (in the memory of `b`, which holds memory) with the given shape.

@@ -31,7 +31,9 @@ namespace detail {
 /// Where a caller's pointer points, as kernels and the CPU may use it.
 struct pointer_memory {
   bool device = false;        ///< device or managed memory
+  bool managed = false;       ///< managed memory (any GPU may read it)
   bool gpu_readable = false;  ///< kernels may dereference the pointer as it is
+  int ordinal = -1;           ///< the GPU of device memory
 };
 
 /// Classifies `p` with cudaPointerGetAttributes. Registered host memory counts as GPU-readable
@@ -40,7 +42,9 @@ inline pointer_memory memory_of(const void* p) {
   cudaPointerAttributes attributes{};
   GEAR_CUDA_TRY(cudaPointerGetAttributes(&attributes, p));
   pointer_memory m;
-  m.device = attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
+  m.managed = attributes.type == cudaMemoryTypeManaged;
+  m.device = attributes.type == cudaMemoryTypeDevice || m.managed;
+  m.ordinal = attributes.device;
   m.gpu_readable =
       (m.device || attributes.type == cudaMemoryTypeHost) && attributes.devicePointer == p;
   return m;
@@ -196,7 +200,8 @@ class allocation {
     return kind == memory_kind::pinned_host ? "pinned" : "device";
   }
 
-  /// Where kernels on `device` read `p`, memory of `kind` from a resource, or errc::wrong_memory.
+  /// Where kernels on `device` read `p`, memory of `kind` from a resource, or errc::wrong_memory
+  /// (errc::cuda_error where the runtime cannot classify it).
   static void* gpu_address_of(void* p, memory_kind kind, int device, const std::string& what) {
     if (kind == memory_kind::pinned_host) {
       void* mapped = nullptr;
@@ -209,17 +214,13 @@ class allocation {
                       "): allocate it with cudaHostAlloc and cudaHostAllocMapped, or register "
                       "it with cudaHostRegisterMapped");
     }
-    cudaPointerAttributes a{};
-    const cudaError_t status = cudaPointerGetAttributes(&a, p);
-    if (status != cudaSuccess) (void)cudaGetLastError();
-    const bool gpu = a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
-    if (status == cudaSuccess && gpu && (a.device == device || a.type == cudaMemoryTypeManaged))
-      return p;
+    const pointer_memory m = memory_of(p);
+    if (m.managed || (m.device && m.ordinal == device)) return p;
+    const std::string found =
+        m.device ? "device memory of GPU " + std::to_string(m.ordinal) : "host memory";
     throw error(errc::wrong_memory,
                 "the " + what + " returned memory that is not device or managed memory of GPU " +
-                    std::to_string(device) + " (cudaPointerGetAttributes: " +
-                    cudaGetErrorName(status) + ", type " + std::to_string(int(a.type)) +
-                    ", device " + std::to_string(a.device) + ")");
+                    std::to_string(device) + " (" + found + ")");
   }
 
   /// Hands resource memory back once its GPU has finished the work queued on it (a pool may

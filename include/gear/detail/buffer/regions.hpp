@@ -27,6 +27,7 @@ struct slot_regions {
                std::int64_t max_length, const memory_resources& from = {}) {
     constexpr memory_kind kinds[] = {memory_kind::host, memory_kind::pinned_host,
                                      memory_kind::device};
+    const memory_resource_ref resources[] = {from.host, from.pinned, from.device};
     for (std::size_t k = 0; k < 3; ++k) {
       std::int64_t slot_bytes = 0;
       std::array<std::int64_t, num_columns> offset{};
@@ -46,8 +47,8 @@ struct slot_regions {
       GEAR_REQUIRE(slot_bytes <= most / capacity, errc::out_of_memory,
                    std::to_string(capacity) + " slots of " + std::to_string(slot_bytes) +
                        " bytes would take more than 2^62 bytes");
-      const memory_resource_ref resource = k == 0 ? from.host : k == 1 ? from.pinned : from.device;
-      memory[k] = allocation(kinds[k], static_cast<std::size_t>(slot_bytes * capacity), resource);
+      memory[k] =
+          allocation(kinds[k], static_cast<std::size_t>(slot_bytes * capacity), resources[k]);
       for (std::size_t c = 0; c < num_columns; ++c) {
         if (placement[c] != kinds[k]) continue;
         host[c] = {memory[k].data() + offset[c], slot_bytes, Spec::step_bytes[c]};
